@@ -1,0 +1,131 @@
+"""The engine contracts: what a batcher may ask of a model.
+
+An engine is one loaded model, ready to run a whole batch. It is blocking and is
+always called from one dedicated worker thread (one thread per engine instance),
+never from the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+# KServe v2 / Triton datatype names <-> numpy dtypes.
+DATATYPE_TO_NUMPY: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+}
+NUMPY_TO_DATATYPE: dict[np.dtype, str] = {v: k for k, v in DATATYPE_TO_NUMPY.items()}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of one item: shape without the batch dimension, KServe datatype."""
+
+    name: str
+    shape: tuple[int, ...]
+    datatype: str = "FP32"
+    # Whether NaN/Inf may be fed to the model. Images and latents may not.
+    allow_nonfinite: bool = False
+
+    @property
+    def dtype(self) -> np.dtype:
+        return DATATYPE_TO_NUMPY[self.datatype]
+
+    @property
+    def element_count(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def metadata(self, batched: bool = True) -> dict[str, Any]:
+        """KServe v2 tensor metadata; -1 marks the variable batch dimension."""
+        shape = [-1, *self.shape] if batched else list(self.shape)
+        return {"name": self.name, "datatype": self.datatype, "shape": shape}
+
+
+Batch = Mapping[str, np.ndarray]
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """One model, ready to run a batch. Blocking; called from one worker thread."""
+
+    name: str
+    platform: str  # e.g. "pytorch", "onnxruntime", "tensorrt" (shown in model metadata)
+    device: str  # e.g. "cpu", "cuda:0"
+    inputs: Sequence[TensorSpec]
+    outputs: Sequence[TensorSpec]
+    max_batch_size: int
+    # Sizes the engine is fastest at (TensorRT profiles, CUDA graph buckets), or None
+    # when any size 1..max_batch_size is equally fine.
+    batch_sizes: Sequence[int] | None
+
+    def infer(self, batch: Batch) -> dict[str, np.ndarray]:
+        """Run one batch; every array has the batch on axis 0; outputs likewise."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class StepEngine(Protocol):
+    """An iterative model: one call advances every state by one step, each at its own step.
+
+    A StepEngine is also an Engine (``infer`` runs whole requests to completion together),
+    so request-level batchers can serve it and be compared with iteration-level batching.
+    """
+
+    name: str
+    inputs: Sequence[TensorSpec]
+    outputs: Sequence[TensorSpec]
+    max_batch_size: int
+
+    def start(self, item: Mapping[str, np.ndarray]) -> Any:
+        """Make the state of one request (no batch dimension in ``item``)."""
+        ...
+
+    def step(self, states: Sequence[Any]) -> None:
+        """Advance every state by one step in one batched model call."""
+        ...
+
+    def finished(self, state: Any) -> bool: ...
+
+    def result(self, state: Any) -> dict[str, np.ndarray]:
+        """The finished request's outputs (no batch dimension)."""
+        ...
+
+
+class EngineError(RuntimeError):
+    """An engine failed to run a batch; the batch's requests get a 500."""
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine cannot be built here (library or device missing); says which and why."""
+
+
+def warmup_sizes(max_batch_size: int, batch_sizes: Sequence[int] | None) -> list[int]:
+    """Every batch size a batcher may hand this engine, smallest first.
+
+    Warming each of them before reporting ready keeps first-request latency out of the
+    measurements (allocator growth, oneDNN/cuDNN algorithm choice, TensorRT contexts).
+    """
+    if batch_sizes:
+        return sorted({int(b) for b in batch_sizes if 1 <= b <= max_batch_size})
+    return list(range(1, max_batch_size + 1))
+
+
+def zeros_batch(specs: Sequence[TensorSpec], batch_size: int) -> dict[str, np.ndarray]:
+    """A batch of zeros shaped for ``specs``; used for warm-up."""
+    return {s.name: np.zeros((batch_size, *s.shape), dtype=s.dtype) for s in specs}

@@ -1,0 +1,128 @@
+"""Server settings, read from the environment (prefix ``WATTSERVE_``) by pydantic-settings.
+
+Every knob has one meaning; the README's settings table is generated from these fields'
+descriptions (``wattserve settings``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from typing_extensions import Annotated
+
+BatcherName = Literal["static", "dynamic", "continuous"]
+EngineName = Literal["torch", "onnxruntime", "tensorrt"]
+
+
+def _int_list(value: object) -> object:
+    """Accept "1,2,4" or "[1, 2, 4]" or a list from the environment."""
+    if isinstance(value, str):
+        text = value.strip().strip("[]")
+        return [int(p) for p in text.replace(" ", "").split(",") if p]
+    return value
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="WATTSERVE_", extra="ignore")
+
+    # --- network ---
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
+    log_level: str = Field("info", description="uvicorn/wattserve log level.")
+
+    # --- model ---
+    model: str = Field(
+        "mobilenet_v2",
+        description="Served model; also its KServe model name. One of resnet50, mobilenet_v2, "
+        "mobilenet_v3_large, identity, tiny_unet.",
+    )
+    engine: EngineName = Field("torch", description="Engine: torch, onnxruntime or tensorrt.")
+    device: str = Field("auto", description="auto (CUDA if available, else CPU), cpu, cuda, cuda:N.")
+    weights: str | None = Field(
+        None,
+        description="Path to a local state-dict/checkpoint, or 'pretrained' for torchvision's "
+        "published weights (downloads; needs internet). Unset: random weights from `seed`.",
+    )
+    seed: int = Field(0, description="Seed for random weights, so two servers agree.")
+    fp16: bool = Field(False, description="Half precision on CUDA (ignored on CPU).")
+    channels_last: bool = Field(True, description="channels_last memory format for conv nets.")
+    identity_elements: int = Field(16, ge=1, description="Element count of the identity model.")
+    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (CPU).")
+    onnx_path: Path | None = Field(
+        None, description="ONNX file for the onnxruntime/tensorrt engines (exported if unset)."
+    )
+    cache_dir: Path = Field(
+        Path(".cache/wattserve"), description="Where exported ONNX files and TensorRT plans live."
+    )
+    trt_profiles: str = Field(
+        "1:1:1,2:4:8,8:16:32",
+        description="TensorRT optimization profiles, min:opt:max batch each, comma separated.",
+    )
+    cuda_graphs: bool = Field(False, description="Capture CUDA graphs per batch bucket (torch/CUDA).")
+    engine_batch_sizes: Annotated[list[int] | None, NoDecode] = Field(
+        None, description="Batch buckets the engine is built for (CUDA graphs); batches are padded up."
+    )
+    diffusion_model: Path | None = Field(
+        None, description="Local diffusers UNet2DModel folder (from_pretrained); unset: tiny UNet."
+    )
+    diffusion_scheduler: Literal["ddim", "ddpm"] = Field("ddim", description="Noise scheduler.")
+    diffusion_default_steps: int = Field(20, ge=1, description="Steps when a request names none.")
+
+    # --- batching ---
+    batcher: BatcherName = Field("dynamic", description="static, dynamic or continuous.")
+    max_batch_size: int = Field(8, ge=1, le=1024, description="Largest batch formed (static: N).")
+    max_queue_delay_ms: float = Field(
+        5.0, ge=0, description="dynamic: longest the oldest request waits for a batch to fill."
+    )
+    preferred_batch_sizes: Annotated[list[int], NoDecode] = Field(
+        default_factory=list,
+        description="dynamic: sizes dispatched at once when they can be formed (e.g. 4,8).",
+    )
+    batch_sizes_only: bool = Field(
+        False, description="dynamic: form only the engine's own batch sizes (its buckets/profiles)."
+    )
+    max_queue_size: int = Field(
+        256, ge=1, description="Queued requests at most; beyond it 503 + Retry-After."
+    )
+    default_timeout_ms: float | None = Field(
+        None, gt=0, description="Deadline for requests that set none (504 when passed)."
+    )
+    priority_levels: int = Field(1, ge=1, description="Priority levels; 1 is highest.")
+    default_priority_level: int = Field(0, ge=0, description="Level of priority-0 requests (0: lowest).")
+    instances: int = Field(1, ge=1, description="Engine instances (worker threads), like instance groups.")
+
+    # --- limits and lifecycle ---
+    max_body_bytes: int = Field(64 * 1024 * 1024, description="Largest request body (413 beyond).")
+    retry_after_s: int = Field(1, ge=0, description="Retry-After value sent with 503s.")
+    drain_timeout_s: float = Field(30.0, ge=0, description="On SIGTERM, longest wait for accepted work.")
+    warmup: bool = Field(True, description="Run every batch size once before reporting ready.")
+    tune_malloc: bool = Field(
+        True, description="Raise glibc's mmap/trim thresholds so big batches do not page-fault."
+    )
+
+    # --- telemetry ---
+    telemetry: bool = Field(True, description="Sample GPU (NVML) and CPU (RAPL) energy when present.")
+    telemetry_interval_ms: float = Field(100.0, gt=0, description="Sampling interval.")
+    gpus: Annotated[list[int] | None, NoDecode] = Field(None, description="GPU indices to sample.")
+    rapl_root: Path = Field(Path("/sys/class/powercap"), description="Linux powercap tree.")
+
+    _split_lists = field_validator(
+        "preferred_batch_sizes", "engine_batch_sizes", "gpus", mode="before"
+    )(_int_list)
+
+    @model_validator(mode="after")
+    def _check_batching(self) -> Settings:
+        too_big = [b for b in self.preferred_batch_sizes if not 1 <= b <= self.max_batch_size]
+        if too_big:
+            raise ValueError(f"preferred_batch_sizes {too_big} outside 1..max_batch_size")
+        if self.default_priority_level > self.priority_levels:
+            raise ValueError("default_priority_level must be <= priority_levels")
+        return self
+
+    @property
+    def effective_default_priority(self) -> int:
+        """Triton: level 0 means 'the default level', which defaults to the lowest."""
+        return self.default_priority_level or self.priority_levels

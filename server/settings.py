@@ -7,11 +7,10 @@ descriptions (``wattserve settings``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from typing_extensions import Annotated
 
 BatcherName = Literal["static", "dynamic", "continuous"]
 EngineName = Literal["torch", "onnxruntime", "tensorrt"]
@@ -109,9 +108,9 @@ class Settings(BaseSettings):
     gpus: Annotated[list[int] | None, NoDecode] = Field(None, description="GPU indices to sample.")
     rapl_root: Path = Field(Path("/sys/class/powercap"), description="Linux powercap tree.")
 
-    _split_lists = field_validator(
-        "preferred_batch_sizes", "engine_batch_sizes", "gpus", mode="before"
-    )(_int_list)
+    _split_lists = field_validator("preferred_batch_sizes", "engine_batch_sizes", "gpus", mode="before")(
+        _int_list
+    )
 
     @model_validator(mode="after")
     def _check_batching(self) -> Settings:

@@ -3,6 +3,7 @@
 from batchers.base import Batcher, BatcherConfig
 from batchers.continuous import ContinuousBatcher
 from batchers.dynamic import DynamicBatcher, DynamicConfig
+from batchers.iteration import IterationBatcher
 from batchers.static import StaticBatcher
 from batchers.types import (
     BatchFailed,
@@ -23,6 +24,7 @@ __all__ = [
     "Draining",
     "DynamicBatcher",
     "DynamicConfig",
+    "IterationBatcher",
     "QueueFull",
     "RequestError",
     "Result",

@@ -8,8 +8,10 @@ from typing import Any
 from batchers.base import Batcher, BatcherConfig
 from batchers.continuous import ContinuousBatcher
 from batchers.dynamic import DynamicBatcher, DynamicConfig
+from batchers.iteration import IterationBatcher
+from batchers.iteration_metrics import attach_iteration_metrics, iteration_metrics_for
 from batchers.static import StaticBatcher
-from engines.base import Engine
+from engines.base import Engine, StepEngine
 
 
 def build_batcher(settings: Any, engines: Sequence[Engine], **hooks: Any) -> Batcher:
@@ -19,8 +21,15 @@ def build_batcher(settings: Any, engines: Sequence[Engine], **hooks: Any) -> Bat
         "max_queue_size": settings.max_queue_size,
         "priority_levels": settings.priority_levels,
     }
+    step_engine = isinstance(engines[0], StepEngine)
+    if step_engine and hooks.get("metrics") is not None:
+        # Occupancy and step rate of every model call, whichever policy forms the batches.
+        per_iteration = iteration_metrics_for(hooks["metrics"], settings.model, settings.batcher)
+        attach_iteration_metrics(engines, per_iteration)
     if settings.batcher == "static":
         return StaticBatcher(engines, BatcherConfig(**common), **hooks)
+    if settings.batcher == "continuous" and step_engine:
+        return IterationBatcher(engines, BatcherConfig(**common), **hooks)  # type: ignore[arg-type]
     if settings.batcher == "continuous":
         return ContinuousBatcher(engines, BatcherConfig(**common), **hooks)
     if settings.batcher == "dynamic":

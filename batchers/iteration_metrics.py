@@ -1,0 +1,97 @@
+"""Metrics of iterative (step) models, on the same registry as ServingMetrics.
+
+- ``wattserve_iteration_batch_size``: states advanced by one model call (the per-iteration
+  occupancy), for every batcher: the engine reports each UNet call it makes, so a
+  request-level batch shows its occupancy falling as short requests finish.
+- ``wattserve_iterations_total`` / ``wattserve_iteration_state_steps_total``: model calls and
+  state-steps; ``rate()`` of them is UNet calls per second and denoising steps per second.
+- ``wattserve_iteration_duration_seconds``: one model call plus its scheduler update.
+- ``wattserve_time_to_result_seconds``: arrival to result of each request served by the
+  iteration-level batcher (the request-level batchers' equivalent is
+  ``wattserve_request_duration_seconds``).
+- ``wattserve_running_states``: requests in the iteration-level running set now.
+
+One ``IterationMetrics`` per ServingMetrics (``iteration_metrics_for``), so the factory and
+the batcher can both ask for it without registering the names twice.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from server.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
+
+
+class IterationMetrics:
+    """Per-iteration occupancy, step rate and time to result of one model and batcher."""
+
+    def __init__(self, model: str, batcher: str, registry: CollectorRegistry) -> None:
+        labels = ("model", "batcher")
+        r = registry
+        self._occupancy = Histogram(
+            "wattserve_iteration_batch_size",
+            "States advanced by one model call of an iterative model (per-iteration occupancy).",
+            labels, buckets=BATCH_SIZE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self._duration = Histogram(
+            "wattserve_iteration_duration_seconds",
+            "One model call of an iterative model, scheduler update included.",
+            labels, buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self._iterations = Counter(
+            "wattserve_iterations", "Model calls of an iterative model.", labels, registry=r
+        )
+        self._state_steps = Counter(
+            "wattserve_iteration_state_steps",
+            "Denoising steps done, summed over states (rate() = steps per second).",
+            labels,
+            registry=r,
+        )
+        self._time_to_result = Histogram(
+            "wattserve_time_to_result_seconds",
+            "Arrival to result of a request served by the iteration-level batcher.",
+            labels, buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self._running = Gauge(
+            "wattserve_running_states",
+            "Requests in the iteration-level batcher's running set.",
+            labels,
+            registry=r,
+        )
+        lv = (model, batcher)
+        self.occupancy = self._occupancy.labels(*lv)
+        self.duration = self._duration.labels(*lv)
+        self.iterations = self._iterations.labels(*lv)
+        self.state_steps = self._state_steps.labels(*lv)
+        self.time_to_result = self._time_to_result.labels(*lv)
+        self.running = self._running.labels(*lv)
+
+    def observe_iteration(self, states: int, seconds: float) -> None:
+        """One model call over ``states`` states; thread-safe (called on engine threads)."""
+        self.occupancy.observe(states)
+        self.duration.observe(seconds)
+        self.iterations.inc()
+        self.state_steps.inc(states)
+
+
+_BY_SERVING: weakref.WeakKeyDictionary[Any, IterationMetrics] = weakref.WeakKeyDictionary()
+
+
+def iteration_metrics_for(serving: Any, model: str, batcher: str) -> IterationMetrics:
+    """The IterationMetrics registered beside ``serving`` (a ServingMetrics), made once."""
+    found = _BY_SERVING.get(serving)
+    if found is None:
+        found = IterationMetrics(model, batcher, serving.registry)
+        _BY_SERVING[serving] = found
+    return found
+
+
+def attach_iteration_metrics(engines: Sequence[Any], metrics: IterationMetrics) -> None:
+    """Have every engine that reports its model calls (``step_observer``) report to ``metrics``."""
+    for engine in engines:
+        if hasattr(engine, "step_observer"):
+            engine.step_observer = metrics.observe_iteration

@@ -1,0 +1,358 @@
+"""The iteration-level continuous batcher on the real tiny diffusion engine.
+
+What must hold: a request arriving mid-way joins at the next iteration (seen in the
+occupancy metric and in its latency); a finished request is answered while the others
+still run; deadlines, cancellation, the bounded queue and drain keep every invariant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from time import monotonic
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from batchers.base import BatcherConfig
+from batchers.factory import build_batcher
+from batchers.iteration import InvalidRequest, IterationBatcher
+from batchers.types import DeadlineExceeded, Draining, QueueFull, Result, WorkItem
+from engines.diffusion import DiffusionEngine
+from server.metrics import ServingMetrics
+from server.settings import Settings
+
+TOL = 1e-3  # same-seed images alone vs batched (see tests/test_diffusion_engine.py)
+
+
+@pytest.fixture(scope="module")
+def engine() -> DiffusionEngine:
+    return DiffusionEngine(device="cpu", max_batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def solo_cache(engine):
+    cache: dict[tuple[int, int], np.ndarray] = {}
+
+    def solo(seed: int, steps: int) -> np.ndarray:
+        if (seed, steps) not in cache:
+            b = {"seed": np.array([[seed]], np.int64), "steps": np.array([[steps]], np.int32)}
+            cache[seed, steps] = engine.infer(b)["image"][0]
+        return cache[seed, steps]
+
+    return solo
+
+
+class Occupancy:
+    """Records the occupancy of every model call the engine makes (its step observer)."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def __call__(self, states: int, _seconds: float) -> None:
+        self.calls.append(states)
+
+    async def wait_for(self, n: int, timeout: float = 30.0) -> None:
+        end = monotonic() + timeout
+        while len(self.calls) < n:
+            assert monotonic() < end, f"only {len(self.calls)} iterations ran"
+            await asyncio.sleep(0.002)
+
+
+@dataclass
+class JoulePerIteration:
+    """Energy-meter double (no NVML here): every iteration 'measures' exactly 1 J."""
+
+    iterations: int = 0
+
+    def begin(self) -> None:
+        return None
+
+    def end(self, _mark: None):
+        self.iterations += 1
+        return type("Energy", (), {"joules": 1.0})()
+
+
+def work(seed: int, steps: int, **kw) -> WorkItem:
+    return WorkItem(inputs={"seed": np.array([seed], np.int64), "steps": np.array([steps], np.int32)}, **kw)
+
+
+async def started(batcher: IterationBatcher) -> asyncio.Task:
+    task = asyncio.create_task(batcher.run())
+    await asyncio.sleep(0)
+    return task
+
+
+def make(engine, *, max_batch=4, queue=64, **hooks) -> IterationBatcher:
+    return IterationBatcher([engine], BatcherConfig(max_batch_size=max_batch, max_queue_size=queue), **hooks)
+
+
+def release(batcher: IterationBatcher) -> None:
+    """Stop the worker threads but keep the module's shared engine open (close() would not)."""
+    for inst in batcher.instances:
+        inst.executor.shutdown(wait=True)
+
+
+async def finish(batcher: IterationBatcher, task: asyncio.Task) -> None:
+    await batcher.drain(timeout=60)
+    await task
+    release(batcher)
+
+
+@pytest.fixture
+def observed(engine):
+    occ = Occupancy()
+    engine.step_observer = occ
+    yield occ
+    engine.step_observer = None
+
+
+async def test_late_arrival_joins_at_next_iteration_and_leaves_first(engine, observed, solo_cache):
+    registry = CollectorRegistry()
+    metrics = ServingMetrics("tiny_unet", "continuous", registry)
+    batcher = make(engine, metrics=metrics)  # attaches its metrics as the step observer
+    metrics_hook = batcher.iteration_metrics
+    assert metrics_hook is not None
+    engine.step_observer = lambda n, s: (observed(n, s), metrics_hook.observe_iteration(n, s))
+    task = await started(batcher)
+
+    long_task = asyncio.create_task(batcher.submit(work(1, 30)))
+    await observed.wait_for(6)
+    done_before = len(observed.calls)
+    t_submit = monotonic()
+    short: Result = await batcher.submit(work(2, 5))
+    short_latency = monotonic() - t_submit
+    assert not long_task.done(), "the short request was answered while the long one still runs"
+    long: Result = await long_task
+    await finish(batcher, task)
+    engine.step_observer = observed  # the solo reference runs below are not the batcher's
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {"model": "tiny_unet", "batcher": "continuous", **labels})
+
+    assert value("wattserve_iteration_batch_size_count") == 30
+    assert value("wattserve_iteration_batch_size_bucket", le="1.0") == 25
+    assert value("wattserve_iteration_state_steps_total") == 35
+    assert value("wattserve_time_to_result_seconds_count") == 2
+    assert value("wattserve_batch_executions_total") == 30
+    assert value("wattserve_inferences_total") == 2
+    assert value("wattserve_running_states") == 0
+
+    calls = observed.calls
+    join = calls.index(2)
+    assert join <= done_before + 1  # joined at the next iteration (one may have been in flight)
+    assert calls == [1] * join + [2] * 5 + [1] * (25 - join)  # rode its 5 steps with the long one
+    assert short.batch_size == 2 and short.queue_time_s < short_latency
+    assert long.batch_size == 1  # mean occupancy 35/30, rounded
+    # its latency is its own 5 steps (plus at most one iteration's wait), not the long one's 30
+    assert short.compute_time_s < long.compute_time_s
+    np.testing.assert_allclose(short.outputs["image"], solo_cache(2, 5), atol=TOL, rtol=0)
+    np.testing.assert_allclose(long.outputs["image"], solo_cache(1, 30), atol=TOL, rtol=0)
+
+
+async def test_mixed_steps_answered_in_finish_order_with_own_images(engine, observed, solo_cache):
+    batcher = make(engine, max_batch=8)
+    task = await started(batcher)
+    order: list[int] = []
+    specs = [(10, 12), (11, 3), (12, 7), (13, 1), (14, 9)]
+
+    async def one(seed: int, steps: int) -> Result:
+        r = await batcher.submit(work(seed, steps))
+        order.append(steps)
+        return r
+
+    results = await asyncio.gather(*(one(s, n) for s, n in specs))
+    await finish(batcher, task)
+    assert order == sorted(n for _, n in specs)  # each answered as soon as it finished
+    assert observed.calls[0] == 5 and len(observed.calls) == 12
+    for (seed, steps), r in zip(specs, results, strict=True):
+        np.testing.assert_allclose(r.outputs["image"], solo_cache(seed, steps), atol=TOL, rtol=0)
+
+
+async def test_max_batch_bounds_the_running_set(engine, observed):
+    batcher = make(engine, max_batch=2)
+    task = await started(batcher)
+    await asyncio.gather(*(batcher.submit(work(s, 4)) for s in range(5)))
+    await finish(batcher, task)
+    assert max(observed.calls) == 2
+    assert sum(observed.calls) == 5 * 4
+
+
+async def test_deadline_while_running_is_504_and_leaves_the_running_set(engine, observed):
+    batcher = make(engine)
+    task = await started(batcher)
+    keeper = asyncio.create_task(batcher.submit(work(1, 60)))
+    doomed = asyncio.create_task(batcher.submit(work(2, 500, deadline=monotonic() + 0.25)))
+    with pytest.raises(DeadlineExceeded):
+        await doomed
+    at_expiry = len(observed.calls)
+    await keeper
+    await finish(batcher, task)
+    calls = observed.calls
+    assert calls[0] == 2  # it ran (both were admitted at the first iteration)...
+    assert all(c == 1 for c in calls[at_expiry + 1 :])  # ...and left at the next iteration
+    assert len(calls) < 100  # its 500 steps were not computed
+
+
+async def test_cancelled_client_leaves_the_running_set(engine, observed):
+    batcher = make(engine)
+    task = await started(batcher)
+    keeper = asyncio.create_task(batcher.submit(work(1, 40)))
+    gone = asyncio.create_task(batcher.submit(work(2, 400)))
+    await observed.wait_for(5)
+    gone.cancel()
+    at_cancel = len(observed.calls)
+    await keeper
+    await finish(batcher, task)
+    assert all(c == 1 for c in observed.calls[at_cancel + 1 :])
+    assert len(observed.calls) == 40
+    assert batcher.running_count == 0 and batcher.inflight == 0
+
+
+async def test_queue_is_bounded(engine):
+    batcher = make(engine, max_batch=1, queue=2)
+    task = await started(batcher)
+    running = asyncio.create_task(batcher.submit(work(1, 30)))
+    await asyncio.sleep(0.05)  # admitted into the running set
+    queued = [asyncio.create_task(batcher.submit(work(s, 1))) for s in (2, 3)]
+    await asyncio.sleep(0)
+    with pytest.raises(QueueFull):
+        await batcher.submit(work(4, 1))
+    await asyncio.gather(running, *queued)
+    await finish(batcher, task)
+
+
+async def test_bad_request_fails_alone(engine, solo_cache):
+    batcher = make(engine)
+    task = await started(batcher)
+    good = asyncio.create_task(batcher.submit(work(5, 4)))
+    bad = asyncio.create_task(batcher.submit(work(6, -2)))
+    with pytest.raises(InvalidRequest):
+        await bad
+    np.testing.assert_allclose((await good).outputs["image"], solo_cache(5, 4), atol=TOL, rtol=0)
+    await finish(batcher, task)
+
+
+class FaultyEngine:
+    """Fault injection around the real engine: any step that includes seed 666 raises."""
+
+    def __init__(self, inner: DiffusionEngine) -> None:
+        self.inner = inner
+        self.name, self.inputs, self.outputs = inner.name, inner.inputs, inner.outputs
+        self.max_batch_size = inner.max_batch_size
+        self.start, self.finished, self.result = inner.start, inner.finished, inner.result
+
+    def step(self, states) -> None:
+        if any(s.seed == 666 for s in states):
+            raise RuntimeError("injected fault")
+        self.inner.step(states)
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_failing_state_fails_alone(engine, solo_cache):
+    batcher = IterationBatcher([FaultyEngine(engine)], BatcherConfig(max_batch_size=4))
+    task = await started(batcher)
+    good = asyncio.create_task(batcher.submit(work(7, 6)))
+    bad = asyncio.create_task(batcher.submit(work(666, 6)))
+    with pytest.raises(Exception, match="injected fault"):
+        await bad
+    np.testing.assert_allclose((await good).outputs["image"], solo_cache(7, 6), atol=TOL, rtol=0)
+    after = await batcher.submit(work(8, 2))  # and the batcher keeps serving
+    assert after.outputs["image"].shape == (3, 32, 32)
+    await finish(batcher, task)
+
+
+async def test_energy_is_split_per_iteration_and_conserved(engine):
+    meter = JoulePerIteration()
+    batcher = make(engine, energy_meter=meter)
+    task = await started(batcher)
+    a = asyncio.create_task(batcher.submit(work(1, 8)))
+    b = asyncio.create_task(batcher.submit(work(2, 4)))
+    ra, rb = await a, await b
+    await finish(batcher, task)
+    assert meter.iterations == 8
+    assert ra.energy_j + rb.energy_j == pytest.approx(8.0)
+    assert rb.energy_j == pytest.approx(4 * 0.5)  # always shared with a
+    assert ra.energy_j == pytest.approx(4 * 0.5 + 4 * 1.0)
+
+
+async def test_drain_finishes_running_and_queued_and_refuses_new(engine, solo_cache):
+    batcher = make(engine, max_batch=2)
+    task = await started(batcher)
+    specs = [(20, 9), (21, 3), (22, 5), (23, 2), (24, 4)]
+    futures = [asyncio.create_task(batcher.submit(work(s, n))) for s, n in specs]
+    await asyncio.sleep(0.05)
+    drain = asyncio.create_task(batcher.drain(timeout=60))
+    await asyncio.sleep(0)
+    with pytest.raises(Draining):
+        await batcher.submit(work(99, 1))
+    results = await asyncio.gather(*futures)
+    await drain
+    await task  # the loop ends once everything is answered
+    for (seed, steps), r in zip(specs, results, strict=True):
+        np.testing.assert_allclose(r.outputs["image"], solo_cache(seed, steps), atol=TOL, rtol=0)
+    assert batcher.running_count == 0 and len(batcher.queue) == 0
+    release(batcher)
+
+
+async def test_drain_timeout_answers_what_is_left(engine):
+    batcher = make(engine, max_batch=1)
+    task = await started(batcher)
+    running = asyncio.create_task(batcher.submit(work(1, 1000)))
+    queued = asyncio.create_task(batcher.submit(work(2, 1000)))
+    await asyncio.sleep(0.05)
+    await batcher.drain(timeout=0.2)
+    for f in (running, queued):
+        with pytest.raises(Draining):
+            await f
+    await asyncio.wait_for(task, 10)  # the loop notices its running set is gone
+    release(batcher)
+
+
+async def test_concurrent_load_every_request_answered_once_with_its_own_image(engine, solo_cache):
+    batcher = make(engine, max_batch=4, queue=16)
+    task = await started(batcher)
+    rng = np.random.default_rng(0)
+    specs = [(int(s), int(n)) for s, n in zip(rng.integers(0, 5, 40), rng.integers(1, 6, 40), strict=True)]
+    answers: list[Result | BaseException] = []
+
+    async def client(seed: int, steps: int, delay: float):
+        await asyncio.sleep(delay)
+        try:
+            answers.append(await batcher.submit(work(seed, steps)))
+        except BaseException as exc:
+            answers.append(exc)
+        return answers[-1]
+
+    arrivals = np.cumsum(rng.exponential(0.01, len(specs)))  # Poisson, ~100 requests/s
+    outs = await asyncio.gather(*(client(s, n, float(t)) for (s, n), t in zip(specs, arrivals, strict=True)))
+    await finish(batcher, task)
+    assert len(answers) == len(specs)
+    for (seed, steps), out in zip(specs, outs, strict=True):
+        if isinstance(out, QueueFull):
+            continue  # an explicit answer under overload
+        assert isinstance(out, Result), out
+        np.testing.assert_allclose(out.outputs["image"], solo_cache(seed, steps), atol=TOL, rtol=0)
+    assert sum(isinstance(o, Result) for o in outs) >= len(specs) // 2
+    assert batcher.inflight == 0 and batcher.running_count == 0
+
+
+def test_factory_picks_the_iteration_batcher_for_step_engines(engine):
+    settings = Settings(model="tiny_unet", batcher="continuous", max_batch_size=4)
+    registry = CollectorRegistry()
+    metrics = ServingMetrics("tiny_unet", "continuous", registry)
+    batcher = build_batcher(settings, [engine], metrics=metrics)
+    try:
+        assert isinstance(batcher, IterationBatcher)
+        assert engine.step_observer is not None  # occupancy reported for every model call
+    finally:
+        engine.step_observer = None
+    for name in ("static", "dynamic"):
+        settings = Settings(model="tiny_unet", batcher=name, max_batch_size=4)
+        other = build_batcher(settings, [engine], metrics=ServingMetrics("tiny_unet", name))
+        assert not isinstance(other, IterationBatcher)
+        assert engine.step_observer is not None
+        engine.step_observer = None

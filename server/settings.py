@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     fp16: bool = Field(False, description="Half precision on CUDA (ignored on CPU).")
     channels_last: bool = Field(True, description="channels_last memory format for conv nets.")
     identity_elements: int = Field(16, ge=1, description="Element count of the identity model.")
+    identity_delay_ms: float = Field(
+        0.0, ge=0, description="identity: compute time per batch (Triton's execute_delay_ms)."
+    )
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (CPU).")
     onnx_path: Path | None = Field(
         None, description="ONNX file for the onnxruntime/tensorrt engines (exported if unset)."

@@ -20,10 +20,12 @@ from engines.torch_engine import TorchVisionEngine
 from server.lifecycle import tune_malloc
 
 
-def engine_throughput(model: str, sizes: list[int], seconds: float) -> dict[int, float]:
+def engine_throughput(
+    model: str, sizes: list[int], seconds: float, channels_last: bool = True
+) -> dict[int, float]:
     """Images per second of the bare engine, same process settings as the server."""
     tune_malloc()
-    engine = TorchVisionEngine(model, device="auto")
+    engine = TorchVisionEngine(model, device="auto", channels_last=channels_last)
     rng = np.random.default_rng(0)
     out: dict[int, float] = {}
     for size in sizes:
@@ -35,7 +37,7 @@ def engine_throughput(model: str, sizes: list[int], seconds: float) -> dict[int,
             engine.infer(batch)
             calls += 1
         out[size] = calls * size / (time.perf_counter() - t0)
-        print(f"  engine batch {size:>3}: {out[size]:8.1f} img/s")
+        print(f"  engine batch {size:>3} (channels_last={channels_last}): {out[size]:8.1f} img/s")
     engine.close()
     return out
 
@@ -62,6 +64,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"engine only ({args.model}):")
     engine = engine_throughput(args.model, sizes, args.engine_seconds)
+    contiguous = engine_throughput(args.model, sizes, args.engine_seconds, channels_last=False)
     reference = (
         engine.get(args.max_batch)
         or engine_throughput(args.model, [args.max_batch], args.engine_seconds)[args.max_batch]
@@ -83,10 +86,10 @@ def main() -> None:
             f"  served {batcher:<10}: {result['rps']:8.1f} req/s = {result['fraction_of_engine']:.2f} x engine"
         )
     print()
-    print(f"| batch | engine img/s ({args.model}) |")
-    print("| ---: | ---: |")
+    print(f"| batch | engine img/s ({args.model}, channels_last) | contiguous (NCHW) | channels_last gain |")
+    print("| ---: | ---: | ---: | ---: |")
     for size, ips in engine.items():
-        print(f"| {size} | {ips:.1f} |")
+        print(f"| {size} | {ips:.1f} | {contiguous[size]:.1f} | {ips / contiguous[size]:.2f}x |")
     print()
     print(
         f"| batcher (max batch {args.max_batch}) | served req/s | / engine at batch {args.max_batch} | p50 ms | p99 ms |"
@@ -96,7 +99,7 @@ def main() -> None:
         print(
             f"| {name} | {r['rps']:.1f} | {r['fraction_of_engine']:.2f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} |"
         )
-    path = save(f"model_batching_{args.model}", {"model": args.model, "engine_img_per_s": engine,
+    path = save(f"model_batching_{args.model}", {"model": args.model, "engine_img_per_s": engine, "engine_nchw_img_per_s": contiguous,
                 "max_batch": args.max_batch, "served": served, "machine": platform.platform()})  # fmt: skip
     print(f"saved {path}")
 

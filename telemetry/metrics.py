@@ -87,9 +87,7 @@ class TelemetryMetrics:
         self.gpu_memory_total = Gauge(
             "wattserve_gpu_memory_total_bytes", "Device memory in all.", gpu, registry=r
         )
-        self.gpu_sm_clock = Gauge(
-            "wattserve_gpu_sm_clock_hertz", "Current SM clock.", gpu, registry=r
-        )
+        self.gpu_sm_clock = Gauge("wattserve_gpu_sm_clock_hertz", "Current SM clock.", gpu, registry=r)
         self.gpu_temperature = Gauge(
             "wattserve_gpu_temperature_celsius", "GPU die temperature.", gpu, registry=r
         )

@@ -52,13 +52,9 @@ class NvmlGpu:
         self.handle = nvml.nvmlDeviceGetHandleByIndex(index)
         self.name = _text(nvml.nvmlDeviceGetName(self.handle))
         self.uuid = _text(nvml.nvmlDeviceGetUUID(self.handle))
-        self.has_energy_counter = self._probe(
-            lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
-        )
+        self.has_energy_counter = self._probe(lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle))
         self.has_instant_power = self._probe_instant()
-        self.has_power_limit = self._probe(
-            lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(self.handle)
-        )
+        self.has_power_limit = self._probe(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(self.handle))
 
     @property
     def label(self) -> str:

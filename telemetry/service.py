@@ -137,9 +137,7 @@ class TelemetryService:
         metered: list[CumulativeEnergy]
         if self.gpus:
             metered = [
-                CounterEnergy(g)
-                if g.has_energy_counter
-                else IntegratedPowerEnergy.for_gpu(g, self._clock)
+                CounterEnergy(g) if g.has_energy_counter else IntegratedPowerEnergy.for_gpu(g, self._clock)
                 for g in self.gpus
             ]
             extra_rapl = self.rapl
@@ -220,9 +218,7 @@ class TelemetryService:
         return self._sampler
 
     # --- per batch (any thread; no device reads here) ---
-    def record_batch(
-        self, model: str, batcher: str, batch_size: int, energy: BatchEnergy | None
-    ) -> None:
+    def record_batch(self, model: str, batcher: str, batch_size: int, energy: BatchEnergy | None) -> None:
         """Count one executed batch; observe its energy (per batch, per inference) if measured."""
         with self._lock:
             self._counts.inferences += batch_size

@@ -86,16 +86,12 @@ def test_service_meters_rapl_when_there_is_no_gpu(tmp_path):
         clock[0] = 2.0
         set_energy(zone, 50_000_000)  # +10 J idle, over 2 s
         service.sampler.sample_once()
-        assert get(
-            "wattserve_cpu_energy_joules_total", {"domain": "package-0", "source": "rapl"}
-        ) == (pytest.approx(40.0))
+        assert get("wattserve_cpu_energy_joules_total", {"domain": "package-0", "source": "rapl"}) == (
+            pytest.approx(40.0)
+        )
         labels = {"device": "package-0", "source": "rapl"}
-        assert get("wattserve_energy_joules_total", {**labels, "state": "busy"}) == pytest.approx(
-            30
-        )
-        assert get("wattserve_energy_joules_total", {**labels, "state": "idle"}) == pytest.approx(
-            10
-        )
+        assert get("wattserve_energy_joules_total", {**labels, "state": "busy"}) == pytest.approx(30)
+        assert get("wattserve_energy_joules_total", {**labels, "state": "idle"}) == pytest.approx(10)
         assert get("wattserve_cpu_power_watts", {"domain": "package-0"}) == pytest.approx(20.0)
         # no GPU series at all
         assert get("wattserve_gpu_power_watts", {"gpu": "0", "source": "nvml_average"}) is None

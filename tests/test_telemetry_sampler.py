@@ -51,19 +51,11 @@ def test_gauges_in_base_units_and_labelled_power_sources():
         assert get("wattserve_gpu_sm_clock_hertz", {"gpu": "0"}) == 1980e6
         assert get("wattserve_gpu_temperature_celsius", {"gpu": "0"}) == 45.0
         assert get("wattserve_gpu_stale", {"gpu": "0"}) == 0
-        assert (
-            get("wattserve_energy_meter_read_duration_seconds", {"source": "nvml_power_integrated"})
-            > 0
-        )
+        assert get("wattserve_energy_meter_read_duration_seconds", {"source": "nvml_power_integrated"}) > 0
         assert get("wattserve_telemetry_sample_duration_seconds_count") >= 1
         # the energy counters carry their source label
         assert get("wattserve_gpu_energy_joules_total", {"gpu": "0", "source": "nvml_counter"}) == 0
-        assert (
-            get(
-                "wattserve_gpu_energy_joules_total", {"gpu": "1", "source": "nvml_power_integrated"}
-            )
-            == 0
-        )
+        assert get("wattserve_gpu_energy_joules_total", {"gpu": "1", "source": "nvml_power_integrated"}) == 0
         assert "meter nvml_power_integrated over gpu0,gpu1" in service.describe()
     finally:
         service.stop()
@@ -86,12 +78,8 @@ def test_energy_counter_and_busy_idle_follow_the_gpu():
             pytest.approx(400.0)
         )
         labels = {"device": "gpu0", "source": "nvml_counter"}
-        assert get("wattserve_energy_joules_total", {**labels, "state": "busy"}) == pytest.approx(
-            100
-        )
-        assert get("wattserve_energy_joules_total", {**labels, "state": "idle"}) == pytest.approx(
-            300
-        )
+        assert get("wattserve_energy_joules_total", {**labels, "state": "busy"}) == pytest.approx(100)
+        assert get("wattserve_energy_joules_total", {**labels, "state": "idle"}) == pytest.approx(300)
     finally:
         service.stop()
 
@@ -120,11 +108,7 @@ def test_gpu_error_mid_run_marks_it_stale_and_the_sampler_survives():
         fake.gpus[0].power_w = 150.0
         wait_for(lambda: sampler.samples >= before + 3)
         assert sampler.running
-        wait_for(
-            lambda: (
-                get("wattserve_gpu_power_watts", {"gpu": "0", "source": "nvml_average"}) == 150.0
-            )
-        )
+        wait_for(lambda: get("wattserve_gpu_power_watts", {"gpu": "0", "source": "nvml_average"}) == 150.0)
         assert get("wattserve_gpu_stale", {"gpu": "0"}) == 0
         assert get("wattserve_gpu_sample_errors_total", {"gpu": "1"}) >= 1
         # a batch spanning the failing GPU has no figure

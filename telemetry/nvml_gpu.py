@@ -7,6 +7,7 @@ on machines without a GPU. Only functions that exist in nvidia-ml-py are called.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -30,17 +31,21 @@ def _text(value: bytes | str) -> str:
 
 @dataclass(frozen=True)
 class GpuStatus:
-    """One sample of everything the exporter shows about a GPU (energy excluded)."""
+    """One sample of everything the exporter shows about a GPU (energy excluded).
 
-    power_average_w: float
+    A field is None where this GPU does not support the reading (e.g. utilization under
+    MIG); such series are simply not exported.
+    """
+
+    power_average_w: float | None
     power_instant_w: float | None
     power_limit_w: float | None
-    utilization: float  # 0..1
-    memory_utilization: float  # 0..1
-    memory_used_bytes: int
-    memory_total_bytes: int
-    sm_clock_hz: float
-    temperature_c: float
+    utilization: float | None  # 0..1
+    memory_utilization: float | None  # 0..1
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    sm_clock_hz: float | None
+    temperature_c: float | None
 
 
 class NvmlGpu:
@@ -103,21 +108,33 @@ class NvmlGpu:
         return self.read_average_power_w()
 
     # --- the full sample for the exporter ---
+    def _optional(self, call: Callable[[], Any]) -> Any:
+        """``call()``, or None where the GPU does not support it; other errors propagate."""
+        try:
+            return call()
+        except self.nvml.NVMLError as exc:
+            if getattr(exc, "value", None) == self.nvml.NVML_ERROR_NOT_SUPPORTED:
+                return None
+            raise
+
     def status(self) -> GpuStatus:
-        nvml, h = self.nvml, self.handle
-        util = nvml.nvmlDeviceGetUtilizationRates(h)
-        mem = nvml.nvmlDeviceGetMemoryInfo(h)
-        limit = nvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0 if self.has_power_limit else None
+        """Every gauge reading. Raises NVMLError when the GPU fails (lost, driver gone)."""
+        nvml, h, opt = self.nvml, self.handle, self._optional
+        util = opt(lambda: nvml.nvmlDeviceGetUtilizationRates(h))
+        mem = opt(lambda: nvml.nvmlDeviceGetMemoryInfo(h))
+        limit = opt(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h)) if self.has_power_limit else None
+        clock = opt(lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))
+        temperature = opt(lambda: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU))
         return GpuStatus(
-            power_average_w=self.read_average_power_w(),
+            power_average_w=opt(self.read_average_power_w),
             power_instant_w=self.read_instant_power_w() if self.has_instant_power else None,
-            power_limit_w=limit,
-            utilization=util.gpu / 100.0,
-            memory_utilization=util.memory / 100.0,
-            memory_used_bytes=int(mem.used),
-            memory_total_bytes=int(mem.total),
-            sm_clock_hz=nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM) * 1e6,
-            temperature_c=float(nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
+            power_limit_w=None if limit is None else limit / 1000.0,
+            utilization=None if util is None else util.gpu / 100.0,
+            memory_utilization=None if util is None else util.memory / 100.0,
+            memory_used_bytes=None if mem is None else int(mem.used),
+            memory_total_bytes=None if mem is None else int(mem.total),
+            sm_clock_hz=None if clock is None else clock * 1e6,
+            temperature_c=None if temperature is None else float(temperature),
         )
 
 

@@ -75,16 +75,13 @@ class Sampler:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
-        next_at = time.monotonic()
-        while not self._stop.is_set():
+        # start() is preceded by one sample (the cost measurement), so wait first.
+        next_at = time.monotonic() + self.interval_s
+        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
             self.sample_once()
             next_at += self.interval_s
-            delay = next_at - time.monotonic()
-            if delay < 0:  # fell behind (slow NVML, busy CPU): do not try to catch up
+            if next_at < time.monotonic():  # fell behind (slow NVML, busy CPU): no catching up
                 next_at = time.monotonic()
-                delay = 0.0
-            if self._stop.wait(delay):
-                break
 
     # --- one pass ---
     def sample_once(self) -> None:
@@ -120,17 +117,19 @@ class Sampler:
         if not self._status_ok[label]:
             log.warning("GPU %s answers again", label)
         self._status_ok[label] = True
-        m.gpu_power.labels(label, "nvml_average").set(status.power_average_w)
-        if status.power_instant_w is not None:
-            m.gpu_power.labels(label, "nvml_instant").set(status.power_instant_w)
-        if status.power_limit_w is not None:
-            m.gpu_power_limit.labels(label).set(status.power_limit_w)
-        m.gpu_utilization.labels(label).set(status.utilization)
-        m.gpu_memory_utilization.labels(label).set(status.memory_utilization)
-        m.gpu_memory_used.labels(label).set(status.memory_used_bytes)
-        m.gpu_memory_total.labels(label).set(status.memory_total_bytes)
-        m.gpu_sm_clock.labels(label).set(status.sm_clock_hz)
-        m.gpu_temperature.labels(label).set(status.temperature_c)
+        for gauge, value, labels in (
+            (m.gpu_power, status.power_average_w, (label, "nvml_average")),
+            (m.gpu_power, status.power_instant_w, (label, "nvml_instant")),
+            (m.gpu_power_limit, status.power_limit_w, (label,)),
+            (m.gpu_utilization, status.utilization, (label,)),
+            (m.gpu_memory_utilization, status.memory_utilization, (label,)),
+            (m.gpu_memory_used, status.memory_used_bytes, (label,)),
+            (m.gpu_memory_total, status.memory_total_bytes, (label,)),
+            (m.gpu_sm_clock, status.sm_clock_hz, (label,)),
+            (m.gpu_temperature, status.temperature_c, (label,)),
+        ):
+            if value is not None:  # unsupported readings are not exported, not zero
+                gauge.labels(*labels).set(value)
         self._update_stale(label)
 
     def _withdraw_gpu(self, label: str) -> None:

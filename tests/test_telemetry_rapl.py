@@ -26,7 +26,10 @@ def make_zone(root: Path, zone: str, name: str, energy_uj: int, max_range: int =
 
 
 def set_energy(zone: Path, energy_uj: int) -> None:
-    (zone / "energy_uj").write_text(f"{energy_uj}\n")
+    """Replace the value atomically, as sysfs does (a reader never sees a half-written file)."""
+    scratch = zone / "energy_uj.new"
+    scratch.write_text(f"{energy_uj}\n")
+    scratch.replace(zone / "energy_uj")
 
 
 def test_finds_package_zones_only(tmp_path):

@@ -61,6 +61,22 @@ def test_gauges_in_base_units_and_labelled_power_sources():
         service.stop()
 
 
+def test_unsupported_readings_are_absent_not_zero_and_not_stale():
+    """E.g. utilization under MIG: that series is missing; the GPU is still sampled."""
+    fake = FakeNvml([FakeGpu(unsupported={"utilization", "temperature"})])
+    service, registry = make(fake, interval_ms=3_600_000)
+    service.start()
+    try:
+        get = registry.get_sample_value
+        assert get("wattserve_gpu_utilization_ratio", {"gpu": "0"}) is None
+        assert get("wattserve_gpu_memory_utilization_ratio", {"gpu": "0"}) is None
+        assert get("wattserve_gpu_temperature_celsius", {"gpu": "0"}) is None
+        assert get("wattserve_gpu_power_watts", {"gpu": "0", "source": "nvml_average"}) == 100.0
+        assert get("wattserve_gpu_stale", {"gpu": "0"}) == 0
+    finally:
+        service.stop()
+
+
 def test_energy_counter_and_busy_idle_follow_the_gpu():
     fake = FakeNvml([FakeGpu(power_w=100.0)])
     service, registry = make(fake, interval_ms=3_600_000)

@@ -46,6 +46,7 @@ class FakeGpu:
     sm_clock_mhz: int = 1980
     temperature_c: int = 45
     failing: int | None = None  # an NVML error code every call raises while set
+    unsupported: set[str] = field(default_factory=set)  # calls answering NOT_SUPPORTED
     calls: dict[str, int] = field(default_factory=dict)
 
 
@@ -54,6 +55,7 @@ class FakeNvml:
 
     NVMLError = NVMLError
     NVML_SUCCESS = NVML_SUCCESS
+    NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
     NVML_FI_DEV_POWER_INSTANT = NVML_FI_DEV_POWER_INSTANT
     NVML_CLOCK_SM = NVML_CLOCK_SM
     NVML_TEMPERATURE_GPU = NVML_TEMPERATURE_GPU
@@ -86,6 +88,8 @@ class FakeNvml:
         gpu.calls[call] = gpu.calls.get(call, 0) + 1
         if gpu.failing is not None:
             raise NVMLError(gpu.failing)
+        if call in gpu.unsupported:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return gpu
 
     def nvmlInit(self) -> None:

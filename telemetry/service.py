@@ -33,7 +33,28 @@ from telemetry.sampler import Sampler
 log = logging.getLogger("wattserve.telemetry")
 
 COST_READS = 20  # meter reads timed at start
-MAX_HISTORY_TICKS = 200_000  # window_report history: an hour at 20 ms, ~25 MB at most
+MAX_HISTORY_TICKS = 40_000  # window_report history: 66 min at 100 ms; ~13 MB (measured)
+
+
+def observe_many(histogram: Any, value: float, count: int) -> None:
+    """``count`` observations of one value, in O(buckets) rather than O(count).
+
+    record_batch runs on the event loop, and a 256-request batch observed one by one costs
+    ~0.8 ms there (measured). This does what ``Histogram.observe`` does (prometheus_client
+    0.20-0.26), ``count`` at a time; if those internals ever change it falls back to the loop.
+    """
+    buckets = getattr(histogram, "_buckets", None)
+    bounds = getattr(histogram, "_upper_bounds", None)
+    total = getattr(histogram, "_sum", None)
+    if buckets is None or bounds is None or total is None or len(buckets) != len(bounds):
+        for _ in range(count):
+            histogram.observe(value)
+        return
+    total.inc(value * count)
+    for bucket, bound in zip(buckets, bounds, strict=True):
+        if value <= bound:
+            bucket.inc(count)
+            break
 
 
 class _Tick(NamedTuple):
@@ -238,9 +259,8 @@ class TelemetryService:
             self._children[key] = children
         per_batch, per_inference = children
         per_batch.observe(energy.joules)
-        share = energy.joules / batch_size
-        for _ in range(batch_size):  # one observation per request, so _sum/_count = J/inference
-            per_inference.observe(share)
+        # one observation per request, so _sum/_count = J/inference
+        observe_many(per_inference, energy.joules / batch_size, batch_size)
 
     # --- window report ---
     def _on_tick(self) -> None:

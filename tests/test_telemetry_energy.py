@@ -218,6 +218,26 @@ def test_record_batch_shares_energy_equally_per_request():
     assert fake.shutdowns == 1
 
 
+def test_observe_many_matches_one_by_one_observations():
+    from prometheus_client import Histogram
+
+    from telemetry.service import observe_many
+
+    registry = CollectorRegistry()
+    buckets = (0.1, 1.0, 10.0)
+    fast = Histogram("fast", "", ("k",), buckets=buckets, registry=registry).labels("x")
+    slow = Histogram("slow", "", ("k",), buckets=buckets, registry=registry).labels("x")
+    for value, count in ((0.05, 3), (1.0, 2), (5.0, 7), (50.0, 4)):
+        observe_many(fast, value, count)
+        for _ in range(count):
+            slow.observe(value)
+    get = registry.get_sample_value
+    for le in ("0.1", "1.0", "10.0", "+Inf"):
+        assert get("fast_bucket", {"k": "x", "le": le}) == get("slow_bucket", {"k": "x", "le": le})
+    assert get("fast_count", {"k": "x"}) == get("slow_count", {"k": "x"}) == 16
+    assert get("fast_sum", {"k": "x"}) == pytest.approx(get("slow_sum", {"k": "x"}))
+
+
 def test_settings_select_gpus():
     fake = FakeNvml([FakeGpu(uuid="a"), FakeGpu(uuid="b"), FakeGpu(uuid="c")])
     service, registry = _service(fake, gpus=[2, 7])

@@ -104,6 +104,12 @@ class ModelRuntime:
             deadline = None
         return WorkItem(inputs=inputs, priority=level, deadline=deadline, arrival=now)
 
+    def cancel(self, items: Sequence[WorkItem]) -> None:
+        """The client left: answer its items now; queued ones are never computed."""
+        if self.batcher is not None:
+            for item in items:
+                self.batcher.cancel(item)
+
     async def infer(self, items: Sequence[WorkItem]) -> list[Result]:
         """Submit every row of one request; one outcome is counted per request."""
         assert self.batcher is not None

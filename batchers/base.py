@@ -27,6 +27,7 @@ import numpy as np
 from batchers.queue import PriorityFifo
 from batchers.types import (
     BatchFailed,
+    ClientGone,
     DeadlineExceeded,
     Draining,
     ItemState,
@@ -191,6 +192,13 @@ class Batcher(ABC):
             for item in list(self.queue):
                 self.queue.remove(item)
                 self._answer_error(item, Draining("server stopped before this request ran"))
+
+    def cancel(self, item: WorkItem) -> None:
+        """The client went away: answer ``item`` now; never computed if still queued."""
+        if item.state is not ItemState.DONE:
+            self._abandon(item)
+            if item.future is not None and not item.future.done():
+                item.future.set_exception(ClientGone("client disconnected"))
 
     def close(self) -> None:
         """Release engine threads and engines (after drain)."""

@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     fp16: bool = Field(False, description="Half precision on CUDA (ignored on CPU).")
     channels_last: bool = Field(True, description="channels_last memory format for conv nets.")
     identity_elements: int = Field(16, ge=1, description="Element count of the identity model.")
+    identity_delay_ms: float = Field(
+        0.0, ge=0, description="identity: compute time per batch (Triton's execute_delay_ms)."
+    )
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (CPU).")
     onnx_path: Path | None = Field(
         None, description="ONNX file for the onnxruntime/tensorrt engines (exported if unset)."
@@ -98,6 +101,12 @@ class Settings(BaseSettings):
     retry_after_s: int = Field(1, ge=0, description="Retry-After value sent with 503s.")
     drain_timeout_s: float = Field(30.0, ge=0, description="On SIGTERM, longest wait for accepted work.")
     warmup: bool = Field(True, description="Run every batch size once before reporting ready.")
+    gil_switch_interval_ms: float = Field(
+        0.5,
+        gt=0,
+        description="sys.setswitchinterval: how soon an engine thread gets the GIL from a busy "
+        "event loop (Python's 5 ms default adds up to 5 ms per batch hand-off).",
+    )
     tune_malloc: bool = Field(
         True, description="Raise glibc's mmap/trim thresholds so big batches do not page-fault."
     )

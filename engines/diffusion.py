@@ -187,6 +187,10 @@ class DiffusionEngine:
             raise ValueError(f"steps must be in 1..{self.max_steps} (0: default {self.default_steps})")
         return seed, steps
 
+    def validate(self, inputs: Mapping[str, np.ndarray]) -> None:
+        """Raise ValueError if one request's inputs cannot be served (server: 400, not queued)."""
+        self.parse(inputs)
+
     # ------------------------------------------------------------------ step contract
     def start(self, item: Mapping[str, np.ndarray]) -> DiffusionState:
         """A request's state: its schedule and its initial noise from its own generator."""

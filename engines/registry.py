@@ -7,7 +7,7 @@ from typing import Any
 from engines.base import Engine
 from engines.identity import IdentityEngine
 
-MODELS = ("identity", "resnet50", "mobilenet_v2", "mobilenet_v3_large")
+MODELS = ("identity", "resnet50", "mobilenet_v2", "mobilenet_v3_large", "tiny_unet")
 
 
 def build_engine(settings: Any) -> Engine:
@@ -18,6 +18,20 @@ def build_engine(settings: Any) -> Engine:
             settings.identity_elements,
             max_batch_size=settings.max_batch_size,
             delay_s=settings.identity_delay_ms / 1000.0,
+        )
+    if model == "tiny_unet" and settings.engine == "torch":
+        from engines.diffusion import DiffusionEngine
+
+        return DiffusionEngine(
+            model,
+            model_path=settings.diffusion_model,  # unset: the tiny UNet with random weights
+            scheduler=settings.diffusion_scheduler,
+            device=settings.device,
+            seed=settings.seed,
+            fp16=settings.fp16,
+            max_batch_size=settings.max_batch_size,
+            default_steps=settings.diffusion_default_steps,
+            threads=settings.torch_threads,
         )
     if settings.engine == "torch":
         from engines.torch_engine import TORCHVISION_MODELS, TorchVisionEngine

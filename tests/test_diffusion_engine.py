@@ -9,6 +9,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from engines.base import Engine, StepEngine
 from engines.diffusion import DiffusionEngine, tiny_unet
+from tests.diffusion_support import quiet_cpu  # noqa: F401  (autouse fixture)
 
 # Measured: < 1e-4 up to 50 DDIM steps (kernel float differences between batch sizes).
 TOL = 1e-3

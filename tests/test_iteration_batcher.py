@@ -22,6 +22,7 @@ from batchers.types import DeadlineExceeded, Draining, QueueFull, Result, WorkIt
 from engines.diffusion import DiffusionEngine
 from server.metrics import ServingMetrics
 from server.settings import Settings
+from tests.diffusion_support import quiet_cpu  # noqa: F401  (autouse fixture)
 
 TOL = 1e-3  # same-seed images alone vs batched (see tests/test_diffusion_engine.py)
 

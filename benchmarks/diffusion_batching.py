@@ -19,7 +19,11 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -29,7 +33,7 @@ import numpy as np
 from hdrh.histogram import HdrHistogram
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks._harness import RESULTS, wattserve
+from benchmarks._harness import RESULTS, ROOT, free_port
 
 MODEL = "tiny_unet"
 COMMON_ENV = {
@@ -195,6 +199,39 @@ def summarize(policy: str, rate: float, measured: int, raw: dict, before: dict, 
     )  # fmt: skip
 
 
+@contextlib.contextmanager
+def server(policy: str, log_dir: Path, timeout: float = 300) -> Iterator[str]:
+    """``python -m server serve`` for one policy, its output in ``log_dir/<policy>.log``."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, **COMMON_ENV, **POLICIES[policy], "WATTSERVE_PORT": str(port),
+           "WATTSERVE_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT)}  # fmt: skip
+    log_path = log_dir / f"{policy}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "server", "serve"], env=env, cwd=ROOT,
+                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{policy} server exited: {log_path.read_text()[-2000:]}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(url + "/v2/health/ready", timeout=1).status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{policy} server not ready after {timeout}s")
+                time.sleep(0.2)
+            yield url
+            if proc.poll() is not None:
+                raise RuntimeError(f"{policy} server died (exit {proc.returncode}); see {log_path}")
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 def wait_idle(url: str, timeout: float = 120) -> None:
     """Wait until the server has nothing queued or running (between rates)."""
     deadline = time.monotonic() + timeout
@@ -286,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
     with contextlib.ExitStack() as stack:
         # All servers up at once (idle ones cost no CPU), policies interleaved within each
         # rate: on a shared machine, side by side in time is what makes them comparable.
-        urls = {p: stack.enter_context(wattserve({**COMMON_ENV, **POLICIES[p]})) for p in policies}
+        urls = {p: stack.enter_context(server(p, args.out)) for p in policies}
         for rate in rates:
             for policy in policies:
                 url = urls[policy]

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from batchers.base import BatcherConfig
 from batchers.factory import build_batcher
 from batchers.iteration import InvalidRequest, IterationBatcher
-from batchers.types import DeadlineExceeded, Draining, QueueFull, Result, WorkItem
+from batchers.types import ClientGone, DeadlineExceeded, Draining, QueueFull, Result, WorkItem
 from engines.diffusion import DiffusionEngine
 from server.metrics import ServingMetrics
 from server.settings import Settings
@@ -196,14 +196,22 @@ async def test_deadline_while_running_is_504_and_leaves_the_running_set(engine, 
     assert len(calls) < 100  # its 500 steps were not computed
 
 
-async def test_cancelled_client_leaves_the_running_set(engine, observed):
+@pytest.mark.parametrize("how", ["task", "server"])
+async def test_cancelled_client_leaves_the_running_set(engine, observed, how):
+    """The client goes away: its task is cancelled, or the server calls batcher.cancel."""
     batcher = make(engine)
     task = await started(batcher)
     keeper = asyncio.create_task(batcher.submit(work(1, 40)))
-    gone = asyncio.create_task(batcher.submit(work(2, 400)))
+    item = work(2, 400)
+    gone = asyncio.create_task(batcher.submit(item))
     await observed.wait_for(5)
-    gone.cancel()
+    if how == "task":
+        gone.cancel()
+    else:
+        batcher.cancel(item)
     at_cancel = len(observed.calls)
+    with pytest.raises((asyncio.CancelledError, ClientGone)):
+        await gone
     await keeper
     await finish(batcher, task)
     assert all(c == 1 for c in observed.calls[at_cancel + 1 :])

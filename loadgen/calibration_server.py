@@ -29,6 +29,7 @@ class CalibrationServer:
         delay_ms: float = 0.0,
         stall_after_s: float | None = None,
         stall_s: float = 1.0,
+        binary: bool = True,
     ) -> None:
         self.elements = elements
         self.delay_s = delay_ms / 1000.0
@@ -38,6 +39,12 @@ class CalibrationServer:
         self.stall_until: float | None = None
         self.stalled_requests = 0
         self.count = 0
+        self.binary = binary  # False: refuse the binary extension, like a JSON-only server
+
+    def arm_stall(self, after_s: float, stall_s: float = 1.0) -> None:
+        """Freeze once, ``after_s`` after the next inference request arrives."""
+        self.first, self.stall_until = None, None
+        self.stall_after_s, self.stall_s = after_s, stall_s
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024 * 1024)
@@ -54,9 +61,7 @@ class CalibrationServer:
         return web.Response(status=200)
 
     async def server_meta(self, request: web.Request) -> web.Response:
-        return _json(
-            {"name": "loadgen-calibration", "version": "0", "extensions": ["binary_tensor_data"]}
-        )
+        return _json({"name": "loadgen-calibration", "version": "0", "extensions": ["binary_tensor_data"]})
 
     async def model_meta(self, request: web.Request) -> web.Response:
         if request.match_info["model"] != MODEL:
@@ -95,6 +100,8 @@ class CalibrationServer:
         body = await request.read()
         header_len = request.headers.get("Inference-Header-Content-Length")
         await self._hold()
+        if header_len is not None and not self.binary:
+            return _json({"error": "binary tensor data extension not supported"}, 400)
         if header_len is not None:
             n = int(header_len)
             header = orjson.loads(body[:n])
@@ -165,10 +172,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="freeze once, this long after the first request",
     )
     parser.add_argument("--stall-s", type=float, default=1.0)
+    parser.add_argument("--no-binary", action="store_true", help="refuse the binary extension")
 
 
 def serve(args: argparse.Namespace) -> None:
-    server = CalibrationServer(args.elements, args.delay_ms, args.stall_after_s, args.stall_s)
+    server = CalibrationServer(
+        args.elements, args.delay_ms, args.stall_after_s, args.stall_s, not args.no_binary
+    )
     try:
         import uvloop
 

@@ -75,9 +75,7 @@ def add_loadgen_arguments(p: argparse.ArgumentParser) -> None:
         const="binary",
         help="binary tensor data extension",
     )
-    proto.add_argument(
-        "--json", dest="protocol", action="store_const", const="json", help="JSON tensors"
-    )
+    proto.add_argument("--json", dest="protocol", action="store_const", const="json", help="JSON tensors")
     proto.add_argument(
         "--images",
         metavar="DIR",
@@ -101,9 +99,7 @@ def add_loadgen_arguments(p: argparse.ArgumentParser) -> None:
         help="fill an input with a constant instead of random data (e.g. steps=20)",
     )
     t.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, seconds")
-    t.add_argument(
-        "--ready-timeout", type=float, default=60.0, help="wait this long for /v2/health/ready"
-    )
+    t.add_argument("--ready-timeout", type=float, default=60.0, help="wait this long for /v2/health/ready")
 
     a = p.add_argument_group("load")
     a.add_argument(
@@ -120,16 +116,13 @@ def add_loadgen_arguments(p: argparse.ArgumentParser) -> None:
         "--max-outstanding",
         type=int,
         default=1024,
-        help="open loop: most requests in flight; a request held back by this cap "
-        "counts as generator lag",
+        help="open loop: most requests in flight; a request held back by this cap counts as generator lag",
     )
     a.add_argument("--duration", type=float, default=10.0, help="measurement window, seconds")
     a.add_argument("--warmup", type=float, default=2.0, help="warm-up before the window, seconds")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--trace", help="trace file: one timestamp (s) per line, or CSV first column")
-    a.add_argument(
-        "--trace-scale", type=float, default=1.0, help="stretch (>1) or compress the trace"
-    )
+    a.add_argument("--trace-scale", type=float, default=1.0, help="stretch (>1) or compress the trace")
     a.add_argument("--burst-factor", type=float, default=4.0, help="bursty: peak rate / mean rate")
     a.add_argument(
         "--burst-low",
@@ -171,9 +164,7 @@ def add_loadgen_arguments(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--out", type=Path, help="output folder (default results/loadgen-TIMESTAMP)")
     o.add_argument("--title", default=None)
-    o.add_argument(
-        "--scrape-interval", type=float, default=1.0, help="seconds between /metrics scrapes"
-    )
+    o.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between /metrics scrapes")
     o.add_argument("--no-progress", action="store_true", help="no live progress display")
     o.add_argument(
         "--fail-invalid",
@@ -229,17 +220,12 @@ def sweep_specs(args: argparse.Namespace, base: LoadSpec) -> list[LoadSpec]:
 
     if base.closed:
         levels = args.concurrencies or [args.concurrency]
-        return [
-            dataclasses.replace(base, concurrency=c, seed=base.seed + i)
-            for i, c in enumerate(levels)
-        ]
+        return [dataclasses.replace(base, concurrency=c, seed=base.seed + i) for i, c in enumerate(levels)]
     if base.arrival == "trace":
         return [base]
     rates = args.rates or ([args.rate] if args.rate else [])
     if not rates:
-        raise SystemExit(
-            f"--arrival {base.arrival} needs --rate or --rates (or --slo-ms to search)"
-        )
+        raise SystemExit(f"--arrival {base.arrival} needs --rate or --rates (or --slo-ms to search)")
     return [dataclasses.replace(base, rate=r, seed=base.seed + i) for i, r in enumerate(rates)]
 
 
@@ -251,11 +237,11 @@ def run_loadgen_command(args: argparse.Namespace) -> int:
 
 async def _loadgen(args: argparse.Namespace) -> int:
     from . import client, report
-    from .progress import RichProgress
+    from .progress import RichProgress, make_console
     from .runner import prepare_target, run_load
     from .search import Objective, SearchLimits, find_max_rate
 
-    console = Console(stderr=True)
+    console = make_console()
     base = base_spec(args)
     out = args.out or Path("results") / f"loadgen-{datetime.now():%Y%m%d-%H%M%S}"
     progress = None if args.no_progress else RichProgress(console)
@@ -326,9 +312,7 @@ def _search_html(search: dict[str, Any] | None) -> str:
         [s["label"], s["rate"], s["achieved_rate"], s["percentile_ms"], s["valid"], s["passed"]]
         for s in search["steps"]
     ]
-    return head + table(
-        ["step", "rate", "achieved", f"p{obj['percentile']:g} ms", "valid", "passed"], rows
-    )
+    return head + table(["step", "rate", "achieved", f"p{obj['percentile']:g} ms", "valid", "passed"], rows)
 
 
 def _print_table(console: Console, runs: Sequence[Any], search: dict[str, Any] | None) -> None:
@@ -371,8 +355,7 @@ def _print_table(console: Console, runs: Sequence[Any], search: dict[str, Any] |
             _f(server.get("energy_per_inference_j")) if server else "n/a",
             "yes" if s["valid"] else "NO",
         )
-    wide = console if console.is_terminal else Console(stderr=True, width=200)
-    wide.print(table)
+    console.print(table)
     for run in runs:
         for reason in run.summary["invalid_reasons"]:
             console.print(f"[red]{run.label}: {reason}[/red]")

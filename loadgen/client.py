@@ -54,11 +54,7 @@ async def send(
         async with session.post(base_url + req.path, data=data, headers=req.headers) as resp:
             body = await resp.read()
             h = resp.headers
-            detail = (
-                body[:500].decode("utf-8", "replace")
-                if keep_detail and resp.status != 200
-                else None
-            )
+            detail = body[:500].decode("utf-8", "replace") if keep_detail and resp.status != 200 else None
             return Outcome(
                 str(resp.status),
                 _float(h.get(H_QUEUE)),

@@ -40,8 +40,7 @@ def fmt(v: Any, digits: int = 3) -> str:
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1) -> str:
     """An HTML table; the first ``left`` columns are left-aligned text."""
     head = "".join(
-        f'<th class="{"l" if i < left else ""}">{html.escape(h)}</th>'
-        for i, h in enumerate(headers)
+        f'<th class="{"l" if i < left else ""}">{html.escape(h)}</th>' for i, h in enumerate(headers)
     )
     body = []
     for row in rows:
@@ -101,9 +100,8 @@ def runs_table(runs: Sequence[RunResult]) -> str:
                 valid,
             ]
         )
-    return (
-        "<p>Latencies in ms, from each request's intended send time; rates in requests/s.</p>"
-        + table(headers, rows)
+    return "<p>Latencies in ms, from each request's intended send time; rates in requests/s.</p>" + table(
+        headers, rows
     )
 
 
@@ -122,9 +120,7 @@ def server_table(runs: Sequence[RunResult]) -> str:
     rows = []
     for run in runs:
         s = run.server or {}
-        errors = (
-            ", ".join(f"{k}: {v}" for k, v in run.summary["errors_by_status"].items()) or "none"
-        )
+        errors = ", ".join(f"{k}: {v}" for k, v in run.summary["errors_by_status"].items()) or "none"
         rows.append(
             [
                 run.label,
@@ -140,10 +136,7 @@ def server_table(runs: Sequence[RunResult]) -> str:
         )
     note = ""
     if not any(run.server for run in runs):
-        note = (
-            '<p class="note">The server exposed no /metrics: '
-            "server-side columns are not available.</p>"
-        )
+        note = '<p class="note">The server exposed no /metrics: server-side columns are not available.</p>'
     elif not any((run.server or {}).get("energy_per_inference_j") is not None for run in runs):
         note = (
             '<p class="note">Energy per inference, GPU power and utilization: not available '
@@ -154,8 +147,7 @@ def server_table(runs: Sequence[RunResult]) -> str:
 
 def invalid_notes(runs: Sequence[RunResult]) -> str:
     items = [
-        f"<li><b>{html.escape(r.label)}</b>: "
-        f"{html.escape('; '.join(r.summary['invalid_reasons']))}</li>"
+        f"<li><b>{html.escape(r.label)}</b>: {html.escape('; '.join(r.summary['invalid_reasons']))}</li>"
         for r in runs
         if not r.summary["valid"]
     ]

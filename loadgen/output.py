@@ -113,9 +113,7 @@ def write_requests_csv(runs: Sequence[RunResult], path: Path) -> None:
             w0 = run.spec.warmup_s
             w1 = w0 + run.spec.duration_s
             for r in run.records:
-                phase = (
-                    "warmup" if r.intended_s < w0 else "measure" if r.intended_s < w1 else "after"
-                )
+                phase = "warmup" if r.intended_s < w0 else "measure" if r.intended_s < w1 else "after"
                 writer.writerow(
                     [
                         run.label,

@@ -73,18 +73,14 @@ def input_specs(
                     f"give a concrete shape with --input-shape {name}=..."
                 )
         if datatype not in _DTYPES:
-            raise ValueError(
-                f"input {name!r}: datatype {datatype} is not supported for random data"
-            )
+            raise ValueError(f"input {name!r}: datatype {datatype} is not supported for random data")
         specs.append(InputSpec(name, datatype, shape))
     if not specs:
         raise ValueError("model metadata lists no inputs")
     return specs
 
 
-def random_tensor(
-    spec: InputSpec, rng: np.random.Generator, fixed: float | None = None
-) -> np.ndarray:
+def random_tensor(spec: InputSpec, rng: np.random.Generator, fixed: float | None = None) -> np.ndarray:
     """Random data of the input's shape and type (standard normal floats, small integers)."""
     dtype = _DTYPES[spec.datatype]
     if fixed is not None:
@@ -119,10 +115,7 @@ def binary_body(specs: Sequence[InputSpec], tensors: Mapping[str, np.ndarray]) -
 
     Returns the body and the header length for ``Inference-Header-Content-Length``.
     """
-    raw = [
-        np.ascontiguousarray(tensors[s.name]).astype(_DTYPES[s.datatype].newbyteorder("<"))
-        for s in specs
-    ]
+    raw = [np.ascontiguousarray(tensors[s.name]).astype(_DTYPES[s.datatype].newbyteorder("<")) for s in specs]
     header = orjson.dumps(
         {
             "inputs": [
@@ -156,11 +149,7 @@ def tensor_requests(
     for _ in range(count):
         tensors = {s.name: random_tensor(s, rng, fixed.get(s.name)) for s in specs}
         if protocol == "json":
-            out.append(
-                PreparedRequest(
-                    path, json_body(specs, tensors), {"Content-Type": "application/json"}
-                )
-            )
+            out.append(PreparedRequest(path, json_body(specs, tensors), {"Content-Type": "application/json"}))
         elif protocol == "binary":
             body, header_len = binary_body(specs, tensors)
             headers = {

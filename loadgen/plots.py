@@ -24,9 +24,7 @@ GroupKey = Callable[[RunResult], str]
 def _ok_latencies_ms(run: RunResult) -> np.ndarray:
     w0 = run.spec.warmup_s
     w1 = w0 + run.spec.duration_s
-    return np.sort(
-        np.array([r.latency_s * 1000 for r in run.records if r.ok and w0 <= r.intended_s < w1])
-    )
+    return np.sort(np.array([r.latency_s * 1000 for r in run.records if r.ok and w0 <= r.intended_s < w1]))
 
 
 def _grid(n: int) -> tuple[plt.Figure, list[plt.Axes]]:
@@ -79,9 +77,7 @@ def latency_cdf(
     return _save(fig, path), None
 
 
-def throughput_latency(
-    runs: Sequence[RunResult], path: Path, series: GroupKey | None = None
-) -> Plot:
+def throughput_latency(runs: Sequence[RunResult], path: Path, series: GroupKey | None = None) -> Plot:
     """Achieved throughput vs p50/p95/p99 latency; one line per series (e.g. model + batching)."""
     groups = _groups(runs, series)
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
@@ -188,10 +184,10 @@ def batch_sizes(runs: Sequence[RunResult], path: Path, name: GroupKey | None = N
 
 
 def power_over_time(runs: Sequence[RunResult], path: Path, name: GroupKey | None = None) -> Plot:
-    """GPU power samples scraped during each run (offset from the run's start)."""
+    """Device power samples scraped during each run (offset from the run's start)."""
     series = [(r, s) for r in runs for s in r.power_series.items()]
     if not series:
-        return None, "power-over-time plot skipped: the server exported no GPU power metric"
+        return None, "power-over-time plot skipped: the server exported no GPU or CPU power metric"
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for run, (metric, pts) in series:
         ax.plot(
@@ -204,7 +200,7 @@ def power_over_time(runs: Sequence[RunResult], path: Path, name: GroupKey | None
     ax.set_ylabel("watts")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=6)
-    ax.set_title("GPU power over time")
+    ax.set_title("device power over time")
     return _save(fig, path), None
 
 

@@ -8,6 +8,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from .runner import LiveCounts
 
 
+def make_console() -> Console:
+    """A stderr console; 160 columns wide when output goes to a file or pipe (logs, CI)."""
+    console = Console(stderr=True)
+    return console if console.is_terminal else Console(stderr=True, width=160)
+
+
 class RichProgress:
     """Implements runner.ProgressSink. Refreshes twice a second from rich's own thread."""
 

@@ -27,6 +27,15 @@ QUEUE = "wattserve_queue_duration_seconds"
 COMPUTE = "wattserve_batch_compute_duration_seconds"
 REQUEST = "wattserve_request_duration_seconds"
 REQUESTS = "wattserve_requests_total"
+# Telemetry (telemetry/metrics.py); every figure is optional and None when absent.
+TELEMETRY_PREFIXES = ("wattserve_gpu_", "wattserve_cpu_", "wattserve_energy_", "wattserve_rapl_")
+GPU_AVAILABLE = "wattserve_gpu_telemetry_available"
+GPU_POWER = "wattserve_gpu_power_watts"  # labels gpu, source=nvml_average|nvml_instant
+GPU_ENERGY = "wattserve_gpu_energy_joules_total"  # labels gpu, source
+GPU_UTILIZATION = "wattserve_gpu_utilization_ratio"
+CPU_POWER = "wattserve_cpu_power_watts"
+ENERGY_STATE = "wattserve_energy_joules_total"  # labels device, source, state=busy|idle
+INFERENCE_ENERGY = "wattserve_energy_inference_joules"  # histogram, one observation per request
 
 
 @dataclass
@@ -59,8 +68,8 @@ def parse(text: str, model: str | None = None) -> Snapshot:
 
 
 def is_telemetry(family: str) -> bool:
-    """GPU telemetry and energy families, whatever exact names the exporter chose."""
-    return family.startswith("wattserve_gpu_") or ("energy" in family and "joules" in family)
+    """Device telemetry and energy families (the telemetry module's naming)."""
+    return family.startswith(TELEMETRY_PREFIXES) or ("energy" in family and "joules" in family)
 
 
 def window_stats(
@@ -106,7 +115,9 @@ def gauge_series(
 
 
 def is_power(name: str) -> bool:
-    return name.startswith("wattserve_gpu_") and "watts" in name and "limit" not in name
+    """Device power gauges (GPU by NVML, CPU package by RAPL), not their limits."""
+    device = name.startswith(("wattserve_gpu_", "wattserve_cpu_"))
+    return device and name.endswith("_watts") and "limit" not in name
 
 
 class _Delta:
@@ -157,80 +168,105 @@ class _Delta:
         return out
 
 
-def _telemetry(
+def _telemetry(delta: _Delta, inside: Sequence[Snapshot], inferences: float | None) -> dict[str, Any]:
+    """Energy and device figures over the window, from whichever telemetry metrics exist."""
+    table = _telemetry_table(delta, inside, inferences)
+    energy, source = None, None
+    state = delta.by_label(ENERGY_STATE, "state")  # busy/idle energy of the metered devices
+    gpu_energy = delta.total(GPU_ENERGY)
+    busy_share = delta.hist_mean(INFERENCE_ENERGY)  # each request's share of its batch
+    if state and inferences:
+        energy = sum(state.values()) / inferences
+        source = (
+            f"{ENERGY_STATE} (busy + idle, source {_sources(delta, ENERGY_STATE)}) over the window "
+            "/ inferences"
+        )
+    elif gpu_energy is not None and inferences:
+        energy = gpu_energy / inferences
+        source = f"{GPU_ENERGY} (source {_sources(delta, GPU_ENERGY)}) over the window / inferences"
+    elif busy_share is not None:
+        energy, source = busy_share, f"mean of {INFERENCE_ENERGY} (busy energy only)"
+    available = _last_gauge(delta.end, GPU_AVAILABLE)
+    return {
+        "gpu_telemetry_available": None if available is None else bool(available),
+        "energy_per_inference_j": energy,
+        "energy_source": source,
+        "energy_busy_j": state.get("busy") if state else None,
+        "energy_idle_j": state.get("idle") if state else None,
+        "busy_energy_per_inference_j": busy_share,
+        "gpu_energy_j": gpu_energy,
+        "gpu_power_w": _mean_of_sums(inside, GPU_POWER, _preferred_power_source(delta.end)),
+        "gpu_utilization": _mean_of_means(inside, GPU_UTILIZATION),
+        "cpu_power_w": _mean_of_sums(inside, CPU_POWER, None),
+        "telemetry": table,
+    }
+
+
+def _telemetry_table(
     delta: _Delta, inside: Sequence[Snapshot], inferences: float | None
-) -> dict[str, Any]:
-    """Whatever GPU/energy metrics exist: gauge means, counter deltas, histogram means."""
-    series: list[dict[str, Any]] = []
-    energy_counter_j = 0.0
-    have_energy_counter = False
-    energy_hist: tuple[str, float] | None = None
-    power_w: float | None = None
-    utilization: float | None = None
+) -> list[dict[str, Any]]:
+    """One row per telemetry series: gauge mean/min/max, counter delta, histogram mean."""
+    rows: list[dict[str, Any]] = []
     for family, kind in sorted(delta.end.types.items()):
         if not is_telemetry(family):
             continue
         if kind == "gauge":
             for labels, _ in delta.end.samples(family):
-                values = [
-                    s.values[(family, labels)] for s in inside if (family, labels) in s.values
-                ]
+                values = [s.values[(family, labels)] for s in inside if (family, labels) in s.values]
                 values = [v for v in values if math.isfinite(v)]
-                if not values:
-                    continue
-                mean = sum(values) / len(values)
-                series.append(
-                    _row(family, labels, "gauge", mean=mean, min=min(values), max=max(values))
-                )
-                if is_power(family):
-                    power_w = (power_w or 0.0) + mean if _primary(labels) else power_w
-                elif "utilization" in family and "memory" not in family and _primary(labels):
-                    utilization = mean if utilization is None else max(utilization, mean)
+                if values:
+                    mean = sum(values) / len(values)
+                    rows.append(_row(family, labels, "gauge", mean=mean, min=min(values), max=max(values)))
         elif kind == "counter":
             for labels, d in delta.by_labels(family + "_total").items():
                 per_inf = _ratio(d, inferences) if "joules" in family else None
-                series.append(
-                    _row(family + "_total", labels, "counter", delta=d, per_inference=per_inf)
-                )
-                if (
-                    "energy" in family
-                    and "joules" in family
-                    and family.startswith("wattserve_gpu_")
-                ):
-                    energy_counter_j += d
-                    have_energy_counter = True
+                rows.append(_row(family + "_total", labels, "counter", delta=d, per_inference=per_inf))
         elif kind == "histogram":
-            counts = delta.by_labels(family + "_count")
             sums = delta.by_labels(family + "_sum")
-            for labels, c in counts.items():
-                mean = _ratio(sums.get(labels), c)
-                series.append(
-                    _row(family, labels, "histogram", count=c, sum=sums.get(labels), mean=mean)
+            for labels, count in delta.by_labels(family + "_count").items():
+                total = sums.get(labels)
+                rows.append(
+                    _row(family, labels, "histogram", count=count, sum=total, mean=_ratio(total, count))
                 )
-            mean_all = delta.hist_mean(family)
-            per_item = "inference" in family or "request" in family
-            if "energy" in family and per_item and mean_all is not None and energy_hist is None:
-                energy_hist = (family, mean_all)
-    energy, source = None, None
-    if have_energy_counter and inferences:
-        energy = energy_counter_j / inferences
-        source = "GPU energy counter delta over the window / inferences (includes idle energy)"
-    elif energy_hist is not None:
-        energy, source = energy_hist[1], f"mean of histogram {energy_hist[0]} over the window"
-    return {
-        "telemetry_available": bool(series),
-        "energy_per_inference_j": energy,
-        "energy_source": source,
-        "gpu_power_w": power_w,
-        "gpu_utilization": utilization,
-        "telemetry": series,
-    }
+    return rows
 
 
-def _primary(labels: LabelKey) -> bool:
-    """Count one reading per GPU: where a family is split by a reading kind, use the average."""
-    kind = dict(labels).get("kind") or dict(labels).get("source") or dict(labels).get("method")
-    return kind is None or kind in ("average", "usage", "avg", "mean")
+def _sources(delta: _Delta, name: str) -> str:
+    found = {dict(labels).get("source", "?") for labels, _ in delta.end.samples(name)}
+    return ",".join(sorted(found)) or "?"
+
+
+def _last_gauge(snap: Snapshot, name: str) -> float | None:
+    values = [v for _, v in snap.samples(name)]
+    return max(values) if values else None
+
+
+def _preferred_power_source(snap: Snapshot) -> str | None:
+    """NVML's averaged power where exported (steadier), else the instantaneous field."""
+    sources = {dict(labels).get("source") for labels, _ in snap.samples(GPU_POWER)}
+    for preferred in ("nvml_average", "nvml_instant"):
+        if preferred in sources:
+            return preferred
+    return None
+
+
+def _mean_of_sums(inside: Sequence[Snapshot], name: str, source: str | None) -> float | None:
+    """Per scrape, the sum over devices (one source); then the mean over the window's scrapes."""
+    per_scrape = []
+    for snap in inside:
+        values = [
+            v
+            for labels, v in snap.samples(name)
+            if (source is None or dict(labels).get("source") == source) and math.isfinite(v)
+        ]
+        if values:
+            per_scrape.append(sum(values))
+    return sum(per_scrape) / len(per_scrape) if per_scrape else None
+
+
+def _mean_of_means(inside: Sequence[Snapshot], name: str) -> float | None:
+    values = [v for snap in inside for _, v in snap.samples(name) if math.isfinite(v)]
+    return sum(values) / len(values) if values else None
 
 
 def _row(name: str, labels: LabelKey, kind: str, **values: Any) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def write_all(
             "Energy per inference vs p95 latency",
         ),
         (lambda p: plots.batch_sizes(runs, p, line), "batch_sizes.png", "Batch-size distribution"),
-        (lambda p: plots.power_over_time(runs, p, line), "power.png", "GPU power over time"),
+        (lambda p: plots.power_over_time(runs, p, line), "power.png", "Power over time"),
     ):
         path, note = fn(out_dir / filename)
         figures.append((path, caption))

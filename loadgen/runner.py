@@ -203,9 +203,7 @@ async def run_load(
     schedule = None
     if not spec.closed:
         horizon = spec.warmup_s + spec.duration_s
-        schedule = make_schedule(
-            spec.arrival, spec.rate, horizon, spec.seed, spec.burst, spec.trace
-        )
+        schedule = make_schedule(spec.arrival, spec.rate, horizon, spec.seed, spec.burst, spec.trace)
     records: list[RequestRecord] = []
     live = LiveCounts()
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -238,9 +236,7 @@ async def run_load(
     return RunResult(label, spec, target.describe(), records, summary, server, power, started_at)
 
 
-def summarize(
-    records: Sequence[RequestRecord], spec: LoadSpec, scheduled: int | None
-) -> dict[str, Any]:
+def summarize(records: Sequence[RequestRecord], spec: LoadSpec, scheduled: int | None) -> dict[str, Any]:
     """Counts, rates, latency and lag percentiles, and the validity verdict for one run."""
     w0, w1 = spec.warmup_s, spec.warmup_s + spec.duration_s
     in_window = [r for r in records if w0 <= r.intended_s < w1]
@@ -257,8 +253,7 @@ def summarize(
         reasons.append("no requests were sent inside the measurement window")
     if lag is not None and lag["p99"] is not None and lag["p99"] > spec.max_lag_ms:
         reasons.append(
-            f"generator could not keep up: send lag p99 {lag['p99']:.1f} ms "
-            f"> {spec.max_lag_ms:g} ms"
+            f"generator could not keep up: send lag p99 {lag['p99']:.1f} ms > {spec.max_lag_ms:g} ms"
         )
     if not spec.closed and scheduled:
         sent_inside = sum(1 for r in records if w0 <= r.sent_s < w1)
@@ -270,8 +265,7 @@ def summarize(
             )
     if spec.min_queries and len(in_window) < spec.min_queries:
         reasons.append(
-            f"{len(in_window)} queries in the window; "
-            f"the percentile needs at least {spec.min_queries}"
+            f"{len(in_window)} queries in the window; the percentile needs at least {spec.min_queries}"
         )
     return {
         "mode": "closed" if spec.closed else "open",

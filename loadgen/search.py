@@ -3,7 +3,8 @@
 As MLPerf's Server scenario does: run at a rate, check the percentile, and bisect on the rate.
 The search first doubles (or halves) from the start rate until it has a passing and a failing
 rate, then bisects until the two are within ``tolerance`` of each other. Every step is a full
-run with warm-up, long enough for at least ``min_queries`` queries (see stats.min_queries_for).
+run with warm-up, long enough for 1.2 x ``min_queries`` expected queries (see
+stats.min_queries_for); a step with fewer than ``min_queries`` in its window is invalid.
 A step passes when the run is valid (the generator kept up) and the percentile, counting every
 failed request as infinitely slow, is within the objective.
 """
@@ -18,6 +19,8 @@ import aiohttp
 
 from . import stats
 from .runner import LoadSpec, ProgressSink, RunResult, Target, run_load
+
+QUERY_HEADROOM = 1.2
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,8 @@ async def find_max_rate(
 
     async def attempt(rate: float) -> bool:
         nonlocal generator_limited
-        duration = max(base.duration_s, min_queries / rate)
+        # 20% headroom: a Poisson count falls short of its mean half the time.
+        duration = max(base.duration_s, QUERY_HEADROOM * min_queries / rate)
         spec = dataclasses.replace(
             base,
             rate=rate,
@@ -86,9 +90,7 @@ async def find_max_rate(
         verdict = step_verdict(run, objective)
         runs.append(run)
         steps.append(verdict)
-        if not run.summary["valid"] and any(
-            "generator" in r for r in run.summary["invalid_reasons"]
-        ):
+        if not run.summary["valid"] and any("generator" in r for r in run.summary["invalid_reasons"]):
             generator_limited = True
         return verdict["passed"]
 

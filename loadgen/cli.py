@@ -208,6 +208,7 @@ def base_spec(args: argparse.Namespace) -> LoadSpec:
         burst=burst if args.arrival == "bursty" else None,
         trace=trace,
         max_lag_ms=args.max_lag_ms,
+        cooldown_s=args.timeout,
         min_send_ratio=args.min_send_ratio,
         min_queries=args.min_queries or 0,
         scrape_interval_s=args.scrape_interval,

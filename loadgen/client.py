@@ -41,9 +41,19 @@ def make_session(timeout_s: float) -> aiohttp.ClientSession:
 
 
 async def send(
-    session: aiohttp.ClientSession, base_url: str, req: PreparedRequest, keep_detail: bool = False
+    session: aiohttp.ClientSession,
+    base_url: str,
+    req: PreparedRequest,
+    keep_detail: bool = False,
+    timeout_s: float | None = None,
 ) -> Outcome:
-    """Send one request and read the whole response; never raises for server or network errors."""
+    """Send one request and read the whole response; never raises for server or network errors.
+
+    ``timeout_s`` overrides the session's timeout for this request.
+    """
+    extra: dict[str, Any] = {}
+    if timeout_s is not None:
+        extra["timeout"] = aiohttp.ClientTimeout(total=timeout_s)
     data: Any = req.body
     if req.file is not None:
         form = aiohttp.FormData()
@@ -51,7 +61,7 @@ async def send(
         form.add_field("file", content, filename=name, content_type=ctype)
         data = form
     try:
-        async with session.post(base_url + req.path, data=data, headers=req.headers) as resp:
+        async with session.post(base_url + req.path, data=data, headers=req.headers, **extra) as resp:
             body = await resp.read()
             h = resp.headers
             detail = body[:500].decode("utf-8", "replace") if keep_detail and resp.status != 200 else None

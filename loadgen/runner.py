@@ -19,6 +19,7 @@ runs from the actual send; this is the classic closed-loop measurement that hide
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import itertools
@@ -37,6 +38,7 @@ from .payloads import PreparedRequest
 from .stats import RequestRecord
 
 CLOSED = "closed"
+PROBE_TIMEOUT_S = 5.0
 # Timestamps come from perf_counter, not loop.time(): uvloop's loop clock is cached per loop
 # iteration at millisecond resolution, which is too coarse for sub-millisecond latencies.
 now = time.perf_counter
@@ -84,6 +86,9 @@ class LoadSpec:
     burst: BurstSpec | None = None
     trace: np.ndarray | None = None
     max_lag_ms: float = 10.0
+    # Open loop: the longest the arrivals continue after the window while requests due in
+    # it are unanswered (set it to the request timeout: by then every one has an answer).
+    cooldown_s: float = 60.0
     min_send_ratio: float = 0.95
     min_queries: int = 0
     scrape_interval_s: float = 1.0
@@ -160,7 +165,9 @@ async def prepare_target(
     """Wait for readiness, read model metadata, build bodies, and check one request works.
 
     ``auto`` tries the binary tensor extension first and falls back to JSON when the server
-    refuses it.
+    refuses it. A probe that gets no answer within ``PROBE_TIMEOUT_S`` passed validation and
+    sits in the queue (a static batcher waiting for a full batch does that), so it counts as
+    accepted; only an error answer fails it.
     """
     url = url.rstrip("/")
     await client.wait_ready(session, url, ready_timeout_s)
@@ -176,16 +183,16 @@ async def prepare_target(
         for proto in candidates:
             count = distinct if proto == "binary" else max(2, distinct // 4)
             trial = payloads.tensor_requests(model, specs, proto, count, seed, fixed_values)
-            out = await client.send(session, url, trial[0], keep_detail=True)
-            if out.status == stats.OK:
+            out = await client.send(session, url, trial[0], keep_detail=True, timeout_s=PROBE_TIMEOUT_S)
+            if out.status in (stats.OK, "timeout"):
                 chosen, reqs = proto, trial
                 break
             errors.append(f"{proto}: HTTP {out.status} {out.detail or ''}".strip())
         if not chosen:
             raise RuntimeError(f"probe request to {model} failed: {'; '.join(errors)}")
     if chosen == "image":
-        out = await client.send(session, url, reqs[0], keep_detail=True)
-        if out.status != stats.OK:
+        out = await client.send(session, url, reqs[0], keep_detail=True, timeout_s=PROBE_TIMEOUT_S)
+        if out.status not in (stats.OK, "timeout"):
             raise RuntimeError(f"probe image request failed: HTTP {out.status} {out.detail or ''}")
     text = await client.get_text(session, f"{url}/metrics")
     metrics_url = f"{url}/metrics" if text is not None else None
@@ -202,7 +209,7 @@ async def run_load(
     loop = asyncio.get_running_loop()
     schedule = None
     if not spec.closed:
-        horizon = spec.warmup_s + spec.duration_s
+        horizon = spec.warmup_s + spec.duration_s + spec.cooldown_s
         schedule = make_schedule(spec.arrival, spec.rate, horizon, spec.seed, spec.burst, spec.trace)
     records: list[RequestRecord] = []
     live = LiveCounts()
@@ -299,30 +306,59 @@ async def _open_loop(
     records: list[RequestRecord],
     live: LiveCounts,
 ) -> None:
+    """Send on schedule; after the window, keep the arrivals coming until every request due
+    before the window's end has its answer, then cancel whatever is still out.
+
+    Continuing the load past the window keeps the last measured requests in the same
+    conditions as the others: a static batcher still gets the arrivals that fill their batch,
+    a dynamic one the same queueing. The requests sent after the window are not measured.
+    """
     loop = asyncio.get_running_loop()
     sem = asyncio.Semaphore(spec.max_outstanding) if spec.max_outstanding > 0 else None
     reqs, url = target.requests, target.url
-    tasks: set[asyncio.Task[None]] = set()
+    window_end = t0 + spec.warmup_s + spec.duration_s
+    owed: set[asyncio.Task[None]] = set()  # due before the window's end: must be answered
+    extra: set[asyncio.Task[None]] = set()  # due after it: load only, cancelled at the end
+    owed_done = asyncio.Event()
 
     async def one(index: int, due: float) -> None:
-        if sem is not None:
-            await sem.acquire()
+        sent = done = due
+        out = client.Outcome("cancelled")
         try:
-            sent = now()
-            live.sent += 1
-            lag_ms = (sent - due) * 1000.0
-            if lag_ms > live.max_lag_ms:
-                live.max_lag_ms = lag_ms
-            out = await client.send(session, url, reqs[index % len(reqs)])
-            done = now()
-        finally:
             if sem is not None:
-                sem.release()
-        _record(records, live, index, due - t0, sent - t0, done - t0, out)
+                await sem.acquire()
+            try:
+                sent = now()
+                live.sent += 1
+                lag_ms = (sent - due) * 1000.0
+                if lag_ms > live.max_lag_ms:
+                    live.max_lag_ms = lag_ms
+                out = await client.send(session, url, reqs[index % len(reqs)])
+            finally:
+                if sem is not None:
+                    sem.release()
+        finally:
+            done = now()
+            _record(records, live, index, due - t0, sent - t0, done - t0, out)
+
+    def settle(task: asyncio.Task[None]) -> None:
+        owed.discard(task)
+        if not owed:
+            owed_done.set()
 
     behind = 0
     for index, offset in enumerate(schedule.tolist()):
         due = t0 + offset
+        after = due >= window_end
+        if after:
+            if not owed:
+                break
+            owed_done.clear()
+            if due > now():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(owed_done.wait(), due - now())
+                if not owed:
+                    break
         if due > now():
             await sleep_until(due)
             behind = 0
@@ -332,10 +368,18 @@ async def _open_loop(
                 await asyncio.sleep(0)
                 behind = 0
         task = loop.create_task(one(index, due))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    if tasks:
-        await asyncio.gather(*tasks)
+        if after:
+            extra.add(task)
+            task.add_done_callback(extra.discard)
+        else:
+            owed.add(task)
+            task.add_done_callback(settle)
+    if owed:  # the schedule ran out (trace, or the cooldown limit) before they were answered
+        await asyncio.gather(*owed)
+    for task in list(extra):
+        task.cancel()
+    if extra:
+        await asyncio.gather(*extra, return_exceptions=True)
 
 
 async def _closed_loop(

@@ -10,9 +10,11 @@ measures energy; otherwise highest throughput meeting the objective).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 import os
 import re
+import signal
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
@@ -144,6 +146,7 @@ class Study(_Strict):
             seed=s.seed + self.workload.index(workload),
             burst=burst,
             max_lag_ms=s.max_lag_ms,
+            cooldown_s=s.request_timeout_s,
             label=f"{cfg.label} {workload.name}",
         )
 
@@ -174,6 +177,60 @@ async def run_study(study: Study, progress: bool = True, console: Console | None
     sink = RichProgress(console) if progress else None
     runs: list[RunResult] = []
     configs: list[dict[str, Any]] = []
+    interrupted = False
+    _cancel_on_signals()
+    try:
+        await _run_grid(study, console, sink, runs, configs)
+    except asyncio.CancelledError:  # SIGTERM/SIGINT: the servers are already stopped
+        interrupted = True
+        console.print("[red]interrupted: writing the report for the runs so far[/red]")
+    result = verdict(runs, s.percentile, s.slo_ms)
+    if interrupted:
+        result["lines"].insert(0, "Interrupted before the grid was complete.")
+    paths = report.write_all(
+        out,
+        runs,
+        f"wattserve study: {s.name}",
+        command=sys.argv,
+        extra={
+            "study": study.model_dump(),
+            "server_configs": configs,
+            "verdict": result,
+            "interrupted": interrupted,
+        },
+        group=lambda r: f"{r.extra['model']} / {r.extra['workload']}",
+        series=lambda r: f"{r.extra['model']} {r.extra['batching']}",
+        line=lambda r: f"{r.extra['batching']}",
+        intro_html=verdict_html(result, configs),
+    )
+    for line in result["lines"]:
+        console.print(line)
+    console.print(f"wrote {paths['results']} and {paths['report']}")
+    if interrupted:
+        return 130
+    return 1 if any(c["error"] for c in configs) else 0
+
+
+def _cancel_on_signals() -> None:
+    """SIGTERM/SIGINT cancel the study, so each server is stopped before the process exits."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    if task is None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, task.cancel)
+
+
+async def _run_grid(
+    study: Study,
+    console: Console,
+    sink: RichProgress | None,
+    runs: list[RunResult],
+    configs: list[dict[str, Any]],
+) -> None:
+    s = study.study
+    out = Path(s.out)
     for cfg in study.server_configs():
         port = free_port()
         proc = ServerProcess(
@@ -214,22 +271,6 @@ async def run_study(study: Study, progress: bool = True, console: Console | None
             info["exit_code"] = await proc.stop(s.stop_timeout_s)
             info["killed"] = proc.killed
             configs.append(info)
-    result = verdict(runs, s.percentile, s.slo_ms)
-    paths = report.write_all(
-        out,
-        runs,
-        f"wattserve study: {s.name}",
-        command=sys.argv,
-        extra={"study": study.model_dump(), "server_configs": configs, "verdict": result},
-        group=lambda r: f"{r.extra['model']} / {r.extra['workload']}",
-        series=lambda r: f"{r.extra['model']} {r.extra['batching']}",
-        line=lambda r: f"{r.extra['batching']}",
-        intro_html=verdict_html(result, configs),
-    )
-    for line in result["lines"]:
-        console.print(line)
-    console.print(f"wrote {paths['results']} and {paths['report']}")
-    return 1 if any(c["error"] for c in configs) else 0
 
 
 def verdict(runs: Sequence[RunResult], percentile: float, slo_ms: float) -> dict[str, Any]:

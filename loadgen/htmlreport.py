@@ -145,6 +145,28 @@ def server_table(runs: Sequence[RunResult]) -> str:
     return note + table(headers, rows)
 
 
+def telemetry_table(runs: Sequence[RunResult]) -> str:
+    """Every telemetry series the server exported, per run (empty when there were none)."""
+    rows = []
+    for run in runs:
+        for t in (run.server or {}).get("telemetry", []):
+            labels = ",".join(f"{k}={v}" for k, v in t["labels"].items() if k not in ("model",))
+            value = t.get("mean") if t["type"] != "counter" else t.get("delta")
+            rows.append([run.label, t["name"], labels, t["type"], value, t.get("per_inference")])
+    if not rows:
+        return ""
+    source = next(
+        ((r.server or {}).get("energy_source") for r in runs if (r.server or {}).get("energy_source")),
+        None,
+    )
+    intro = f"<p>Energy per inference above: {html.escape(source)}.</p>" if source else ""
+    return (
+        "<h2>Telemetry over each window</h2>" + intro + "<p>Gauges: mean over the window's "
+        "scrapes; counters: increase over the window; histograms: mean observation.</p>"
+        + table(["run", "metric", "labels", "type", "value", "per inference"], rows, left=4)
+    )
+
+
 def invalid_notes(runs: Sequence[RunResult]) -> str:
     items = [
         f"<li><b>{html.escape(r.label)}</b>: {html.escape('; '.join(r.summary['invalid_reasons']))}</li>"
@@ -182,6 +204,7 @@ def write_report(
         runs_table(runs),
         "<h2>Server side, over each measurement window</h2>",
         server_table(runs),
+        telemetry_table(runs),
         extra_html,
         "<h2>Figures</h2>",
     ]

@@ -172,6 +172,8 @@ def batch_sizes(runs: Sequence[RunResult], path: Path, name: GroupKey | None = N
         )
     fig, axes = _grid(len(hists))
     for ax, (run, hist) in zip(axes, hists, strict=True):
+        last = max(i for i, b in enumerate(hist) if b["count"] > 0)
+        hist = hist[: max(last + 1, 4)]  # drop the empty buckets above the largest batch
         labels = [_bucket_label(b) for b in hist]
         ax.bar(range(len(hist)), [b["count"] for b in hist], color="C2")
         ax.set_xticks(range(len(hist)), labels, rotation=45, fontsize=7)

@@ -45,7 +45,7 @@ def write_all(
             "energy_latency.png",
             "Energy per inference vs p95 latency",
         ),
-        (lambda p: plots.batch_sizes(runs, p, line), "batch_sizes.png", "Batch-size distribution"),
+        (lambda p: plots.batch_sizes(runs, p), "batch_sizes.png", "Batch-size distribution"),
         (lambda p: plots.power_over_time(runs, p, line), "power.png", "Power over time"),
     ):
         path, note = fn(out_dir / filename)

@@ -12,12 +12,12 @@ import sys
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+if TYPE_CHECKING:  # imported lazily: `wattserve serve` should not pay for the generator
+    from rich.console import Console
 
-from .arrivals import BurstSpec, load_trace
-from .runner import LoadSpec
+    from .runner import LoadSpec
 
 EXIT_INVALID = 3
 
@@ -97,6 +97,12 @@ def add_loadgen_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=V",
         help="fill an input with a constant instead of random data (e.g. steps=20)",
+    )
+    t.add_argument(
+        "--metrics-url",
+        default="",
+        help="Prometheus metrics of the server (default URL/metrics; 'none' to skip; "
+        "Triton: http://host:8002/metrics)",
     )
     t.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, seconds")
     t.add_argument("--ready-timeout", type=float, default=60.0, help="wait this long for /v2/health/ready")
@@ -193,6 +199,9 @@ def add_study_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def base_spec(args: argparse.Namespace) -> LoadSpec:
+    from .arrivals import BurstSpec, load_trace
+    from .runner import LoadSpec
+
     trace = load_trace(args.trace, args.trace_scale) if args.trace else None
     if args.arrival == "trace" and trace is None:
         raise SystemExit("--arrival trace needs --trace FILE")
@@ -261,6 +270,7 @@ async def _loadgen(args: argparse.Namespace) -> int:
             shapes,
             fixed,
             args.ready_timeout,
+            metrics_url=None if args.metrics_url == "none" else args.metrics_url,
         )
         console.print(
             f"target {target.url} model {target.model} protocol {target.protocol} "

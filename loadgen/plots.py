@@ -77,41 +77,57 @@ def latency_cdf(
     return _save(fig, path), None
 
 
-def throughput_latency(runs: Sequence[RunResult], path: Path, series: GroupKey | None = None) -> Plot:
-    """Achieved throughput vs p50/p95/p99 latency; one line per series (e.g. model + batching)."""
-    groups = _groups(runs, series)
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+def throughput_latency(
+    runs: Sequence[RunResult],
+    path: Path,
+    series: GroupKey | None = None,
+    panel: GroupKey | None = None,
+) -> Plot:
+    """Achieved throughput vs p50 (dotted), p95 (solid) and p99 (dashed) latency.
+
+    One line per series (e.g. batching configuration), points ordered by throughput; one panel
+    per ``panel`` key (e.g. model and arrival process, so bursty and Poisson do not mix).
+    """
+    panels = _groups(runs, panel)
+    fig, axes = _grid(len(panels))
+    names = sorted({series(r) if series else "" for r in runs})
+    colors = {name: f"C{i % 10}" for i, name in enumerate(names)}
     drawn = 0
-    for i, (name, members) in enumerate(groups.items()):
-        pts = sorted(
-            (r.summary["achieved_rate"], r.summary["latency_ms"])
-            for r in members
-            if r.summary["latency_ms"]["count"]
-        )
-        if not pts:
-            continue
-        x = [p[0] for p in pts]
-        color = f"C{i % 10}"
-        for key, style in (("p50", ":"), ("p95", "-"), ("p99", "--")):
-            ax.plot(
-                x,
-                [p[1][key] for p in pts],
-                style,
-                marker="o",
-                ms=3,
-                color=color,
-                label=f"{name or 'run'} {key}",
+    for ax, (title, members) in zip(axes, panels.items(), strict=True):
+        for name, group in _groups(members, series).items():
+            pts = sorted(
+                (r.summary["achieved_rate"], r.summary["latency_ms"])
+                for r in group
+                if r.summary["latency_ms"]["count"]
             )
-        drawn += 1
+            if not pts:
+                continue
+            x = [p[0] for p in pts]
+            for key, style in (("p50", ":"), ("p95", "-"), ("p99", "--")):
+                ax.plot(
+                    x,
+                    [p[1][key] for p in pts],
+                    style,
+                    marker="o",
+                    ms=3,
+                    color=colors[name],
+                    label=(name or "run") if key == "p95" else None,
+                )
+            drawn += 1
+        ax.set_yscale("log")
+        ax.set_xlabel("achieved throughput (req/s)")
+        ax.set_ylabel("latency (ms)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.set_title(
+            f"{title}  (p50 dotted, p95 solid, p99 dashed)"
+            if title
+            else "throughput vs latency: p50 dotted, p95 solid, p99 dashed",
+            fontsize=9,
+        )
+        ax.legend(fontsize=7)
     if not drawn:
         plt.close(fig)
         return None, "throughput-latency plot skipped: no successful requests"
-    ax.set_yscale("log")
-    ax.set_xlabel("achieved throughput (req/s)")
-    ax.set_ylabel("latency (ms)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    ax.set_title("throughput vs latency percentiles")
     return _save(fig, path), None
 
 

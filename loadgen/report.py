@@ -24,6 +24,7 @@ def write_all(
     group: plots.GroupKey | None = None,
     series: plots.GroupKey | None = None,
     line: plots.GroupKey | None = None,
+    panel: plots.GroupKey | None = None,
     intro_html: str = "",
     extra_html: str = "",
     per_request_csv: bool = True,
@@ -36,7 +37,7 @@ def write_all(
     for fn, filename, caption in (
         (lambda p: plots.latency_cdf(runs, p, group, line), "latency_cdf.png", "Latency CDF"),
         (
-            lambda p: plots.throughput_latency(runs, p, series),
+            lambda p: plots.throughput_latency(runs, p, series, panel),
             "throughput_latency.png",
             "Throughput vs latency percentile",
         ),

@@ -161,13 +161,15 @@ async def prepare_target(
     fixed_values: Mapping[str, float] | None = None,
     ready_timeout_s: float = 60.0,
     distinct: int = 16,
+    metrics_url: str | None = "",
 ) -> Target:
     """Wait for readiness, read model metadata, build bodies, and check one request works.
 
     ``auto`` tries the binary tensor extension first and falls back to JSON when the server
     refuses it. A probe that gets no answer within ``PROBE_TIMEOUT_S`` passed validation and
     sits in the queue (a static batcher waiting for a full batch does that), so it counts as
-    accepted; only an error answer fails it.
+    accepted; only an error answer fails it. ``metrics_url``: "" for ``{url}/metrics``,
+    None to read no server metrics.
     """
     url = url.rstrip("/")
     await client.wait_ready(session, url, ready_timeout_s)
@@ -194,9 +196,11 @@ async def prepare_target(
         out = await client.send(session, url, reqs[0], keep_detail=True, timeout_s=PROBE_TIMEOUT_S)
         if out.status not in (stats.OK, "timeout"):
             raise RuntimeError(f"probe image request failed: HTTP {out.status} {out.detail or ''}")
-    text = await client.get_text(session, f"{url}/metrics")
-    metrics_url = f"{url}/metrics" if text is not None else None
-    return Target(url, model, chosen, reqs, metrics_url, metadata)
+    if metrics_url == "":  # default: the server's own /metrics (Triton serves it on :8002)
+        metrics_url = f"{url}/metrics"
+    if metrics_url and await client.get_text(session, metrics_url) is None:
+        metrics_url = None
+    return Target(url, model, chosen, reqs, metrics_url or None, metadata)
 
 
 async def run_load(

@@ -199,8 +199,9 @@ async def run_study(study: Study, progress: bool = True, console: Console | None
             "interrupted": interrupted,
         },
         group=lambda r: f"{r.extra['model']} / {r.extra['workload']}",
-        series=lambda r: f"{r.extra['model']} {r.extra['batching']}",
+        series=lambda r: f"{r.extra['batching']}",
         line=lambda r: f"{r.extra['batching']}",
+        panel=lambda r: f"{r.extra['model']} / {r.spec.arrival}",
         intro_html=verdict_html(result, configs),
     )
     for line in result["lines"]:

@@ -33,7 +33,7 @@ def fmt(v: Any, digits: int = 3) -> str:
     if isinstance(v, float):
         if not math.isfinite(v):
             return "∞"
-        return f"{v:.{digits}g}" if abs(v) < 1e5 else f"{v:.0f}"
+        return f"{v:.{digits}g}" if abs(v) < 1000 else f"{v:.0f}"
     return html.escape(str(v))
 
 
@@ -191,13 +191,18 @@ def write_report(
     intro_html: str = "",
     extra_html: str = "",
 ) -> None:
-    target = runs[0].target if runs else {}
+    targets = sorted({(r.target.get("url"), r.target.get("model"), r.target.get("protocol")) for r in runs})
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    if len(targets) == 1:
+        url, model, protocol = targets[0]
+        where = f"Target {fmt(url)}, model {fmt(model)}, protocol {fmt(protocol)}."
+    else:
+        models = sorted({fmt(t[1]) for t in targets})
+        where = f"{len(targets)} server configurations; models {', '.join(models)}."
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
         f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
-        f"<p>Generated {created} by wattserve loadgen. Target {fmt(target.get('url'))}, model "
-        f"{fmt(target.get('model'))}, protocol {fmt(target.get('protocol'))}.</p>",
+        f"<p>Generated {created} by wattserve loadgen. {where}</p>",
         intro_html,
         invalid_notes(runs),
         "<h2>Runs</h2>",

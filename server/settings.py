@@ -7,11 +7,10 @@ descriptions (``wattserve settings``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from typing_extensions import Annotated
 
 BatcherName = Literal["static", "dynamic", "continuous"]
 EngineName = Literal["torch", "onnxruntime", "tensorrt"]
@@ -50,6 +49,9 @@ class Settings(BaseSettings):
     fp16: bool = Field(False, description="Half precision on CUDA (ignored on CPU).")
     channels_last: bool = Field(True, description="channels_last memory format for conv nets.")
     identity_elements: int = Field(16, ge=1, description="Element count of the identity model.")
+    identity_delay_ms: float = Field(
+        0.0, ge=0, description="identity: compute time per batch (Triton's execute_delay_ms)."
+    )
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (CPU).")
     onnx_path: Path | None = Field(
         None, description="ONNX file for the onnxruntime/tensorrt engines (exported if unset)."
@@ -109,9 +111,9 @@ class Settings(BaseSettings):
     gpus: Annotated[list[int] | None, NoDecode] = Field(None, description="GPU indices to sample.")
     rapl_root: Path = Field(Path("/sys/class/powercap"), description="Linux powercap tree.")
 
-    _split_lists = field_validator(
-        "preferred_batch_sizes", "engine_batch_sizes", "gpus", mode="before"
-    )(_int_list)
+    _split_lists = field_validator("preferred_batch_sizes", "engine_batch_sizes", "gpus", mode="before")(
+        _int_list
+    )
 
     @model_validator(mode="after")
     def _check_batching(self) -> Settings:

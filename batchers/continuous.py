@@ -1,0 +1,23 @@
+"""continuous for one-shot engines: whatever is queued goes the moment an instance is free.
+
+No timer: a batch is as large as the queue that built up while the previous batch ran
+(up to max_batch_size). The iteration-level variant for step engines lives in
+``batchers/iteration.py``.
+"""
+
+from __future__ import annotations
+
+from batchers.base import Batcher
+from batchers.types import WorkItem
+
+
+class ContinuousBatcher(Batcher):
+    name = "continuous"
+
+    async def form_batch(self) -> list[WorkItem] | None:
+        while True:
+            if len(self.queue):
+                return self.take(self.config.max_batch_size)
+            if self.closing:
+                return None
+            await self.wait_for_change()

@@ -1,0 +1,77 @@
+"""dynamic: Triton's dynamic batcher, one knob one meaning.
+
+- A batch goes at once when a preferred size can be formed (the largest preferred size
+  that fits what is queued), or when max_batch_size requests are queued.
+- Otherwise it goes when the oldest queued request has waited ``max_queue_delay``: then
+  everything queued (up to max_batch_size) is dispatched.
+- With ``allowed_sizes`` (the engine's own batch sizes, when the user asks for only
+  those), every batch has one of those sizes: the largest allowed size that fits; if even
+  the smallest does not fit, the queued items go and the engine pads up.
+Priorities and FIFO order come from the queue; deadlines and queue bounds from the base.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from time import monotonic
+
+from batchers.base import Batcher, BatcherConfig
+from batchers.types import WorkItem
+
+
+@dataclass
+class DynamicConfig(BatcherConfig):
+    max_queue_delay_s: float = 0.005
+    preferred_batch_sizes: Sequence[int] = field(default_factory=tuple)
+    allowed_sizes: Sequence[int] | None = None
+
+
+class DynamicBatcher(Batcher):
+    name = "dynamic"
+    config: DynamicConfig
+
+    def __init__(self, engines, config: DynamicConfig, **kwargs) -> None:
+        super().__init__(engines, config, **kwargs)
+        cap = config.max_batch_size
+        self._allowed = sorted({s for s in (config.allowed_sizes or ()) if 1 <= s <= cap})
+        preferred = sorted({s for s in config.preferred_batch_sizes if 1 <= s <= cap})
+        if self._allowed:
+            preferred = [s for s in preferred if s in self._allowed]
+            cap = self._allowed[-1]
+        self._preferred = preferred
+        self._cap = cap
+
+    def size_now(self, queued: int) -> int | None:
+        """Batch size to dispatch immediately, or None to keep waiting."""
+        if queued >= self._cap:
+            return self._cap
+        fitting = [s for s in self._preferred if s <= queued]
+        return fitting[-1] if fitting else None
+
+    def size_on_timeout(self, queued: int) -> int:
+        """Batch size once the oldest request has waited max_queue_delay (or on drain)."""
+        n = min(queued, self._cap)
+        if self._allowed:
+            fitting = [s for s in self._allowed if s <= n]
+            return fitting[-1] if fitting else n
+        return n
+
+    async def form_batch(self) -> list[WorkItem] | None:
+        delay = self.config.max_queue_delay_s
+        while True:
+            queued = len(self.queue)
+            if queued == 0:
+                if self.closing:
+                    return None
+                await self.wait_for_change()
+                continue
+            size = self.size_now(queued)
+            if size is not None:
+                return self.take(size)
+            oldest = self.queue.oldest_arrival()
+            assert oldest is not None
+            left = oldest + delay - monotonic()
+            if left <= 0 or self.closing:
+                return self.take(self.size_on_timeout(queued))
+            await self.wait_for_change(left)

@@ -1,0 +1,22 @@
+"""static(N): dispatch only full batches of N; flush the partial batch on drain."""
+
+from __future__ import annotations
+
+from batchers.base import Batcher
+from batchers.types import WorkItem
+
+
+class StaticBatcher(Batcher):
+    """A lone request waits for N-1 others (that is the policy being measured); its own
+    deadline still bounds the wait."""
+
+    name = "static"
+
+    async def form_batch(self) -> list[WorkItem] | None:
+        n = self.config.max_batch_size
+        while True:
+            if len(self.queue) >= n:
+                return self.take(n)
+            if self.closing:
+                return self.take(n) if len(self.queue) else None
+            await self.wait_for_change()

@@ -1,0 +1,36 @@
+"""Build the engine the settings name. The one place that knows every model and engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engines.base import Engine
+from engines.identity import IdentityEngine
+
+MODELS = ("identity", "resnet50", "mobilenet_v2", "mobilenet_v3_large")
+
+
+def build_engine(settings: Any) -> Engine:
+    """One engine instance for ``settings`` (server.settings.Settings)."""
+    model = settings.model
+    if model == "identity":
+        return IdentityEngine(
+            settings.identity_elements,
+            max_batch_size=settings.max_batch_size,
+            delay_s=settings.identity_delay_ms / 1000.0,
+        )
+    if settings.engine == "torch":
+        from engines.torch_engine import TORCHVISION_MODELS, TorchVisionEngine
+
+        if model in TORCHVISION_MODELS:
+            return TorchVisionEngine(
+                model,
+                device=settings.device,
+                weights=settings.weights,
+                seed=settings.seed,
+                fp16=settings.fp16,
+                channels_last=settings.channels_last,
+                max_batch_size=settings.max_batch_size,
+                threads=settings.torch_threads,
+            )
+    raise ValueError(f"no {settings.engine} engine for model {model!r}; models: {', '.join(MODELS)}")

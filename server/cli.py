@@ -1,0 +1,70 @@
+"""``wattserve`` command line: serve, settings, and the tools other modules register."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from server.settings import Settings
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from server.app import create_app
+    from server.lifecycle import DrainingServer, tune_malloc
+
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    settings = Settings(**overrides)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if settings.tune_malloc:
+        tune_malloc()
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,  # per-request logging costs more than the identity model's work
+        loop="auto",  # uvloop where installed
+        http="auto",  # httptools where installed
+        timeout_graceful_shutdown=settings.drain_timeout_s,
+    )
+    DrainingServer(config, app.state.runtime).run()
+    return 0
+
+
+def cmd_settings(args: argparse.Namespace) -> int:
+    """Print every setting as a Markdown table (the README's table comes from here)."""
+    print("| variable | default | meaning |")
+    print("| --- | --- | --- |")
+    for name, field in Settings.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        shown = "" if default is None else f"`{default}`"
+        print(f"| `WATTSERVE_{name.upper()}` | {shown} | {field.description or ''} |")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="wattserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the inference server (settings from WATTSERVE_*)")
+    serve.add_argument("--host", default=None, help="overrides WATTSERVE_HOST")
+    serve.add_argument("--port", type=int, default=None, help="overrides WATTSERVE_PORT")
+    serve.set_defaults(func=cmd_serve)
+    show = sub.add_parser("settings", help="print every WATTSERVE_* setting as a table")
+    show.set_defaults(func=cmd_settings)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""KServe v2 (Open Inference Protocol) tensors <-> numpy, JSON and binary extension.
+
+Everything here is validated before a request gets near a queue: a bad request gets a
+400 with a message that says what was wrong, and never reaches a batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from engines.base import DATATYPE_TO_NUMPY, TensorSpec
+
+BINARY_HEADER = "Inference-Header-Content-Length"
+
+
+class BadRequest(ValueError):
+    """The client's fault; answered 400 (or ``status``) with this message."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class InferRequest:
+    """A validated request: per-item inputs, scheduling parameters, output choices."""
+
+    id: str | None
+    items: list[dict[str, np.ndarray]]  # one dict per batch row, no batch dim
+    batched: bool  # whether the client's shapes carried a batch dimension
+    priority: int = 0  # Triton: 0 = the default level
+    timeout_us: int | None = None
+    outputs: list[str] | None = None  # None = all outputs
+    binary_outputs: set[str] = field(default_factory=set)
+
+
+def split_binary_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+    """Separate the JSON header from the binary tensor section (binary extension)."""
+    if header_length is None:
+        return body, b""
+    try:
+        n = int(header_length)
+    except ValueError:
+        raise BadRequest(f"{BINARY_HEADER} must be an integer, got {header_length!r}") from None
+    if not 0 <= n <= len(body):
+        raise BadRequest(f"{BINARY_HEADER}={n} but the body has {len(body)} bytes")
+    return body[:n], body[n:]
+
+
+def parse_infer_request(
+    body: bytes,
+    header_length: str | None,
+    specs: Sequence[TensorSpec],
+    output_specs: Sequence[TensorSpec],
+    max_batch_size: int,
+) -> InferRequest:
+    """Decode and validate one KServe v2 infer request for a model with ``specs`` inputs."""
+    json_part, binary = split_binary_body(body, header_length)
+    try:
+        doc = orjson.loads(json_part)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("request body must be a JSON object")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise BadRequest("'inputs' must be a non-empty list")
+
+    by_name = {s.name: s for s in specs}
+    arrays: dict[str, np.ndarray] = {}
+    batched_flags: set[bool] = set()
+    offset = 0
+    for raw in raw_inputs:
+        if not isinstance(raw, dict):
+            raise BadRequest("each input must be an object with name, shape, datatype")
+        name = raw.get("name")
+        if name not in by_name:
+            raise BadRequest(f"unknown input {name!r}; expected {sorted(by_name)}")
+        if name in arrays:
+            raise BadRequest(f"input {name!r} given twice")
+        spec = by_name[name]
+        shape, batched = _check_shape(raw.get("shape"), spec, max_batch_size)
+        datatype = raw.get("datatype")
+        if datatype != spec.datatype:
+            raise BadRequest(f"input {name!r} has datatype {datatype!r}; model expects {spec.datatype}")
+        params = raw.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise BadRequest(f"input {name!r}: parameters must be an object")
+        count = math.prod(shape)
+        if "binary_data_size" in params:
+            size = params["binary_data_size"]
+            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+                raise BadRequest(f"input {name!r}: binary_data_size {size!r} beyond the body")
+            chunk = binary[offset : offset + size]
+            offset += size
+            if size != count * spec.dtype.itemsize:
+                raise BadRequest(
+                    f"input {name!r}: {size} bytes for shape {shape} of {datatype} "
+                    f"({count * spec.dtype.itemsize} expected)"
+                )
+            array = np.frombuffer(chunk, dtype=spec.dtype).reshape(shape)
+        else:
+            array = _from_json_data(raw.get("data"), spec, shape, count)
+        if not spec.allow_nonfinite and array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise BadRequest(f"input {name!r} contains NaN or Inf, which this model cannot take")
+        arrays[name] = array
+        batched_flags.add(batched)
+    if offset != len(binary):
+        raise BadRequest(f"{len(binary) - offset} unread bytes after the binary tensors")
+    missing = sorted(set(by_name) - set(arrays))
+    if missing:
+        raise BadRequest(f"missing input(s) {missing}")
+    if len(batched_flags) > 1:
+        raise BadRequest("either every input has the batch dimension or none does")
+    batched = batched_flags.pop()
+    sizes = {a.shape[0] for a in arrays.values()} if batched else {1}
+    if len(sizes) > 1:
+        raise BadRequest(f"inputs disagree on the batch size: {sorted(sizes)}")
+    rows = sizes.pop()
+    items = [{k: v[i] for k, v in arrays.items()} for i in range(rows)] if batched else [arrays]
+    request = InferRequest(id=_request_id(doc), items=items, batched=batched)
+    _read_parameters(doc.get("parameters"), request)
+    _read_outputs(doc.get("outputs"), output_specs, request)
+    return request
+
+
+def _request_id(doc: dict[str, Any]) -> str | None:
+    rid = doc.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise BadRequest("'id' must be a string")
+    return rid
+
+
+def _check_shape(shape: Any, spec: TensorSpec, max_batch_size: int) -> tuple[list[int], bool]:
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise BadRequest(f"input {spec.name!r}: shape must be a list of non-negative integers")
+    item = list(spec.shape)
+    if shape == item:
+        return shape, False
+    if len(shape) == len(item) + 1 and shape[1:] == item:
+        if not 1 <= shape[0] <= max_batch_size:
+            raise BadRequest(f"input {spec.name!r}: batch of {shape[0]} outside 1..{max_batch_size}")
+        return shape, True
+    raise BadRequest(f"input {spec.name!r}: shape {shape}; model expects [-1, {', '.join(map(str, item))}]")
+
+
+def _from_json_data(data: Any, spec: TensorSpec, shape: list[int], count: int) -> np.ndarray:
+    if data is None:
+        raise BadRequest(f"input {spec.name!r} has neither 'data' nor binary_data_size")
+    try:
+        array = np.asarray(data, dtype=spec.dtype)
+    except (ValueError, TypeError, OverflowError):
+        raise BadRequest(f"input {spec.name!r}: data is not a list of {spec.datatype} numbers") from None
+    if array.size != count:
+        raise BadRequest(f"input {spec.name!r}: {array.size} elements for shape {shape} ({count} expected)")
+    return array.reshape(shape)
+
+
+def _read_parameters(params: Any, request: InferRequest) -> None:
+    if params is None:
+        return
+    if not isinstance(params, dict):
+        raise BadRequest("'parameters' must be an object")
+    if "priority" in params:
+        p = params["priority"]
+        if not isinstance(p, int) or isinstance(p, bool) or p < 0:
+            raise BadRequest("parameter 'priority' must be a non-negative integer")
+        request.priority = p
+    if "timeout" in params:  # Triton: microseconds
+        t = params["timeout"]
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+            raise BadRequest("parameter 'timeout' must be a non-negative integer (microseconds)")
+        request.timeout_us = t or None
+    if params.get("binary_data_output") is True:
+        request.binary_outputs = {"*"}
+
+
+def _read_outputs(outputs: Any, specs: Sequence[TensorSpec], request: InferRequest) -> None:
+    known = {s.name for s in specs}
+    if outputs is None:
+        if "*" in request.binary_outputs:
+            request.binary_outputs = set(known)
+        return
+    if not isinstance(outputs, list):
+        raise BadRequest("'outputs' must be a list")
+    names: list[str] = []
+    binary = set(known) if "*" in request.binary_outputs else set()
+    for out in outputs:
+        name = out.get("name") if isinstance(out, dict) else None
+        if name not in known:
+            raise BadRequest(f"unknown output {name!r}; model has {sorted(known)}")
+        names.append(name)
+        wants = (out.get("parameters") or {}).get("binary_data")
+        if wants is True:
+            binary.add(name)
+        elif wants is False:
+            binary.discard(name)
+    request.outputs = names
+    request.binary_outputs = binary
+
+
+def encode_infer_response(
+    model_name: str,
+    request: InferRequest,
+    rows: list[dict[str, np.ndarray]],
+    output_specs: Sequence[TensorSpec],
+) -> tuple[bytes, dict[str, str]]:
+    """Body and extra headers (binary extension) for one answered request."""
+    names = request.outputs or [s.name for s in output_specs]
+    datatypes = {s.name: s.datatype for s in output_specs}
+    tensors: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for name in names:
+        value = np.stack([r[name] for r in rows]) if request.batched else rows[0][name]
+        value = np.ascontiguousarray(value, dtype=DATATYPE_TO_NUMPY[datatypes[name]])
+        tensor: dict[str, Any] = {"name": name, "datatype": datatypes[name], "shape": list(value.shape)}
+        if name in request.binary_outputs:
+            blob = value.tobytes()
+            tensor["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            tensor["data"] = value.ravel()
+        tensors.append(tensor)
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": "1", "outputs": tensors}
+    if request.id is not None:
+        doc["id"] = request.id
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not blobs:
+        return header, {}
+    return header + b"".join(blobs), {BINARY_HEADER: str(len(header))}

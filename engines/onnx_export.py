@@ -31,7 +31,6 @@ log = logging.getLogger(__name__)
 INPUT_NAME = "input"
 OUTPUT_NAME = "logits"
 IMAGE_SHAPE = (3, 224, 224)
-TORCHVISION_MODELS = ("resnet50", "mobilenet_v2", "mobilenet_v3_large")
 DYNAMO_OPSET = 18
 LEGACY_OPSET = 17
 # Random-weight classifiers give logits anywhere from ~1e-9 (mobilenet_v2) to ~1e2 (resnet50),
@@ -40,26 +39,16 @@ DEFAULT_RTOL = 1e-4
 
 
 def build_torchvision_model(name: str, seed: int = 0, weights: str | None = None):
-    """The torch model the server serves: torchvision ``name``, random weights from ``seed``.
+    """The torch model the torch engine serves (same loader, so the same weights), in eval mode.
 
-    ``weights`` may name a local state-dict file. Matches the torch engine's construction
-    (seed first, then ``get_model(name, weights=None)``) so every engine computes the same.
+    Random weights from ``seed`` unless ``weights`` names a local state dict (or 'pretrained').
     """
-    import torch
-    import torchvision
+    from engines.torch_engine import TORCHVISION_MODELS as SERVED
+    from engines.torch_engine import load_torchvision_model
 
-    if name not in TORCHVISION_MODELS:
-        raise EngineUnavailable(
-            f"ONNX export supports {', '.join(TORCHVISION_MODELS)}; not {name!r}"
-        )
-    torch.manual_seed(seed)
-    model = torchvision.models.get_model(name, weights=None)
-    if weights:
-        if weights == "pretrained":
-            raise EngineUnavailable("export uses local weights only (no downloads at run time)")
-        state = torch.load(weights, map_location="cpu", weights_only=True)
-        model.load_state_dict(state)
-    return model.eval()
+    if name not in SERVED:
+        raise EngineUnavailable(f"ONNX export supports {', '.join(SERVED)}; not {name!r}")
+    return load_torchvision_model(name, weights, seed).eval()
 
 
 def default_onnx_path(
@@ -68,7 +57,9 @@ def default_onnx_path(
     """Where an exported model lives in the cache; the name says what it was built from."""
     opset = LEGACY_OPSET if legacy else DYNAMO_OPSET
     source = f"seed{seed}"
-    if weights:
+    if weights == "pretrained":
+        source = "pretrained"
+    elif weights:
         from engines.profiles import file_sha256
 
         source = f"w{file_sha256(weights)[:12]}"
@@ -202,7 +193,7 @@ def ensure_onnx(settings) -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="mobilenet_v2", choices=TORCHVISION_MODELS)
+    parser.add_argument("--model", default="mobilenet_v2", choices=("resnet50", "mobilenet_v2", "mobilenet_v3_large"))
     parser.add_argument("--seed", type=int, default=0, help="seed for random weights")
     parser.add_argument("--weights", default=None, help="local state-dict file (optional)")
     parser.add_argument("--out", type=Path, default=None, help="ONNX file (default: cache)")

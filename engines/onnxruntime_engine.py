@@ -127,7 +127,8 @@ class OnnxRuntimeEngine:
         if self.device.startswith("cuda") and "CUDAExecutionProvider" not in self.providers:
             raise EngineUnavailable(f"CUDAExecutionProvider failed to load for {path}")
         self.inputs = [_spec(i) for i in self._session.get_inputs()]
-        self.outputs = [_spec(o) for o in self._session.get_outputs()]
+        # Outputs are whatever the model computes; only inputs are screened for NaN/Inf.
+        self.outputs = [_spec(o, allow_nonfinite=True) for o in self._session.get_outputs()]
         self._output_names = [o.name for o in self.outputs]
         self._dtypes = {s.name: s.dtype for s in self.inputs}
         log.info("onnxruntime %s on %s via %s", path.name, self.device, self.providers)
@@ -167,7 +168,7 @@ class OnnxRuntimeEngine:
         self._session = None
 
 
-def _spec(node) -> TensorSpec:
+def _spec(node, allow_nonfinite: bool = False) -> TensorSpec:
     """TensorSpec (shape without the batch axis) from an ONNX Runtime NodeArg."""
     try:
         datatype = _ORT_TYPES[node.type]
@@ -176,4 +177,4 @@ def _spec(node) -> TensorSpec:
     dims = node.shape[1:]
     if any(not isinstance(d, int) for d in dims):
         raise EngineUnavailable(f"tensor {node.name} has dynamic non-batch dims {node.shape}")
-    return TensorSpec(node.name, tuple(dims), datatype)
+    return TensorSpec(node.name, tuple(dims), datatype, allow_nonfinite=allow_nonfinite)

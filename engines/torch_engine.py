@@ -46,7 +46,34 @@ def load_torchvision_model(name: str, weights: str | None, seed: int) -> torch.n
     if weights:
         model.load_state_dict(_read_state_dict(Path(weights)))
         log.info("loaded weights from %s", weights)
+    else:
+        calibrate_batchnorm(model, seed)
     return model
+
+
+def calibrate_batchnorm(model: torch.nn.Module, seed: int, batches: int = 2, size: int = 8) -> None:
+    """Give random weights realistic activations: set BatchNorm statistics from seeded noise.
+
+    Freshly initialised torchvision nets have unit running variance everywhere, so
+    activations shrink layer after layer (mobilenet_v2 logits come out near 1e-9, where
+    "same answer" tests mean nothing and denormals can slow CPUs). A deterministic
+    data-dependent pass fixes the scale without any download.
+    """
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return
+    momenta = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # cumulative average over the calibration batches
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    with torch.no_grad():
+        for _ in range(batches):
+            model(torch.randn(size, 3, 224, 224, generator=generator))
+    for m, momentum in zip(norms, momenta, strict=True):
+        m.momentum = momentum
+    model.eval()
 
 
 def _read_state_dict(path: Path) -> dict[str, Any]:

@@ -154,7 +154,8 @@ def _from_json_data(data: Any, spec: TensorSpec, shape: list[int], count: int) -
     if data is None:
         raise BadRequest(f"input {spec.name!r} has neither 'data' nor binary_data_size")
     try:
-        array = np.asarray(data, dtype=spec.dtype)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow -> inf, caught below
+            array = np.asarray(data, dtype=spec.dtype)
     except (ValueError, TypeError, OverflowError):
         raise BadRequest(f"input {spec.name!r}: data is not a list of {spec.datatype} numbers") from None
     if array.size != count:

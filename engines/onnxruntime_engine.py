@@ -35,8 +35,7 @@ def _import_ort():
         import onnxruntime
     except ImportError as exc:
         raise EngineUnavailable(
-            "onnxruntime is not installed (pip install 'wattserve[onnx]', or onnxruntime-gpu "
-            "for CUDA)"
+            "onnxruntime is not installed (pip install 'wattserve[onnx]', or onnxruntime-gpu for CUDA)"
         ) from exc
     return onnxruntime
 
@@ -154,8 +153,7 @@ class OnnxRuntimeEngine:
             arr = batch[name]
             if arr.shape[0] > self.max_batch_size:
                 raise EngineError(
-                    f"{self.name}: batch of {arr.shape[0]} exceeds max_batch_size "
-                    f"{self.max_batch_size}"
+                    f"{self.name}: batch of {arr.shape[0]} exceeds max_batch_size {self.max_batch_size}"
                 )
             feeds[name] = np.ascontiguousarray(arr, dtype=dtype)
         try:

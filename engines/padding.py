@@ -50,8 +50,7 @@ class PaddedEngine:
         self._buckets = normalize_buckets(sizes)
         if self._buckets[-1] > inner.max_batch_size:
             raise ValueError(
-                f"bucket {self._buckets[-1]} exceeds {inner.name!r} max_batch_size "
-                f"{inner.max_batch_size}"
+                f"bucket {self._buckets[-1]} exceeds {inner.name!r} max_batch_size {inner.max_batch_size}"
             )
         self.inner = inner
         self.name: str = inner.name

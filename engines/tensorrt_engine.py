@@ -201,11 +201,7 @@ class PlanRecord:
 
 def timing_cache_path(cache_dir: Path, gpu: GpuIdentity, trt_version: str) -> Path:
     safe = "".join(c if c.isalnum() else "_" for c in gpu.name)
-    return (
-        Path(cache_dir)
-        / "tensorrt"
-        / f"timing-{safe}-sm{gpu.compute_capability}-trt{trt_version}.cache"
-    )
+    return Path(cache_dir) / "tensorrt" / f"timing-{safe}-sm{gpu.compute_capability}-trt{trt_version}.cache"
 
 
 def load_or_build_plan(
@@ -352,9 +348,7 @@ class TensorRTEngine:
         for index in range(len(self.profiles)):
             context = engine.create_execution_context()
             if context is None:
-                raise EngineUnavailable(
-                    f"could not create an execution context for profile {index}"
-                )
+                raise EngineUnavailable(f"could not create an execution context for profile {index}")
             if not context.set_optimization_profile_async(index, self._stream.handle):
                 raise EngineUnavailable(f"could not select optimization profile {index}")
             for name, buf in self._device_buffers.items():
@@ -417,9 +411,7 @@ class TensorRTEngine:
             for s in self.inputs:
                 arr = np.ascontiguousarray(batch[s.name], dtype=s.dtype)
                 if arr.shape[1:] != s.shape:
-                    raise EngineError(
-                        f"{self.name}: {s.name} items are {arr.shape[1:]}, not {s.shape}"
-                    )
+                    raise EngineError(f"{self.name}: {s.name} items are {arr.shape[1:]}, not {s.shape}")
                 host = self._host_buffers[s.name][: arr.size]
                 host[:] = arr.reshape(-1)
                 cuda.memcpy_htod_async(self._device_buffers[s.name], host, self._stream)
@@ -486,9 +478,7 @@ def run(args: argparse.Namespace) -> int:
     trt = import_tensorrt()
     cuda = import_pycuda()
     profiles = parse_profiles(args.profiles)
-    settings = Settings(
-        model=args.model, seed=args.seed, onnx_path=args.onnx, cache_dir=args.cache_dir
-    )
+    settings = Settings(model=args.model, seed=args.seed, onnx_path=args.onnx, cache_dir=args.cache_dir)
     record = load_or_build_plan(
         trt,
         ensure_onnx(settings),
@@ -506,9 +496,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="wattserve build-engine", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="wattserve build-engine", description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

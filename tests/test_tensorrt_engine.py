@@ -63,9 +63,7 @@ def tiny_onnx(tmp_path):
 
 def test_missing_tensorrt_is_a_clear_engine_unavailable(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", None)
-    with pytest.raises(
-        EngineUnavailable, match=r"TensorRT is not installed.*wattserve\[tensorrt\]"
-    ):
+    with pytest.raises(EngineUnavailable, match=r"TensorRT is not installed.*wattserve\[tensorrt\]"):
         import_tensorrt()
     with pytest.raises(EngineUnavailable, match="TensorRT is not installed"):
         TensorRTEngine.from_settings(Settings(engine="tensorrt"))
@@ -257,9 +255,7 @@ def test_bad_plan_and_profile_mismatch_are_unavailable(trt_engine, monkeypatch):
     import json
 
     with pytest.raises(EngineUnavailable, match="differ from the requested"):
-        TensorRTEngine(
-            json.dumps(plan).encode(), name="tiny", expected_profiles=parse_profiles("1:2:4")
-        )
+        TensorRTEngine(json.dumps(plan).encode(), name="tiny", expected_profiles=parse_profiles("1:2:4"))
 
 
 def test_from_settings_builds_then_reuses_the_plan(monkeypatch, tiny_onnx, tmp_path):
@@ -277,9 +273,7 @@ def test_from_settings_builds_then_reuses_the_plan(monkeypatch, tiny_onnx, tmp_p
     assert engine.plan.built
     assert engine.max_batch_size == 16
     x = RNG.standard_normal((5, 4)).astype(np.float32)
-    np.testing.assert_allclose(
-        engine.infer({"input": x})["logits"], x @ W + B, rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(engine.infer({"input": x})["logits"], x @ W + B, rtol=1e-5, atol=1e-5)
     again = TensorRTEngine.from_settings(settings)
     assert not again.plan.built
     assert len(trt.builds) == 1

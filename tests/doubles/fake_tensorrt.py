@@ -116,8 +116,7 @@ class FakeOnnxParser:
 
         def dims(value_info) -> tuple[int, ...]:
             return tuple(
-                d.dim_value if d.HasField("dim_value") else -1
-                for d in value_info.type.tensor_type.shape.dim
+                d.dim_value if d.HasField("dim_value") else -1 for d in value_info.type.tensor_type.shape.dim
             )
 
         self.network.inputs = [FakeITensor(i.name, dims(i)) for i in model.graph.input]
@@ -294,9 +293,7 @@ class FakeExecutionContext:
         if name not in self.engine.plan["inputs"]:
             return False
         lo, _, hi = self.engine.plan["profiles"][self.profile][name]
-        if len(shape) != len(lo) or any(
-            not a <= s <= b for a, s, b in zip(lo, shape, hi, strict=True)
-        ):
+        if len(shape) != len(lo) or any(not a <= s <= b for a, s, b in zip(lo, shape, hi, strict=True)):
             return False
         self.input_shapes[name] = shape
         return True
@@ -318,9 +315,7 @@ class FakeExecutionContext:
 
     def execute_async_v3(self, stream_handle: int) -> bool:
         plan = self.engine.plan
-        if set(self.input_shapes) != set(plan["inputs"]) or set(self.addresses) != set(
-            self.engine.names
-        ):
+        if set(self.input_shapes) != set(plan["inputs"]) or set(self.addresses) != set(self.engine.names):
             return False
         memory = self.engine.module.pycuda.memory
         feeds = {}

@@ -7,10 +7,12 @@ a temporary folder.
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import onnx
 import pytest
 import torch
+import tritonclient.http as triton
 from onnx import TensorProto, helper
 
 from engines.base import Engine, EngineError, EngineUnavailable, TensorSpec
@@ -27,6 +29,7 @@ from engines.onnx_export import (
 )
 from engines.onnxruntime_engine import OnnxRuntimeEngine, resolve_providers
 from server.settings import Settings
+from tests.servers import server_process
 
 MODEL = "mobilenet_v2"
 SIZES = [1, 3, 8, 17, 32]
@@ -193,3 +196,48 @@ def test_cached_export_name_follows_the_weights_recipe(tmp_path):
     first = recipe_digest(MODEL, 0, str(weights))
     weights.write_bytes(b"two")
     assert recipe_digest(MODEL, 0, str(weights)) != first
+
+
+def _infer_binary(client: httpx.Client, url: str, x: np.ndarray) -> tuple[np.ndarray, int]:
+    """POST one KServe v2 request (binary tensor extension); (logits, X-Batch-Size)."""
+    inp = triton.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=True)
+    out = triton.InferRequestedOutput("logits", binary_data=True)
+    body, json_size = triton.InferenceServerClient.generate_request_body([inp], [out])
+    headers = {"Inference-Header-Content-Length": str(json_size)}
+    r = client.post(f"{url}/v2/models/{MODEL}/infer", content=body, headers=headers)
+    assert r.status_code == 200, r.text
+    result = triton.InferResult.from_response_body(
+        r.content, header_length=int(r.headers["Inference-Header-Content-Length"])
+    )
+    return result.as_numpy("logits"), int(r.headers["X-Batch-Size"])
+
+
+@pytest.mark.slow
+def test_live_server_with_onnxruntime_matches_torch(onnx_file, torch_model):
+    """WATTSERVE_ENGINE=onnxruntime in a real server process: batches 1..32 equal torch's."""
+    env = {
+        "WATTSERVE_MODEL": MODEL,
+        "WATTSERVE_ENGINE": "onnxruntime",
+        "WATTSERVE_ONNX_PATH": str(onnx_file),
+        "WATTSERVE_DEVICE": "cpu",
+        "WATTSERVE_BATCHER": "dynamic",
+        "WATTSERVE_MAX_BATCH_SIZE": "32",
+        "WATTSERVE_MAX_QUEUE_DELAY_MS": "20",
+        "WATTSERVE_WARMUP": "false",
+        "WATTSERVE_LOG_LEVEL": "warning",
+    }
+    rng = np.random.default_rng(11)
+    with server_process(env) as server, httpx.Client(timeout=120) as client:
+        meta = client.get(f"{server.url}/v2/models/{MODEL}").json()
+        assert meta["platform"] == "onnxruntime"
+        for n in (1, 7, 32):
+            x = rng.standard_normal((n, 3, 224, 224)).astype(np.float32)
+            with torch.inference_mode():
+                ref = torch_model(torch.from_numpy(x)).numpy()
+            logits, batch_size = _infer_binary(client, server.url, x)
+            assert logits.shape == (n, 1000)
+            assert 1 <= batch_size <= 32
+            assert _relative(logits, ref) <= DEFAULT_RTOL
+        # the 32 rows of one request ride in batches the server formed; all rows answered
+        assert batch_size > 1

@@ -61,6 +61,28 @@ def time_engine(engine, batch_size: int, min_seconds: float, min_reps: int) -> d
     }
 
 
+class OneThreadTorch:
+    """The torch engine with intra-op threads set to 1 around each call (torch's setting is
+    process-wide). On this shared 2-core box, OpenMP's 2-thread barriers stall whenever a
+    neighbour holds the other core; one thread does not wait on anyone."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def infer(self, batch):
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self.engine.infer(batch)
+        finally:
+            torch.set_num_threads(before)
+
+    def close(self) -> None:
+        pass
+
+
 def build_engines(model: str, cache_dir: Path, threads: int | None, spin_variant: bool) -> dict:
     from engines.onnx_export import ensure_onnx
     from engines.onnxruntime_engine import OnnxRuntimeEngine
@@ -73,16 +95,21 @@ def build_engines(model: str, cache_dir: Path, threads: int | None, spin_variant
     t0 = time.perf_counter()
     onnx_path = ensure_onnx(settings)
     print(f"  {model}: ONNX ready in {time.perf_counter() - t0:.1f}s ({onnx_path.name})", flush=True)
+    torch_engine = TorchVisionEngine(model, device="cpu", max_batch_size=32, threads=threads)
+
+    def ort(n_threads: int | None, spin: bool = False):
+        return OnnxRuntimeEngine(
+            onnx_path, name=model, max_batch_size=32, device="cpu", threads=n_threads, spin=spin
+        )
+
     engines = {
-        "torch": TorchVisionEngine(model, device="cpu", max_batch_size=32, threads=threads),
-        "onnxruntime": OnnxRuntimeEngine(
-            onnx_path, name=model, max_batch_size=32, device="cpu", threads=threads
-        ),
+        "torch": torch_engine,
+        "onnxruntime": ort(threads),
+        "torch 1t": OneThreadTorch(torch_engine),
+        "onnxruntime 1t": ort(1),
     }
     if spin_variant:
-        engines["onnxruntime+spin"] = OnnxRuntimeEngine(
-            onnx_path, name=model, max_batch_size=32, device="cpu", threads=threads, spin=True
-        )
+        engines["onnxruntime+spin"] = ort(threads, spin=True)
     return engines
 
 
@@ -223,7 +250,7 @@ def run_served(args: argparse.Namespace) -> list[dict]:
     rows = []
     for model in args.served_models:
         body, headers = image_request(model)
-        for engine in ("torch", "onnxruntime"):
+        for threads, engine in [(t, e) for t in args.served_threads for e in ("torch", "onnxruntime")]:
             env = {
                 "WATTSERVE_MODEL": model,
                 "WATTSERVE_ENGINE": engine,
@@ -235,8 +262,8 @@ def run_served(args: argparse.Namespace) -> list[dict]:
                 "WATTSERVE_MAX_QUEUE_SIZE": "1024",
                 "WATTSERVE_TUNE_MALLOC": "false" if args.no_tune_malloc else "true",
             }
-            if args.threads:
-                env["WATTSERVE_TORCH_THREADS"] = str(args.threads)
+            if threads:
+                env["WATTSERVE_TORCH_THREADS"] = str(threads)
             with wattserve(env) as url:
                 infer = f"{url}/v2/models/{model}/infer"
                 wrk(infer, body, headers, args.connections, 3)  # warm: connections, allocator
@@ -246,7 +273,8 @@ def run_served(args: argparse.Namespace) -> list[dict]:
             batches = after["batches"] - before["batches"]
             inferences = after["inferences"] - before["inferences"]
             r.pop("raw")
-            row = {"model": model, "engine": engine, "connections": args.connections,
+            row = {"model": model, "engine": engine, "threads": threads or os.cpu_count(),
+                   "connections": args.connections,
                    "max_batch_size": args.served_max_batch, "max_queue_delay_ms": args.served_delay_ms,
                    "seconds": args.served_seconds, **r,
                    "mean_batch_size": inferences / batches if batches else None}  # fmt: skip
@@ -254,7 +282,8 @@ def run_served(args: argparse.Namespace) -> list[dict]:
             p99 = f"{r['p99_s'] * 1e3:.0f} ms" if r["p99_s"] else "n/a"
             p50 = f"{r['p50_s'] * 1e3:.0f} ms" if r["p50_s"] else "n/a"
             print(
-                f"  {model:<13} {engine:<12} {r['requests_per_s']:7.1f} req/s  p50 {p50}  p99 {p99}  "
+                f"  {model:<13} {engine:<12} threads {threads or 'all'}: {r['requests_per_s']:7.1f} req/s  "
+                f"p50 {p50}  p99 {p99}  "
                 f"mean batch {row['mean_batch_size'] or 0:.1f}  non-2xx {r['non_2xx']}",
                 flush=True,
             )
@@ -267,18 +296,18 @@ def run_served(args: argparse.Namespace) -> list[dict]:
 def print_engine_table(rows: list[dict]) -> None:
     models = sorted({r["model"] for r in rows}, key=[r["model"] for r in rows].index)
     engines = sorted({r["engine"] for r in rows}, key=[r["engine"] for r in rows].index)
+    pairs = [(t, o) for t, o in (("torch", "onnxruntime"), ("torch 1t", "onnxruntime 1t")) if t in engines]
     for model in models:
-        print(f"\n{model} (images/s, median of calls; ratio = onnxruntime / torch)")
-        print("| batch | " + " | ".join(engines) + " | ratio |")
-        print("|---:|" + "---:|" * (len(engines) + 1))
+        print(f"\n{model}: images/s, median of calls (best call in brackets); ratio = onnxruntime / torch")
+        ratio_heads = [f"ratio {'1t' if t.endswith('1t') else 'all threads'}" for t, _ in pairs]
+        print("| batch | " + " | ".join([*engines, *ratio_heads]) + " |")
+        print("|---:|" + "---:|" * (len(engines) + len(pairs)))
         sizes = sorted({r["batch_size"] for r in rows if r["model"] == model})
         for b in sizes:
-            vals = {
-                r["engine"]: r["images_per_s"] for r in rows if r["model"] == model and r["batch_size"] == b
-            }
-            ratio = vals.get("onnxruntime", 0) / vals["torch"] if vals.get("torch") else float("nan")
-            cells = " | ".join(f"{vals[e]:.1f}" for e in engines)
-            print(f"| {b} | {cells} | {ratio:.2f}x |")
+            sel = {r["engine"]: r for r in rows if r["model"] == model and r["batch_size"] == b}
+            cells = [f"{sel[e]['images_per_s']:.1f} ({b / sel[e]['best_s']:.0f})" for e in engines]
+            ratios = [f"{sel[o]['images_per_s'] / sel[t]['images_per_s']:.2f}x" for t, o in pairs]
+            print(f"| {b} | " + " | ".join([*cells, *ratios]) + " |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
                         default=[1, 2, 4, 8, 16, 32])  # fmt: skip
     parser.add_argument("--min-seconds", type=float, default=2.0, help="per engine per size")
     parser.add_argument("--min-reps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="intra-op threads (default: all cores; '1t' rows use 1)"
+    )
     parser.add_argument("--spin-variant", action="store_true", help="also time ORT with spinning on")
     parser.add_argument("--cache-dir", type=Path, default=ROOT / ".cache" / "wattserve")
     parser.add_argument("--no-tune-malloc", action="store_true")
@@ -299,6 +330,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--served-max-batch", type=int, default=8)
     parser.add_argument("--served-delay-ms", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument(
+        "--served-threads",
+        type=lambda v: [None if t == "all" else int(t) for t in v.split(",")],
+        default=[None, 1],
+        help="WATTSERVE_TORCH_THREADS values to serve with, e.g. all,1",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
 

@@ -440,6 +440,7 @@ class TensorRTEngine:
         for buf in getattr(self, "_device_buffers", {}).values():
             buf.free()
         self._device_buffers = {}
+        self._host_buffers = {}  # pinned memory: dropped while the CUDA context is current
         self._contexts = []
         self._engine = None
         self._runtime = None
@@ -471,7 +472,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``wattserve build-engine``: build (or find cached) the plan and print where it is."""
+    """``wattserve build-engine``: build (or find cached) the plan and print where it is.
+    Exit 2, saying what is missing, without TensorRT, pycuda or a GPU."""
+    try:
+        return _build(args)
+    except EngineUnavailable as exc:
+        print(f"wattserve build-engine: {exc}")
+        return 2
+
+
+def _build(args: argparse.Namespace) -> int:
     from engines.onnx_export import ensure_onnx
     from server.settings import Settings
 
@@ -498,12 +508,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wattserve build-engine", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except EngineUnavailable as exc:
-        print(f"wattserve build-engine: {exc}")
-        return 2
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -282,3 +282,15 @@ def test_from_settings_builds_then_reuses_the_plan(monkeypatch, tiny_onnx, tmp_p
         TensorRTEngine.from_settings(too_big)
     with pytest.raises(EngineUnavailable, match="not on device 'cpu'"):
         TensorRTEngine.from_settings(settings.model_copy(update={"device": "cpu"}))
+
+
+def test_build_engine_cli_builds_then_finds_the_cached_plan(monkeypatch, tiny_onnx, tmp_path, capsys):
+    fake_tensorrt.install(monkeypatch)
+    argv = ["--model", "tiny", "--onnx", str(tiny_onnx), "--cache-dir", str(tmp_path), "--profiles", "1:2:4"]
+    assert main([*argv, "--fp16"]) == 0
+    assert "built in" in capsys.readouterr().out
+    assert main([*argv, "--fp16"]) == 0
+    out = capsys.readouterr().out
+    assert "found in cache" in out and '"precision": "fp16"' in out
+    assert main(argv) == 0
+    assert "built in" in capsys.readouterr().out

@@ -324,15 +324,19 @@ class Batcher(ABC):
         started = monotonic()
         mark = meter.begin() if meter is not None else None
         per_item: list[dict[str, np.ndarray] | BaseException]
+        energy = None
         try:
-            per_item = list(_split(engine.infer(_stack(engine, items)), len(items)))
-        except Exception as exc:
-            if len(items) == 1:
-                per_item = [exc]
-            else:
-                log.warning("batch of %d failed (%s); retrying items one by one", len(items), exc)
-                per_item = [self._run_alone(engine, item) for item in items]
-        energy = meter.end(mark) if meter is not None else None
+            try:
+                per_item = list(_split(engine.infer(_stack(engine, items)), len(items)))
+            except Exception as exc:
+                if len(items) == 1:
+                    per_item = [exc]
+                else:
+                    log.warning("batch of %d failed (%s); retrying items one by one", len(items), exc)
+                    per_item = [self._run_alone(engine, item) for item in items]
+        finally:  # keep the meter's busy/idle books balanced whatever happened
+            if meter is not None:
+                energy = meter.end(mark)
         finished = monotonic()
         padded = padded_size(len(items), getattr(engine, "batch_sizes", None)) - len(items)
         return BatchOutcome(per_item, started, finished, energy, padded)

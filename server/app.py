@@ -24,6 +24,7 @@ from server.codec import BINARY_HEADER, BadRequest, encode_infer_response, parse
 from server.metrics import ServingMetrics
 from server.runtime import EngineFactory, ModelRuntime
 from server.settings import Settings
+from telemetry import TelemetryService
 
 log = logging.getLogger("wattserve.server")
 
@@ -47,19 +48,28 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     """Build the app for one served model; nothing global, so tests can build many."""
     settings = settings or Settings()
     metrics = ServingMetrics(settings.model, settings.batcher)
+    telemetry = TelemetryService(settings, metrics.registry)  # same registry: one /metrics
     runtime = ModelRuntime(settings, engine_factory, metrics)
+
+    def record_batch(batch_size: int, energy: Any) -> None:
+        telemetry.record_batch(settings.model, settings.batcher, batch_size, energy)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await runtime.start()
+        await asyncio.to_thread(telemetry.start)  # NVML init and cost measurement off the loop
+        # meter is None without a GPU or RAPL: then nothing is measured and nothing is made up
+        runtime.batcher_hooks.update(energy_meter=telemetry.meter, on_batch=record_batch)
         try:
+            await runtime.start()
             yield
         finally:
             await runtime.stop()
+            await asyncio.to_thread(telemetry.stop)
 
     app = FastAPI(title="wattserve", version=VERSION, lifespan=lifespan)
     app.state.settings = settings
     app.state.runtime = runtime
+    app.state.telemetry = telemetry
     app.state.metrics = metrics
     model_name = settings.model
 

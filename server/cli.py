@@ -23,6 +23,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     if settings.tune_malloc:
         tune_malloc()
+    sys.setswitchinterval(settings.gil_switch_interval_ms / 1000.0)
     app = create_app(settings)
     config = uvicorn.Config(
         app,

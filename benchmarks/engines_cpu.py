@@ -16,19 +16,16 @@ records which. Without it big batches page-fault on every call (DESIGN.md).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -134,45 +131,6 @@ def run_engines(args: argparse.Namespace) -> list[dict]:
 # ----------------------------------------------------------------------------- part 2
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def wattserve(env: dict[str, str], timeout: float = 600) -> Iterator[str]:
-    import httpx
-
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    full = {**os.environ, "WATTSERVE_LOG_LEVEL": "warning", **env, "WATTSERVE_PORT": str(port)}
-    full["PYTHONPATH"] = str(ROOT)
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "server", "serve"], env=full, cwd=ROOT, stdout=log, stderr=log
-        )
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                if proc.poll() is not None:
-                    log.seek(0)
-                    raise RuntimeError(f"server exited: {log.read().decode()[-3000:]}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url + "/v2/health/ready", timeout=1).status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise RuntimeError("server not ready")
-                time.sleep(0.5)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
 def image_request(model: str) -> tuple[bytes, dict[str, str]]:
     """One 3x224x224 FP32 image as a KServe v2 binary-extension request."""
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
@@ -200,7 +158,9 @@ _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
 def wrk(url: str, body: bytes, headers: dict[str, str], connections: int, seconds: int) -> dict:
-    """Closed-loop load with wrk (one C thread: costs the 2-core box little)."""
+    """Closed-loop load with wrk (one C thread: costs the 2-core box little). Unlike
+    benchmarks._harness.wrk it sets ``--timeout 30s``: wrk's default 2 s would drop slow
+    answers (resnet50, torch under contention) from the latency histogram as socket errors."""
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "body.bin").write_bytes(body)
         lua = [
@@ -247,6 +207,8 @@ def run_served(args: argparse.Namespace) -> list[dict]:
     if shutil.which("wrk") is None:
         print("  wrk not found (apt-get install wrk): served throughput skipped")
         return []
+    from benchmarks._harness import wattserve
+
     rows = []
     for model in args.served_models:
         body, headers = image_request(model)

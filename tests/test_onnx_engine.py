@@ -241,3 +241,18 @@ def test_live_server_with_onnxruntime_matches_torch(onnx_file, torch_model):
             assert _relative(logits, ref) <= DEFAULT_RTOL
         # the 32 rows of one request ride in batches the server formed; all rows answered
         assert batch_size > 1
+
+
+@pytest.mark.slow
+def test_registry_builds_each_engine_or_says_why_not(onnx_file, monkeypatch):
+    import sys
+
+    from engines.registry import build_engine
+
+    engine = build_engine(Settings(model=MODEL, engine="onnxruntime", onnx_path=onnx_file, device="cpu"))
+    assert isinstance(engine, OnnxRuntimeEngine)
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    with pytest.raises(EngineUnavailable, match="TensorRT is not installed"):
+        build_engine(Settings(model=MODEL, engine="tensorrt", onnx_path=onnx_file))
+    with pytest.raises(EngineUnavailable, match="CUDA"):
+        build_engine(Settings(model=MODEL, engine="torch", device="cpu", cuda_graphs=True))

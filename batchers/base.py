@@ -27,6 +27,7 @@ import numpy as np
 from batchers.queue import PriorityFifo
 from batchers.types import (
     BatchFailed,
+    ClientGone,
     DeadlineExceeded,
     Draining,
     ItemState,
@@ -192,6 +193,13 @@ class Batcher(ABC):
                 self.queue.remove(item)
                 self._answer_error(item, Draining("server stopped before this request ran"))
 
+    def cancel(self, item: WorkItem) -> None:
+        """The client went away: answer ``item`` now; never computed if still queued."""
+        if item.state is not ItemState.DONE:
+            self._abandon(item)
+            if item.future is not None and not item.future.done():
+                item.future.set_exception(ClientGone("client disconnected"))
+
     def close(self) -> None:
         """Release engine threads and engines (after drain)."""
         for inst in self.instances:
@@ -316,15 +324,19 @@ class Batcher(ABC):
         started = monotonic()
         mark = meter.begin() if meter is not None else None
         per_item: list[dict[str, np.ndarray] | BaseException]
+        energy = None
         try:
-            per_item = list(_split(engine.infer(_stack(engine, items)), len(items)))
-        except Exception as exc:
-            if len(items) == 1:
-                per_item = [exc]
-            else:
-                log.warning("batch of %d failed (%s); retrying items one by one", len(items), exc)
-                per_item = [self._run_alone(engine, item) for item in items]
-        energy = meter.end(mark) if meter is not None else None
+            try:
+                per_item = list(_split(engine.infer(_stack(engine, items)), len(items)))
+            except Exception as exc:
+                if len(items) == 1:
+                    per_item = [exc]
+                else:
+                    log.warning("batch of %d failed (%s); retrying items one by one", len(items), exc)
+                    per_item = [self._run_alone(engine, item) for item in items]
+        finally:  # keep the meter's busy/idle books balanced whatever happened
+            if meter is not None:
+                energy = meter.end(mark)
         finished = monotonic()
         padded = padded_size(len(items), getattr(engine, "batch_sizes", None)) - len(items)
         return BatchOutcome(per_item, started, finished, energy, padded)

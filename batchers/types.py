@@ -65,6 +65,13 @@ class DeadlineExceeded(RequestError):
     outcome = "timeout"
 
 
+class ClientGone(RequestError):
+    """The client disconnected; nobody reads this answer (499, nginx's convention)."""
+
+    status_code = 499
+    outcome = "cancelled"
+
+
 class BatchFailed(RequestError):
     status_code = 500
     outcome = "error"

@@ -16,17 +16,20 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.routing import Route
 
-from batchers.types import RequestError, Result
+from batchers.types import RequestError, Result, WorkItem
 from engines.registry import build_engine
 from server.codec import BINARY_HEADER, BadRequest, encode_infer_response, parse_infer_request
 from server.metrics import ServingMetrics
 from server.runtime import EngineFactory, ModelRuntime
 from server.settings import Settings
+from telemetry import TelemetryService
 
 log = logging.getLogger("wattserve.server")
 
 OFFLOAD_DECODE_BYTES = 256 * 1024  # bodies above this are decoded on a worker thread
+WATCH_AFTER_S = 0.02  # answers slower than this get a task watching for a gone client
 VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data", "schedule_policy", "model_configuration", "classification"]
 
@@ -45,19 +48,28 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     """Build the app for one served model; nothing global, so tests can build many."""
     settings = settings or Settings()
     metrics = ServingMetrics(settings.model, settings.batcher)
+    telemetry = TelemetryService(settings, metrics.registry)  # same registry: one /metrics
     runtime = ModelRuntime(settings, engine_factory, metrics)
+
+    def record_batch(batch_size: int, energy: Any) -> None:
+        telemetry.record_batch(settings.model, settings.batcher, batch_size, energy)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await runtime.start()
+        await asyncio.to_thread(telemetry.start)  # NVML init and cost measurement off the loop
+        # meter is None without a GPU or RAPL: then nothing is measured and nothing is made up
+        runtime.batcher_hooks.update(energy_meter=telemetry.meter, on_batch=record_batch)
         try:
+            await runtime.start()
             yield
         finally:
             await runtime.stop()
+            await asyncio.to_thread(telemetry.stop)
 
     app = FastAPI(title="wattserve", version=VERSION, lifespan=lifespan)
     app.state.settings = settings
     app.state.runtime = runtime
+    app.state.telemetry = telemetry
     app.state.metrics = metrics
     model_name = settings.model
 
@@ -115,7 +127,9 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
         app.add_api_route(prefix + "/config", model_config, methods=["GET"])
 
     # ----------------------------------------------------------------- inference
-    async def infer(name: str, request: Request, version: str | None = None) -> Response:
+    async def infer(request: Request) -> Response:
+        name = request.path_params["name"]
+        version = request.path_params.get("version")
         if (missing := model_or_404(name, version)) is not None:
             metrics.outcome["bad_request"].inc()
             return missing
@@ -135,15 +149,17 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
         except (BadRequest, ValueError) as exc:
             metrics.outcome["bad_request"].inc()
             return error_response(str(exc), getattr(exc, "status", 400))
-        outcome = await answer_or_disconnect(request, runtime.infer(items))
+        outcome = await answer_or_disconnect(request, runtime, items)
         if isinstance(outcome, Response):
             return outcome
         payload, extra = encode_infer_response(name, parsed, [r.outputs for r in outcome], engine.outputs)
         media = "application/octet-stream" if extra else "application/json"
         return Response(payload, media_type=media, headers={**extra, **timing_headers(outcome)})
 
-    app.add_api_route("/v2/models/{name}/infer", infer, methods=["POST"])
-    app.add_api_route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"])
+    # The hot path is a plain Starlette route, first in the table: FastAPI's parameter
+    # machinery cost ~100 us a request here, more than the identity model's whole budget.
+    for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
+        app.router.routes.insert(0, Route(path, infer, methods=["POST"]))
 
     @app.post("/v2/models/{name}/classify")
     async def classify(name: str, request: Request, top_k: int = 5) -> Response:
@@ -171,7 +187,7 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
         except BadRequest as exc:
             metrics.outcome["bad_request"].inc()
             return error_response(str(exc), exc.status)
-        outcome = await answer_or_disconnect(request, runtime.infer([item]))
+        outcome = await answer_or_disconnect(request, runtime, [item])
         if isinstance(outcome, Response):
             return outcome
         logits = next(iter(outcome[0].outputs.values()))
@@ -225,29 +241,40 @@ async def read_upload(request: Request, limit: int) -> bytes:
     return await upload.read()
 
 
-async def answer_or_disconnect(request: Request, work: Awaitable[list[Result]]) -> list[Result] | Response:
-    """Await the answer, but cancel the work (never computed if still queued) when the
-    client goes away first. Request errors become their HTTP answers."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request.receive, task))
+async def answer_or_disconnect(
+    request: Request, runtime: ModelRuntime, items: list[WorkItem]
+) -> list[Result] | Response:
+    """Await the answer; if the client goes away first, cancel its items (never computed
+    if still queued). Request errors become their HTTP answers.
+
+    The disconnect watcher starts only after ``WATCH_AFTER_S``: most answers come sooner,
+    and a watcher task per request costs more than the identity model's whole budget.
+    """
+    loop = asyncio.get_running_loop()
+    watcher: list[asyncio.Task[None]] = []
+
+    def start_watching() -> None:
+        watcher.append(loop.create_task(_cancel_on_disconnect(request.receive, runtime, items)))
+
+    timer = loop.call_later(WATCH_AFTER_S, start_watching)
     try:
-        return await task
+        return await runtime.infer(items)
     except RequestError as exc:
-        retry = request.app.state.settings.retry_after_s if exc.retry_after else None
+        retry = runtime.settings.retry_after_s if exc.retry_after else None
         return error_response(str(exc), exc.status_code, retry)
-    except asyncio.CancelledError:
-        if watcher.done() and task.cancelled():
-            return Response(status_code=499)  # nobody is listening; nothing is sent
-        raise
     finally:
-        watcher.cancel()
+        timer.cancel()
+        for task in watcher:
+            task.cancel()
 
 
-async def _disconnected(receive: Callable[[], Awaitable[dict[str, Any]]], task: asyncio.Future) -> None:
+async def _cancel_on_disconnect(
+    receive: Callable[[], Awaitable[dict[str, Any]]], runtime: ModelRuntime, items: list[WorkItem]
+) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            task.cancel()
+            runtime.cancel(items)
             return
 
 

@@ -23,6 +23,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     if settings.tune_malloc:
         tune_malloc()
+    sys.setswitchinterval(settings.gil_switch_interval_ms / 1000.0)
     app = create_app(settings)
     config = uvicorn.Config(
         app,
@@ -58,7 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
     show = sub.add_parser("settings", help="print every WATTSERVE_* setting as a table")
     show.set_defaults(func=cmd_settings)
+    _add_engine_tools(sub)
     return parser
+
+
+def _add_engine_tools(sub: argparse._SubParsersAction) -> None:
+    """``export`` (torch -> ONNX) and ``build-engine`` (ONNX -> TensorRT plan)."""
+    from engines import onnx_export, tensorrt_engine
+
+    export = sub.add_parser("export", help="export a torchvision model to ONNX (dynamic batch axis)")
+    onnx_export.add_arguments(export)
+    export.set_defaults(func=onnx_export.run)
+    build = sub.add_parser("build-engine", help="build a TensorRT plan with min/opt/max batch profiles")
+    tensorrt_engine.add_arguments(build)
+    build.set_defaults(func=tensorrt_engine.run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,65 @@
+"""wattserve's own overhead: identity model + dynamic batcher vs a bare FastAPI endpoint
+doing the same work, 16 connections, measured side by side (alternating) in one run.
+
+    python benchmarks/serving_overhead.py [--seconds 10] [--rounds 2]
+
+Prints a table and writes results/serving_overhead.json. Needs wrk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+
+import orjson
+
+from benchmarks._harness import free_port, process, save, wattserve, wrk
+
+BODY = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
+                                 "data": [float(i) for i in range(16)]}]})  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--connections", type=int, default=16)
+    args = parser.parse_args()
+    runs: dict[str, list[dict]] = {"bare_fastapi": [], "wattserve_dynamic": []}
+    for _ in range(args.rounds):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "uvicorn", "benchmarks.bare_app:app", "--port", str(port),
+               "--log-level", "warning", "--no-access-log"]  # fmt: skip
+        with process(cmd, {}, url + "/v2/models/identity/infer"):
+            wrk(url + "/v2/models/identity/infer", BODY, args.connections, 2)  # warm-up
+            runs["bare_fastapi"].append(
+                wrk(url + "/v2/models/identity/infer", BODY, args.connections, args.seconds)
+            )
+        env = {"WATTSERVE_MODEL": "identity", "WATTSERVE_BATCHER": "dynamic",
+               "WATTSERVE_MAX_BATCH_SIZE": "16", "WATTSERVE_MAX_QUEUE_DELAY_MS": "0"}  # fmt: skip
+        with wattserve(env) as url:
+            wrk(url + "/v2/models/identity/infer", BODY, args.connections, 2)
+            runs["wattserve_dynamic"].append(
+                wrk(url + "/v2/models/identity/infer", BODY, args.connections, args.seconds)
+            )
+    summary = {k: statistics.mean(r["rps"] for r in v) for k, v in runs.items()}
+    ratio = summary["wattserve_dynamic"] / summary["bare_fastapi"]
+    print(f"{'server':<20} {'req/s (mean)':>12}  per round")
+    for name, rounds in runs.items():
+        per = ", ".join(
+            f"{r['rps']:.0f} (p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms)" for r in rounds
+        )
+        print(f"{name:<20} {summary[name]:>12.0f}  {per}")
+    print(f"wattserve / bare = {ratio:.2f}")
+    errors = sum(r["non_2xx"] for v in runs.values() for r in v)
+    path = save("serving_overhead", {"runs": runs, "mean_rps": summary, "ratio": ratio, "non_2xx": errors,
+                                      "connections": args.connections, "seconds": args.seconds,
+                                      "machine": platform.platform()})  # fmt: skip
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""scripts/gpu_energy_check.py: its arithmetic, its CPU-testable load loop, and its refusal
+to run without CUDA. The GPU run itself needs a lent GPU (docs/telemetry.md)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from server.settings import Settings
+from telemetry import TelemetryService
+from telemetry.nvml_gpu import open_gpus
+from tests.doubles.fake_nvml import FakeGpu, FakeNvml
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "gpu_energy_check.py"
+
+
+@pytest.fixture(scope="module")
+def check():
+    spec = importlib.util.spec_from_file_location("gpu_energy_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_energy_check"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_trapezoid(check):
+    assert check.trapezoid_joules([(0.0, 100.0), (1.0, 300.0), (2.0, 300.0)]) == 500.0
+    assert check.trapezoid_joules([(0.0, 100.0)]) == 0.0
+
+
+def test_compare_energy_counter_vs_integrated_power(check):
+    # 200 W steady for 2 s, counter in step; instant power reads 10% high
+    samples = [
+        check.PowerSample(t=i * 0.5, average_w=200.0, instant_w=220.0, counter_mj=5000 + i * 100_000)
+        for i in range(5)
+    ]
+    result = check.compare_energy(samples)
+    assert result["span_s"] == 2.0
+    assert result["counter_j"] == 400.0
+    assert result["average_power_integrated_j"] == 400.0
+    assert result["instant_power_integrated_j"] == pytest.approx(440.0)
+    assert result["average_power_vs_counter"] == 0.0
+    assert result["instant_power_vs_counter"] == pytest.approx(0.1)
+    assert result["mean_power_w"] == 200.0
+
+
+def test_compare_energy_without_counter_or_instant_field(check):
+    samples = [
+        check.PowerSample(t=float(i), average_w=100.0, instant_w=None, counter_mj=None) for i in range(3)
+    ]
+    result = check.compare_energy(samples)
+    assert result["counter_j"] is None and result["instant_power_integrated_j"] is None
+    assert result["average_power_vs_counter"] is None
+    assert result["mean_power_w"] == 100.0  # from integrated power when there is no counter
+    with pytest.raises(ValueError):
+        check.compare_energy(samples[:1])
+
+
+def test_window_and_helpers(check):
+    samples = [check.PowerSample(float(t), 1.0, None, None) for t in range(10)]
+    assert [s.t for s in check.window(samples, 2.0, 4.0)] == [2.0, 3.0, 4.0]
+    assert check.parse_batch_sizes("1, 8,32") == [1, 8, 32]
+    with pytest.raises(argparse.ArgumentTypeError):
+        check.parse_batch_sizes("0,4")
+    assert check.relative_difference(110.0, 100.0) == pytest.approx(0.1)
+    assert check.relative_difference(1.0, 0.0) is None
+    costs = check.percentiles_us([1e-6] * 98 + [5e-6, 9e-6])
+    assert costs["p50_us"] == pytest.approx(1.0) and costs["p99_us"] == pytest.approx(9.0)
+
+
+def test_cuda_device_maps_to_nvml_index_by_uuid(check):
+    nvml_uuids = ["GPU-aaaa", "GPU-bbbb"]
+    assert check.match_nvml_index("bbbb", nvml_uuids, 0) == 1  # torch omits the GPU- prefix
+    assert check.match_nvml_index("GPU-AAAA", nvml_uuids, 1) == 0
+    assert check.match_nvml_index(None, nvml_uuids, 1) == 1
+    assert check.match_nvml_index("cccc", nvml_uuids, 1) == 1
+
+
+def test_format_table(check):
+    rows = [{"batch_size": 8, "counter_j": 12.5, "instant_power_integrated_j": None}]
+    table = check.format_table(rows, check.RUN_COLUMNS)
+    lines = table.splitlines()
+    assert len(lines) == 3 and "counter J" in lines[0] and "12.500" in lines[2]
+    assert "n/a" in lines[2]
+
+
+def test_run_size_on_cpu_with_the_fake_nvml(check):
+    """The load loop, meter and window report together; CUDA and NVML replaced (CPU, FakeNvml)."""
+    torch = pytest.importorskip("torch")
+    fake = FakeNvml([FakeGpu(power_w=300.0)])
+    gpu = open_gpus(fake, None).gpus[0]
+
+    class BurnsEnergy(torch.nn.Module):
+        """A tiny model whose every call costs 10 ms of simulated GPU time at 300 W."""
+
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            fake.advance(0.010)
+            return self.conv(x)
+
+    settings = Settings(telemetry_interval_ms=20, rapl_root="/nonexistent")
+    service = TelemetryService(settings, CollectorRegistry(), nvml=fake, clock=fake.clock)
+    service.start()
+    try:
+        args = argparse.Namespace(warmup=2, seconds_per_size=0.5)
+        row = check.run_size(
+            torch, BurnsEnergy(), "cpu", torch.float32, 4, args, gpu, 0.02, service,
+            service.meter, item_shape=(3, 16, 16),
+        )  # fmt: skip
+    finally:
+        service.stop()
+    assert row["batch_size"] == 4 and row["batches"] >= 1
+    assert row["inferences"] == 4 * row["batches"]
+    # each batch: 300 W * 10 ms = 3 J over 4 requests
+    assert row["meter_joules_per_inference"] == pytest.approx(0.75)
+    assert row["service_window"]["source"] == "nvml_counter"
+    assert row["counter_j"] is not None and row["counter_j"] > 0
+    assert row["throughput_per_s"] > 0
+
+
+def test_refuses_to_run_without_cuda(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():  # pragma: no cover - only on a GPU machine
+        pytest.skip("this machine has CUDA")
+    out = tmp_path / "gpu.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "CUDA is not available" in done.stderr
+    assert not out.exists()

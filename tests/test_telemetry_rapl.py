@@ -1,0 +1,120 @@
+"""RAPL (powercap) CPU package energy, against a sysfs-like tree the test builds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from server.settings import Settings
+from telemetry import TelemetryService
+from telemetry.cumulative import RaplEnergy
+from telemetry.rapl import find_packages, unwrap_delta_uj
+from tests.doubles.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGpu, FakeNvml
+
+MAX_RANGE = 262_143_328_850  # a typical package max_energy_range_uj
+
+
+def make_zone(root: Path, zone: str, name: str, energy_uj: int, max_range: int = MAX_RANGE) -> Path:
+    path = root / zone
+    path.mkdir(parents=True)
+    (path / "name").write_text(name + "\n")
+    (path / "energy_uj").write_text(f"{energy_uj}\n")
+    (path / "max_energy_range_uj").write_text(f"{max_range}\n")
+    return path
+
+
+def set_energy(zone: Path, energy_uj: int) -> None:
+    """Replace the value atomically, as sysfs does (a reader never sees a half-written file)."""
+    scratch = zone / "energy_uj.new"
+    scratch.write_text(f"{energy_uj}\n")
+    scratch.replace(zone / "energy_uj")
+
+
+def test_finds_package_zones_only(tmp_path):
+    make_zone(tmp_path, "intel-rapl:0", "package-0", 1)
+    make_zone(tmp_path, "intel-rapl:1", "package-1", 1)
+    make_zone(tmp_path, "intel-rapl:0:0", "core", 1)  # a subzone: already inside package-0
+    (tmp_path / "intel-rapl").mkdir()  # the control type folder
+    domains, reason = find_packages(tmp_path)
+    assert reason is None
+    assert [d.name for d in domains] == ["package-0", "package-1"]
+
+
+def test_missing_or_unreadable_tree_gives_a_reason(tmp_path):
+    assert find_packages(tmp_path / "nope") == ([], f"{tmp_path / 'nope'} does not exist")
+    zone = make_zone(tmp_path, "intel-rapl:0", "package-0", 5)
+    (zone / "energy_uj").unlink()
+    (zone / "energy_uj").mkdir()  # reading it fails the way a root-only file does for others
+    domains, reason = find_packages(tmp_path)
+    assert domains == [] and "intel-rapl:0" in reason
+
+
+def test_wraparound():
+    assert unwrap_delta_uj(100, 250, 1000) == 150
+    assert unwrap_delta_uj(900, 50, 1000) == 150  # 100 to the wrap, 50 after it
+
+
+def test_rapl_energy_unwraps_into_monotonic_joules(tmp_path):
+    zone = make_zone(tmp_path, "intel-rapl:0", "package-0", 999_000_000, max_range=1_000_000_000)
+    (domain,), _ = find_packages(tmp_path)
+    energy = RaplEnergy(domain)
+    assert energy.read_joules() == 0.0
+    set_energy(zone, 999_500_000)
+    assert energy.read_joules() == pytest.approx(0.5)
+    set_energy(zone, 1_500_000)  # wrapped: 0.5 J to the top, 1.5 J after
+    assert energy.read_joules() == pytest.approx(2.5)
+
+
+def test_service_meters_rapl_when_there_is_no_gpu(tmp_path):
+    zone = make_zone(tmp_path, "intel-rapl:0", "package-0", 10_000_000)
+    registry = CollectorRegistry()
+    settings = Settings(telemetry_interval_ms=3_600_000, rapl_root=tmp_path)
+    no_nvml = FakeNvml(init_error=NVML_ERROR_LIBRARY_NOT_FOUND)
+    clock = [0.0]
+    service = TelemetryService(settings, registry, nvml=no_nvml, clock=lambda: clock[0])
+    service.start()
+    try:
+        get = registry.get_sample_value
+        assert get("wattserve_gpu_telemetry_available") == 0
+        assert get("wattserve_rapl_available") == 1
+        meter = service.meter
+        assert service.available and not service.gpu_available
+        assert meter.source == "rapl" and meter.devices == ["package-0"]
+        mark = meter.begin()
+        set_energy(zone, 40_000_000)  # +30 J
+        energy = meter.end(mark)
+        assert energy.joules == pytest.approx(30.0) and energy.source == "rapl"
+        clock[0] = 2.0
+        set_energy(zone, 50_000_000)  # +10 J idle, over 2 s
+        service.sampler.sample_once()
+        assert get("wattserve_cpu_energy_joules_total", {"domain": "package-0", "source": "rapl"}) == (
+            pytest.approx(40.0)
+        )
+        labels = {"device": "package-0", "source": "rapl"}
+        assert get("wattserve_energy_joules_total", {**labels, "state": "busy"}) == pytest.approx(30)
+        assert get("wattserve_energy_joules_total", {**labels, "state": "idle"}) == pytest.approx(10)
+        assert get("wattserve_cpu_power_watts", {"domain": "package-0"}) == pytest.approx(20.0)
+        # no GPU series at all
+        assert get("wattserve_gpu_power_watts", {"gpu": "0", "source": "nvml_average"}) is None
+    finally:
+        service.stop()
+
+
+def test_rapl_is_exported_beside_gpus_but_batches_are_metered_on_the_gpu(tmp_path):
+    zone = make_zone(tmp_path, "intel-rapl:0", "package-0", 0)
+    fake = FakeNvml([FakeGpu(power_w=100.0)])
+    registry = CollectorRegistry()
+    settings = Settings(telemetry_interval_ms=3_600_000, rapl_root=tmp_path)
+    service = TelemetryService(settings, registry, nvml=fake, clock=fake.clock)
+    service.start()
+    try:
+        assert service.meter.source == "nvml_counter" and service.meter.devices == ["gpu0"]
+        set_energy(zone, 7_000_000)
+        service.sampler.sample_once()
+        assert registry.get_sample_value(
+            "wattserve_cpu_energy_joules_total", {"domain": "package-0", "source": "rapl"}
+        ) == pytest.approx(7.0)
+    finally:
+        service.stop()

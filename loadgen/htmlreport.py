@@ -140,7 +140,7 @@ def server_table(runs: Sequence[RunResult]) -> str:
     elif not any((run.server or {}).get("energy_per_inference_j") is not None for run in runs):
         note = (
             '<p class="note">Energy per inference, GPU power and utilization: not available '
-            "(the server exported no GPU/energy metrics for these runs).</p>"
+            "(the server reported no GPU/energy measurement for these runs).</p>"
         )
     return note + table(headers, rows)
 

@@ -153,8 +153,8 @@ def energy_latency(runs: Sequence[RunResult], path: Path, name: GroupKey | None 
             labels.append(name(run) if name else run.label)
     if not pts:
         return None, (
-            "energy vs latency plot skipped: the server exported no energy metrics for these "
-            "runs (no GPU telemetry here), so no energy per inference is reported"
+            "energy vs latency plot skipped: the server reported no energy measurement for "
+            "these runs (no GPU or RAPL telemetry), so no energy per inference is reported"
         )
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     ax.scatter([p[0] for p in pts], [p[1] for p in pts], color="C0", zorder=2)

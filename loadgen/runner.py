@@ -325,7 +325,7 @@ async def _open_loop(
     extra: set[asyncio.Task[None]] = set()  # due after it: load only, cancelled at the end
     owed_done = asyncio.Event()
 
-    async def one(index: int, due: float) -> None:
+    async def one(index: int, offset: float, due: float) -> None:
         sent = done = due
         out = client.Outcome("cancelled")
         try:
@@ -343,7 +343,9 @@ async def _open_loop(
                     sem.release()
         finally:
             done = now()
-            _record(records, live, index, due - t0, sent - t0, done - t0, out)
+            # The schedule's own offset, not due - t0: rounding must not move a request
+            # across the window's edge.
+            _record(records, live, index, offset, sent - t0, done - t0, out)
 
     def settle(task: asyncio.Task[None]) -> None:
         owed.discard(task)
@@ -371,7 +373,7 @@ async def _open_loop(
             if behind >= 64:  # let responses be read while catching up
                 await asyncio.sleep(0)
                 behind = 0
-        task = loop.create_task(one(index, due))
+        task = loop.create_task(one(index, offset, due))
         if after:
             extra.add(task)
             task.add_done_callback(extra.discard)

@@ -85,7 +85,8 @@ def summarize_ms(values_s: Sequence[float], percentiles: Sequence[float] = PERCE
     }
     values = h.get_percentile_to_value_dict(list(percentiles))  # one pass over the counts
     for p in percentiles:
-        out[percentile_key(p)] = values[p] / 1000.0
+        # A bucket's top can lie above every recorded value: never report beyond the max.
+        out[percentile_key(p)] = min(values[p] / 1000.0, out["max"])
     return out
 
 

@@ -312,8 +312,8 @@ def verdict(runs: Sequence[RunResult], percentile: float, slo_ms: float) -> dict
         lines.append("Ranking: lowest energy per inference among runs meeting the objective.")
     else:
         lines.append(
-            "Energy per inference: not available (the server exported no energy metrics on this "
-            "machine), so configurations are ranked by throughput meeting the objective, ties "
+            "Energy per inference: not available (the server reported no energy measurement on "
+            "this machine), so configurations are ranked by throughput meeting the objective, ties "
             f"(within {TIE:.0%}) broken by the lower {key}."
         )
     per_workload = []

@@ -22,7 +22,6 @@ from tests.servers import server_process
 pytestmark = pytest.mark.slow
 
 PERCENTILES = ["p50", "p90", "p95", "p99", "p99.9"]
-HDR_RELATIVE = 2.0**-10
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +91,7 @@ def test_poisson_run_writes_consistent_json_csv_png_html(wattserve: str, tmp_pat
     lat = run["latency_ms"]
     values = [lat[p] for p in PERCENTILES]
     assert values == sorted(values)
-    assert lat["min"] <= lat["p50"] and lat["p99.9"] <= lat["max"] * (1 + HDR_RELATIVE)
+    assert lat["min"] <= lat["p50"] and lat["p99.9"] <= lat["max"]
     assert lat["count"] == run["completed"]
 
     # requests.csv: one row per request; the measured ones match the JSON exactly.
@@ -123,7 +122,12 @@ def test_poisson_run_writes_consistent_json_csv_png_html(wattserve: str, tmp_pat
     assert hist_total == server["batch_executions"]
     assert server["mean_queue_ms"] is not None and server["mean_compute_ms"] is not None
     assert server["requests_by_outcome"]["success"] == server["inferences"]
-    assert server["energy_per_inference_j"] is None or server["energy_per_inference_j"] > 0
+    # The server says whether it measures energy; when it does not, no figure appears.
+    assert server["gpu_telemetry_available"] is not None
+    if not server["gpu_telemetry_available"]:
+        assert server["energy_per_inference_j"] is None and server["gpu_power_w"] is None
+    else:
+        assert server["energy_per_inference_j"] > 0
     check_figures_and_html(out, ["poisson 40/s"])
 
 

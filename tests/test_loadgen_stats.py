@@ -36,8 +36,8 @@ def test_hdr_percentiles_match_exact_within_precision(seed: int) -> None:
     for p in PERCENTILES:
         exact_ms = exact_nearest_rank(recorded_us, p) / 1000.0
         hdr_ms = summary[percentile_key(p)]
-        # HDR reports the top of the exact value's bucket: never below, at most 0.1% above.
-        assert exact_ms <= hdr_ms <= exact_ms * (1 + HDR_RELATIVE) + 0.001, (p, exact_ms, hdr_ms)
+        # HDR reports the top of the exact value's bucket (capped at the max): at most 0.1% above.
+        assert exact_ms - 0.001 <= hdr_ms <= exact_ms * (1 + HDR_RELATIVE) + 0.001, (p, exact_ms, hdr_ms)
     assert summary["count"] == latencies_s.size
     assert summary["mean"] == pytest.approx(latencies_s.mean() * 1000, rel=1e-3)
     assert summary["max"] == pytest.approx(latencies_s.max() * 1000)
@@ -48,7 +48,7 @@ def test_percentiles_are_ordered_and_empty_input_gives_none() -> None:
     s = summarize_ms(np.random.default_rng(3).exponential(0.01, 5000).tolist())
     values = [s[percentile_key(p)] for p in PERCENTILES]
     assert values == sorted(values)
-    assert s["min"] <= values[0] and values[-1] <= s["max"] * (1 + HDR_RELATIVE)
+    assert s["min"] <= values[0] and values[-1] <= s["max"]
     empty = summarize_ms([])
     assert empty["count"] == 0 and empty["p99"] is None
 

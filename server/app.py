@@ -214,9 +214,11 @@ def _refuse_if_not_serving(runtime: ModelRuntime, settings: Settings) -> Respons
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, refusing (413) anything larger than ``limit`` before reading it all."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BadRequest(f"body of {declared} bytes exceeds the {limit}-byte limit", 413)
-    chunks: list[bytes] = []
+    if declared is not None and declared.isdigit():
+        if int(declared) > limit:
+            raise BadRequest(f"body of {declared} bytes exceeds the {limit}-byte limit", 413)
+        return await request.body()  # the server stops at Content-Length
+    chunks: list[bytes] = []  # chunked upload: count as it arrives
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -280,14 +282,23 @@ async def _cancel_on_disconnect(
 
 def timing_headers(results: list[Result]) -> dict[str, str]:
     """Batching made visible: worst queue and compute time over the request's rows."""
+    first = results[0]
+    if len(results) == 1:
+        queue_s, compute_s, size, energy = (first.queue_time_s, first.compute_time_s,
+                                            first.batch_size, first.energy_j)  # fmt: skip
+    else:
+        queue_s = max(r.queue_time_s for r in results)
+        compute_s = max(r.compute_time_s for r in results)
+        size = max(r.batch_size for r in results)
+        shares = [r.energy_j for r in results]
+        energy = None if None in shares else sum(shares)  # type: ignore[arg-type]
     headers = {
-        "X-Queue-Time-Ms": f"{max(r.queue_time_s for r in results) * 1e3:.3f}",
-        "X-Compute-Time-Ms": f"{max(r.compute_time_s for r in results) * 1e3:.3f}",
-        "X-Batch-Size": str(max(r.batch_size for r in results)),
+        "X-Queue-Time-Ms": f"{queue_s * 1e3:.3f}",
+        "X-Compute-Time-Ms": f"{compute_s * 1e3:.3f}",
+        "X-Batch-Size": str(size),
     }
-    energies = [r.energy_j for r in results]
-    if all(e is not None for e in energies):
-        headers["X-Energy-Joules"] = f"{sum(energies):.6f}"  # type: ignore[arg-type]
+    if energy is not None:
+        headers["X-Energy-Joules"] = f"{energy:.6f}"
     return headers
 
 

@@ -54,6 +54,7 @@ class ModelRuntime:
         if self.settings.warmup:
             await asyncio.gather(*(asyncio.to_thread(self._warm, e) for e in engines))
         self.batcher = build_batcher(self.settings, engines, metrics=self.metrics, **self.batcher_hooks)
+        self.metrics.watch(self.batcher)
         self._task = asyncio.create_task(self.batcher.run(), name="batcher")
         self.ready = True
         self.metrics.ready.set(1)

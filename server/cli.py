@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("settings", help="print every WATTSERVE_* setting as a table")
     show.set_defaults(func=cmd_settings)
     _add_engine_tools(sub)
+    from loadgen.cli import add_loadgen_parser, add_study_parser  # imports its deps lazily
+
+    add_loadgen_parser(sub)
+    add_study_parser(sub)
     return parser
 
 

@@ -8,7 +8,7 @@ generator's sustainable rate here, and its lag there is reported. If the endpoin
 first, latency climbs and the outstanding-request cap turns it into lag too: the latency
 columns show which side gave out.
 
-    python benchmarks/loadgen_capacity.py [--duration 5] [--max-lag-ms 10] [--loop uvloop]
+    python -m benchmarks.loadgen_capacity [--duration 5] [--max-lag-ms 10] [--loop uvloop]
 
 Prints a table and writes JSON (default results/loadgen_capacity.json, git-ignored).
 """

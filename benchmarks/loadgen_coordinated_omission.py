@@ -5,7 +5,7 @@ seconds, 2 s into each run. Open loop sends at a constant rate and measures from
 request's intended send time; closed loop runs ``--concurrency`` workers that wait for each
 answer. Prints both latency summaries and writes JSON (default results/loadgen_co.json).
 
-    python benchmarks/loadgen_coordinated_omission.py [--rate 100] [--duration 4.5]
+    python -m benchmarks.loadgen_coordinated_omission [--rate 100] [--duration 4.5]
 """
 
 from __future__ import annotations

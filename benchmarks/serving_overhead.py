@@ -1,7 +1,7 @@
 """wattserve's own overhead: identity model + dynamic batcher (default 5 ms delay, and 0 ms) vs a bare FastAPI endpoint
 doing the same work, 16 connections, measured side by side (alternating) in one run.
 
-    python benchmarks/serving_overhead.py [--seconds 10] [--rounds 2]
+    python -m benchmarks.serving_overhead [--seconds 10] [--rounds 2]
 
 Prints a table and writes results/serving_overhead.json. Needs wrk.
 """

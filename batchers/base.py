@@ -145,8 +145,6 @@ class Batcher(ABC):
         if item.deadline is not None:
             timer = loop.call_later(max(0.0, item.deadline - monotonic()), self._expire, item)
         self.inflight += 1
-        if self.metrics is not None:
-            self.metrics.inflight.inc()
         try:
             return await future
         except asyncio.CancelledError:
@@ -156,8 +154,6 @@ class Batcher(ABC):
             if timer is not None:
                 timer.cancel()
             self.inflight -= 1
-            if self.metrics is not None:
-                self.metrics.inflight.dec()
 
     async def run(self) -> None:
         """The batching loop; started by the server's lifespan, ends after ``drain``."""
@@ -235,15 +231,10 @@ class Batcher(ABC):
                 handle.cancel()
 
     def take(self, n: int) -> list[WorkItem]:
-        batch = self.queue.pop(n)
-        if self.metrics is not None:
-            self.metrics.queue_depth.set(len(self.queue))
-        return batch
+        return self.queue.pop(n)
 
     # ------------------------------------------------------------------ internals
     def _queue_changed(self) -> None:
-        if self.metrics is not None:
-            self.metrics.queue_depth.set(len(self.queue))
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -324,15 +315,19 @@ class Batcher(ABC):
         started = monotonic()
         mark = meter.begin() if meter is not None else None
         per_item: list[dict[str, np.ndarray] | BaseException]
+        energy = None
         try:
-            per_item = list(_split(engine.infer(_stack(engine, items)), len(items)))
-        except Exception as exc:
-            if len(items) == 1:
-                per_item = [exc]
-            else:
-                log.warning("batch of %d failed (%s); retrying items one by one", len(items), exc)
-                per_item = [self._run_alone(engine, item) for item in items]
-        energy = meter.end(mark) if meter is not None else None
+            try:
+                per_item = list(_split(engine.infer(_stack(engine, items)), len(items)))
+            except Exception as exc:
+                if len(items) == 1:
+                    per_item = [exc]
+                else:
+                    log.warning("batch of %d failed (%s); retrying items one by one", len(items), exc)
+                    per_item = [self._run_alone(engine, item) for item in items]
+        finally:  # keep the meter's busy/idle books balanced whatever happened
+            if meter is not None:
+                energy = meter.end(mark)
         finished = monotonic()
         padded = padded_size(len(items), getattr(engine, "batch_sizes", None)) - len(items)
         return BatchOutcome(per_item, started, finished, energy, padded)

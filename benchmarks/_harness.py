@@ -76,7 +76,7 @@ def wrk(
             f"wrk.body = f:read('*all')\nf:close()\n{lua_headers}\n"
         )
         out = subprocess.run(
-            ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency",
+            ["wrk", "-t1", f"-c{connections}", "--timeout", "60s", f"-d{max(1, round(seconds))}s", "--latency",
              "-s", str(script), url],
             capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip

@@ -1,7 +1,7 @@
 """Engine-only throughput per batch size, and served throughput at saturation with each
 batcher as a fraction of the engine-only figure at the same max batch.
 
-    python benchmarks/model_batching.py [--model mobilenet_v2] [--max-batch 8] [--seconds 15]
+    python -m benchmarks.model_batching [--model mobilenet_v2] [--max-batch 8] [--seconds 15]
 
 Prints two tables and writes results/model_batching_<model>.json. Needs wrk.
 """

@@ -1,7 +1,7 @@
-"""wattserve's own overhead: identity model + dynamic batcher vs a bare FastAPI endpoint
+"""wattserve's own overhead: identity model + dynamic batcher (default 5 ms delay, and 0 ms) vs a bare FastAPI endpoint
 doing the same work, 16 connections, measured side by side (alternating) in one run.
 
-    python benchmarks/serving_overhead.py [--seconds 10] [--rounds 2]
+    python -m benchmarks.serving_overhead [--seconds 10] [--rounds 2]
 
 Prints a table and writes results/serving_overhead.json. Needs wrk.
 """
@@ -27,7 +27,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--connections", type=int, default=16)
     args = parser.parse_args()
-    runs: dict[str, list[dict]] = {"bare_fastapi": [], "wattserve_dynamic": []}
+    variants = {  # the dynamic batcher with its default delay, and with none
+        "wattserve_dynamic": {"WATTSERVE_MAX_QUEUE_DELAY_MS": "5"},
+        "wattserve_dynamic_delay0": {"WATTSERVE_MAX_QUEUE_DELAY_MS": "0"},
+    }
+    runs: dict[str, list[dict]] = {"bare_fastapi": [], **{name: [] for name in variants}}
     for _ in range(args.rounds):
         port = free_port()
         url = f"http://127.0.0.1:{port}"
@@ -38,24 +42,26 @@ def main() -> None:
             runs["bare_fastapi"].append(
                 wrk(url + "/v2/models/identity/infer", BODY, args.connections, args.seconds)
             )
-        env = {"WATTSERVE_MODEL": "identity", "WATTSERVE_BATCHER": "dynamic",
-               "WATTSERVE_MAX_BATCH_SIZE": "16", "WATTSERVE_MAX_QUEUE_DELAY_MS": "0"}  # fmt: skip
-        with wattserve(env) as url:
-            wrk(url + "/v2/models/identity/infer", BODY, args.connections, 2)
-            runs["wattserve_dynamic"].append(
-                wrk(url + "/v2/models/identity/infer", BODY, args.connections, args.seconds)
-            )
+        for name, extra in variants.items():
+            env = {"WATTSERVE_MODEL": "identity", "WATTSERVE_BATCHER": "dynamic",
+                   "WATTSERVE_MAX_BATCH_SIZE": "16", **extra}  # fmt: skip
+            with wattserve(env) as url:
+                wrk(url + "/v2/models/identity/infer", BODY, args.connections, 2)
+                runs[name].append(
+                    wrk(url + "/v2/models/identity/infer", BODY, args.connections, args.seconds)
+                )
     summary = {k: statistics.mean(r["rps"] for r in v) for k, v in runs.items()}
-    ratio = summary["wattserve_dynamic"] / summary["bare_fastapi"]
-    print(f"{'server':<20} {'req/s (mean)':>12}  per round")
+    ratios = {name: summary[name] / summary["bare_fastapi"] for name in variants}
+    print(f"{'server':<26} {'req/s (mean)':>12}  per round")
     for name, rounds in runs.items():
         per = ", ".join(
             f"{r['rps']:.0f} (p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms)" for r in rounds
         )
-        print(f"{name:<20} {summary[name]:>12.0f}  {per}")
-    print(f"wattserve / bare = {ratio:.2f}")
+        print(f"{name:<26} {summary[name]:>12.0f}  {per}")
+    for name, ratio in ratios.items():
+        print(f"{name} / bare = {ratio:.2f}")
     errors = sum(r["non_2xx"] for v in runs.values() for r in v)
-    path = save("serving_overhead", {"runs": runs, "mean_rps": summary, "ratio": ratio, "non_2xx": errors,
+    path = save("serving_overhead", {"runs": runs, "mean_rps": summary, "ratio_to_bare": ratios, "non_2xx": errors,
                                       "connections": args.connections, "seconds": args.seconds,
                                       "machine": platform.platform()})  # fmt: skip
     print(f"saved {path}")

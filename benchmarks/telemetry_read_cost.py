@@ -10,7 +10,7 @@ cost is added to every batch. This measures, side by side:
   for sysfs, which is usually faster to reach but root-only);
 - ``meter_real_nvml``: begin()+end() with the real NVML, only where a GPU is present.
 
-Run: ``python benchmarks/telemetry_read_cost.py [--reads 20000] [--out results/telemetry_read_cost.json]``
+Run: ``python -m benchmarks.telemetry_read_cost [--reads 20000] [--out results/telemetry_read_cost.json]``
 """
 
 from __future__ import annotations

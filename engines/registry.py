@@ -37,7 +37,7 @@ def build_engine(settings: Any) -> Engine:
         from engines.torch_engine import TORCHVISION_MODELS, TorchVisionEngine
 
         if model in TORCHVISION_MODELS:
-            return TorchVisionEngine(
+            engine = TorchVisionEngine(
                 model,
                 device=settings.device,
                 weights=settings.weights,
@@ -47,4 +47,17 @@ def build_engine(settings: Any) -> Engine:
                 max_batch_size=settings.max_batch_size,
                 threads=settings.torch_threads,
             )
+            if settings.cuda_graphs:
+                from engines.cuda_graphs import CudaGraphEngine
+
+                return CudaGraphEngine.from_settings(engine, settings)
+            return engine
+    if settings.engine == "onnxruntime":
+        from engines.onnxruntime_engine import OnnxRuntimeEngine
+
+        return OnnxRuntimeEngine.from_settings(settings)
+    if settings.engine == "tensorrt":
+        from engines.tensorrt_engine import TensorRTEngine
+
+        return TensorRTEngine.from_settings(settings)
     raise ValueError(f"no {settings.engine} engine for model {model!r}; models: {', '.join(MODELS)}")

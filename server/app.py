@@ -24,6 +24,7 @@ from server.codec import BINARY_HEADER, BadRequest, encode_infer_response, parse
 from server.metrics import ServingMetrics
 from server.runtime import EngineFactory, ModelRuntime
 from server.settings import Settings
+from telemetry import TelemetryService
 
 log = logging.getLogger("wattserve.server")
 
@@ -47,19 +48,28 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     """Build the app for one served model; nothing global, so tests can build many."""
     settings = settings or Settings()
     metrics = ServingMetrics(settings.model, settings.batcher)
+    telemetry = TelemetryService(settings, metrics.registry)  # same registry: one /metrics
     runtime = ModelRuntime(settings, engine_factory, metrics)
+
+    def record_batch(batch_size: int, energy: Any) -> None:
+        telemetry.record_batch(settings.model, settings.batcher, batch_size, energy)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await runtime.start()
+        await asyncio.to_thread(telemetry.start)  # NVML init and cost measurement off the loop
+        # meter is None without a GPU or RAPL: then nothing is measured and nothing is made up
+        runtime.batcher_hooks.update(energy_meter=telemetry.meter, on_batch=record_batch)
         try:
+            await runtime.start()
             yield
         finally:
             await runtime.stop()
+            await asyncio.to_thread(telemetry.stop)
 
     app = FastAPI(title="wattserve", version=VERSION, lifespan=lifespan)
     app.state.settings = settings
     app.state.runtime = runtime
+    app.state.telemetry = telemetry
     app.state.metrics = metrics
     model_name = settings.model
 
@@ -204,9 +214,11 @@ def _refuse_if_not_serving(runtime: ModelRuntime, settings: Settings) -> Respons
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, refusing (413) anything larger than ``limit`` before reading it all."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BadRequest(f"body of {declared} bytes exceeds the {limit}-byte limit", 413)
-    chunks: list[bytes] = []
+    if declared is not None and declared.isdigit():
+        if int(declared) > limit:
+            raise BadRequest(f"body of {declared} bytes exceeds the {limit}-byte limit", 413)
+        return await request.body()  # the server stops at Content-Length
+    chunks: list[bytes] = []  # chunked upload: count as it arrives
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -270,14 +282,23 @@ async def _cancel_on_disconnect(
 
 def timing_headers(results: list[Result]) -> dict[str, str]:
     """Batching made visible: worst queue and compute time over the request's rows."""
+    first = results[0]
+    if len(results) == 1:
+        queue_s, compute_s, size, energy = (first.queue_time_s, first.compute_time_s,
+                                            first.batch_size, first.energy_j)  # fmt: skip
+    else:
+        queue_s = max(r.queue_time_s for r in results)
+        compute_s = max(r.compute_time_s for r in results)
+        size = max(r.batch_size for r in results)
+        shares = [r.energy_j for r in results]
+        energy = None if None in shares else sum(shares)  # type: ignore[arg-type]
     headers = {
-        "X-Queue-Time-Ms": f"{max(r.queue_time_s for r in results) * 1e3:.3f}",
-        "X-Compute-Time-Ms": f"{max(r.compute_time_s for r in results) * 1e3:.3f}",
-        "X-Batch-Size": str(max(r.batch_size for r in results)),
+        "X-Queue-Time-Ms": f"{queue_s * 1e3:.3f}",
+        "X-Compute-Time-Ms": f"{compute_s * 1e3:.3f}",
+        "X-Batch-Size": str(size),
     }
-    energies = [r.energy_j for r in results]
-    if all(e is not None for e in energies):
-        headers["X-Energy-Joules"] = f"{sum(energies):.6f}"  # type: ignore[arg-type]
+    if energy is not None:
+        headers["X-Energy-Joules"] = f"{energy:.6f}"
     return headers
 
 

@@ -218,7 +218,12 @@ def encode_infer_response(
     tensors: list[dict[str, Any]] = []
     blobs: list[bytes] = []
     for name in names:
-        value = np.stack([r[name] for r in rows]) if request.batched else rows[0][name]
+        if not request.batched:
+            value = rows[0][name]
+        elif len(rows) == 1:
+            value = rows[0][name][np.newaxis]  # a view: no copy for the common single row
+        else:
+            value = np.stack([r[name] for r in rows])
         value = np.ascontiguousarray(value, dtype=DATATYPE_TO_NUMPY[datatypes[name]])
         tensor: dict[str, Any] = {"name": name, "datatype": datatypes[name], "shape": list(value.shape)}
         if name in request.binary_outputs:

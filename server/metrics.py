@@ -7,6 +7,8 @@ lock and an add, not a label lookup.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (
@@ -94,6 +96,12 @@ class ServingMetrics:
         self.outcome = {o: self._requests.labels(*lv, o) for o in OUTCOMES}
         for child in self.outcome.values():  # so rate() queries have a series from the start
             child.inc(0)
+
+    def watch(self, batcher: Any) -> None:
+        """Queue depth and in-flight count are read from the batcher at scrape time, so the
+        hot path pays nothing for them."""
+        self.queue_depth.set_function(lambda: batcher.queue_depth)
+        self.inflight.set_function(lambda: batcher.inflight)
 
     def observe_batch(self, size: int, compute_s: float, padded: int = 0) -> None:
         """Called once per executed batch."""

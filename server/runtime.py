@@ -37,7 +37,7 @@ class ModelRuntime:
         self.settings = settings
         self.metrics = metrics
         self._engine_factory = engine_factory
-        self._batcher_hooks = batcher_hooks or {}
+        self.batcher_hooks: dict[str, Any] = dict(batcher_hooks or {})  # read by start()
         self.engine: Engine | None = None
         self.batcher: Batcher | None = None
         self.ready = False
@@ -53,7 +53,8 @@ class ModelRuntime:
         self.engine = engines[0]
         if self.settings.warmup:
             await asyncio.gather(*(asyncio.to_thread(self._warm, e) for e in engines))
-        self.batcher = build_batcher(self.settings, engines, metrics=self.metrics, **self._batcher_hooks)
+        self.batcher = build_batcher(self.settings, engines, metrics=self.metrics, **self.batcher_hooks)
+        self.metrics.watch(self.batcher)
         self._task = asyncio.create_task(self.batcher.run(), name="batcher")
         self.ready = True
         self.metrics.ready.set(1)

@@ -30,7 +30,6 @@ import yaml
 
 from server.app import create_app
 from server.settings import Settings
-from telemetry import TelemetryService
 from telemetry.metrics import needs_energy_hardware
 from tests.prometheus_fixture import prometheus_factory  # noqa: F401 - the fixture
 
@@ -134,26 +133,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wire_telemetry_if_missing(app, settings: Settings) -> TelemetryService | None:
-    """TODO(lead): delete once server/app.py wires TelemetryService (docs/telemetry.md).
-
-    Until then this does, from outside, exactly what the app is asked to do.
-    """
-    if getattr(app.state, "telemetry", None) is not None:
-        return None
-    service = TelemetryService(settings, app.state.metrics.registry)
-    service.start()
-    app.state.runtime._batcher_hooks.update(
-        energy_meter=service.meter,
-        on_batch=lambda n, energy: service.record_batch(settings.model, settings.batcher, n, energy),
-    )
-    return service
-
-
 @contextlib.contextmanager
 def live_wattserve(settings: Settings) -> Iterator[str]:
     app = create_app(settings)
-    own_telemetry = _wire_telemetry_if_missing(app, settings)
     port = _free_port()
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on"
@@ -171,8 +153,6 @@ def live_wattserve(settings: Settings) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
-        if own_telemetry is not None:
-            own_telemetry.stop()
 
 
 def _drive_load(url: str, stop: threading.Event, sent: list[int]) -> None:

@@ -1,0 +1,178 @@
+"""ONNX Runtime engine: the exported model on CPU, or on CUDA with onnxruntime-gpu.
+
+Same contract as the torch engine (input "input" FP32 [3,224,224], output "logits" FP32
+[1000]); any batch size 1..max_batch_size runs as is, so ``batch_sizes`` is None.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from engines.base import Batch, EngineError, EngineUnavailable, TensorSpec
+
+log = logging.getLogger(__name__)
+
+# ONNX Runtime's element type strings -> KServe datatypes.
+_ORT_TYPES = {
+    "tensor(float)": "FP32",
+    "tensor(float16)": "FP16",
+    "tensor(double)": "FP64",
+    "tensor(int64)": "INT64",
+    "tensor(int32)": "INT32",
+    "tensor(int8)": "INT8",
+    "tensor(uint8)": "UINT8",
+    "tensor(bool)": "BOOL",
+}
+
+
+def _import_ort():
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise EngineUnavailable(
+            "onnxruntime is not installed (pip install 'wattserve[onnx]', or onnxruntime-gpu for CUDA)"
+        ) from exc
+    return onnxruntime
+
+
+def resolve_providers(device: str, available: Sequence[str]) -> tuple[list, str]:
+    """Execution providers for ``device`` and the device string to report.
+
+    ``auto`` takes CUDA when onnxruntime-gpu offers it, else CPU; an explicit ``cuda[:N]``
+    without the CUDA provider is an error rather than a silent fall-back to CPU.
+    """
+    device = device.lower()
+    has_cuda = "CUDAExecutionProvider" in available
+    if device == "auto":
+        device = "cuda" if has_cuda and _cuda_device_present() else "cpu"
+    if device == "cpu":
+        return ["CPUExecutionProvider"], "cpu"
+    if device.startswith("cuda"):
+        if not has_cuda:
+            raise EngineUnavailable(
+                f"device {device!r} asked for, but this onnxruntime has no CUDAExecutionProvider "
+                f"(available: {', '.join(available)}); install onnxruntime-gpu"
+            )
+        index = int(device.split(":", 1)[1]) if ":" in device else 0
+        cuda = ("CUDAExecutionProvider", {"device_id": index})
+        return [cuda, "CPUExecutionProvider"], f"cuda:{index}"
+    raise EngineUnavailable(f"unknown device {device!r} (auto, cpu, cuda, cuda:N)")
+
+
+def _cuda_device_present() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:  # pragma: no cover - torch is a core dependency
+        return False
+
+
+def session_options(threads: int | None, spin: bool = False):
+    """Session options tuned for one engine instance per worker thread.
+
+    - full graph optimizations (constant folding, conv+activation fusion, layout transforms);
+    - sequential execution: these CNNs are chains, parallel branches buy nothing;
+    - intra-op threads = ``threads`` or every core; one inter-op thread;
+    - spinning off: ORT's worker threads otherwise busy-wait between batches, burning a core
+      (and watts) while idle and stealing CPU from the event loop; measured cost on this
+      machine is in benchmarks/engines_cpu.py (``--spin``).
+    """
+    ort = _import_ort()
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.intra_op_num_threads = threads or (os.cpu_count() or 1)
+    opts.inter_op_num_threads = 1
+    opts.enable_cpu_mem_arena = True
+    opts.enable_mem_pattern = True
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    return opts
+
+
+class OnnxRuntimeEngine:
+    """One ONNX Runtime session over an exported model; blocking, one worker thread."""
+
+    platform = "onnxruntime"
+
+    def __init__(
+        self,
+        onnx_path: str | Path,
+        *,
+        name: str,
+        max_batch_size: int,
+        device: str = "auto",
+        threads: int | None = None,
+        spin: bool = False,
+    ) -> None:
+        ort = _import_ort()
+        path = Path(onnx_path)
+        if not path.exists():
+            raise EngineUnavailable(f"ONNX file {path} does not exist (run `wattserve export`)")
+        providers, self.device = resolve_providers(device, ort.get_available_providers())
+        self.name = name
+        self.max_batch_size = int(max_batch_size)
+        self.batch_sizes: Sequence[int] | None = None
+        self.onnx_path = path
+        self._session = ort.InferenceSession(
+            str(path), sess_options=session_options(threads, spin), providers=providers
+        )
+        self.providers = self._session.get_providers()
+        if self.device.startswith("cuda") and "CUDAExecutionProvider" not in self.providers:
+            raise EngineUnavailable(f"CUDAExecutionProvider failed to load for {path}")
+        self.inputs = [_spec(i) for i in self._session.get_inputs()]
+        # Outputs are whatever the model computes; only inputs are screened for NaN/Inf.
+        self.outputs = [_spec(o, allow_nonfinite=True) for o in self._session.get_outputs()]
+        self._output_names = [o.name for o in self.outputs]
+        self._dtypes = {s.name: s.dtype for s in self.inputs}
+        log.info("onnxruntime %s on %s via %s", path.name, self.device, self.providers)
+
+    @classmethod
+    def from_settings(cls, settings) -> OnnxRuntimeEngine:
+        """Build from server settings, exporting the ONNX file first if needed."""
+        from engines.onnx_export import ensure_onnx
+
+        return cls(
+            ensure_onnx(settings),
+            name=settings.model,
+            max_batch_size=settings.max_batch_size,
+            device=settings.device,
+            threads=settings.torch_threads,
+        )
+
+    def infer(self, batch: Batch) -> dict[str, np.ndarray]:
+        feeds = {}
+        for name, dtype in self._dtypes.items():
+            if name not in batch:
+                raise EngineError(f"{self.name}: missing input {name!r}")
+            arr = batch[name]
+            if arr.shape[0] > self.max_batch_size:
+                raise EngineError(
+                    f"{self.name}: batch of {arr.shape[0]} exceeds max_batch_size {self.max_batch_size}"
+                )
+            feeds[name] = np.ascontiguousarray(arr, dtype=dtype)
+        try:
+            results = self._session.run(self._output_names, feeds)
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidArgument types
+            raise EngineError(f"{self.name}: onnxruntime failed: {exc}") from exc
+        return dict(zip(self._output_names, results, strict=True))
+
+    def close(self) -> None:
+        self._session = None
+
+
+def _spec(node, allow_nonfinite: bool = False) -> TensorSpec:
+    """TensorSpec (shape without the batch axis) from an ONNX Runtime NodeArg."""
+    try:
+        datatype = _ORT_TYPES[node.type]
+    except KeyError as exc:
+        raise EngineUnavailable(f"tensor {node.name} has unsupported type {node.type}") from exc
+    dims = node.shape[1:]
+    if any(not isinstance(d, int) for d in dims):
+        raise EngineUnavailable(f"tensor {node.name} has dynamic non-batch dims {node.shape}")
+    return TensorSpec(node.name, tuple(dims), datatype, allow_nonfinite=allow_nonfinite)

@@ -1,0 +1,219 @@
+"""One self-contained HTML report: tables of every run plus the PNGs embedded as base64."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .output import summary_row
+from .runner import RunResult
+from .stats import PERCENTILES, percentile_key
+
+_STYLE = """
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:13px}
+th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}
+th{background:#f3f3f3} td.l,th.l{text-align:left}
+.bad{color:#a00;font-weight:bold} .good{color:#070}
+.note{background:#fff8e0;border-left:4px solid #e0b000;padding:.4em .8em;margin:.4em 0}
+img{max-width:100%;border:1px solid #ddd;margin:.5em 0}
+"""
+
+
+def fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "∞"
+        return f"{v:.{digits}g}" if abs(v) < 1000 else f"{v:.0f}"
+    return html.escape(str(v))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1) -> str:
+    """An HTML table; the first ``left`` columns are left-aligned text."""
+    head = "".join(
+        f'<th class="{"l" if i < left else ""}">{html.escape(h)}</th>' for i, h in enumerate(headers)
+    )
+    body = []
+    for row in rows:
+        cells = []
+        for i, v in enumerate(row):
+            cls = "l" if i < left else ""
+            text = v if isinstance(v, _Raw) else fmt(v)
+            cells.append(f'<td class="{cls}">{text}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+class _Raw(str):
+    """Already-escaped HTML for a table cell."""
+
+
+def raw(text: str) -> _Raw:
+    return _Raw(text)
+
+
+def runs_table(runs: Sequence[RunResult]) -> str:
+    headers = [
+        "run",
+        "target/s",
+        "offered/s",
+        "achieved/s",
+        "sent",
+        "ok",
+        "failed",
+        *[percentile_key(p) for p in PERCENTILES],
+        "mean",
+        "max",
+        "lag p99",
+        "valid",
+    ]
+    rows = []
+    for run in runs:
+        r = summary_row(run)
+        valid = (
+            raw('<span class="good">yes</span>')
+            if r["valid"]
+            else raw(f'<span class="bad" title="{html.escape(r["invalid_reasons"])}">NO</span>')
+        )
+        rows.append(
+            [
+                r["label"],
+                r["target_rate"],
+                r["offered_rate"],
+                r["achieved_rate"],
+                r["sent"],
+                r["completed"],
+                r["failed"],
+                *[r[f"latency_{percentile_key(p)}_ms"] for p in PERCENTILES],
+                r["latency_mean_ms"],
+                r["latency_max_ms"],
+                r["lag_p99_ms"],
+                valid,
+            ]
+        )
+    return "<p>Latencies in ms, from each request's intended send time; rates in requests/s.</p>" + table(
+        headers, rows
+    )
+
+
+def server_table(runs: Sequence[RunResult]) -> str:
+    headers = [
+        "run",
+        "avg batch",
+        "mean queue ms",
+        "mean compute ms",
+        "server req ms",
+        "J/inference",
+        "GPU W",
+        "GPU util",
+        "errors by status",
+    ]
+    rows = []
+    for run in runs:
+        s = run.server or {}
+        errors = ", ".join(f"{k}: {v}" for k, v in run.summary["errors_by_status"].items()) or "none"
+        rows.append(
+            [
+                run.label,
+                s.get("avg_batch_size"),
+                s.get("mean_queue_ms"),
+                s.get("mean_compute_ms"),
+                s.get("mean_request_ms"),
+                s.get("energy_per_inference_j") if s else None,
+                s.get("gpu_power_w"),
+                s.get("gpu_utilization"),
+                errors,
+            ]
+        )
+    note = ""
+    if not any(run.server for run in runs):
+        note = '<p class="note">The server exposed no /metrics: server-side columns are not available.</p>'
+    elif not any((run.server or {}).get("energy_per_inference_j") is not None for run in runs):
+        note = (
+            '<p class="note">Energy per inference, GPU power and utilization: not available '
+            "(the server reported no GPU/energy measurement for these runs).</p>"
+        )
+    return note + table(headers, rows)
+
+
+def telemetry_table(runs: Sequence[RunResult]) -> str:
+    """Every telemetry series the server exported, per run (empty when there were none)."""
+    rows = []
+    for run in runs:
+        for t in (run.server or {}).get("telemetry", []):
+            labels = ",".join(f"{k}={v}" for k, v in t["labels"].items() if k not in ("model",))
+            value = t.get("mean") if t["type"] != "counter" else t.get("delta")
+            rows.append([run.label, t["name"], labels, t["type"], value, t.get("per_inference")])
+    if not rows:
+        return ""
+    source = next(
+        ((r.server or {}).get("energy_source") for r in runs if (r.server or {}).get("energy_source")),
+        None,
+    )
+    intro = f"<p>Energy per inference above: {html.escape(source)}.</p>" if source else ""
+    return (
+        "<h2>Telemetry over each window</h2>" + intro + "<p>Gauges: mean over the window's "
+        "scrapes; counters: increase over the window; histograms: mean observation.</p>"
+        + table(["run", "metric", "labels", "type", "value", "per inference"], rows, left=4)
+    )
+
+
+def invalid_notes(runs: Sequence[RunResult]) -> str:
+    items = [
+        f"<li><b>{html.escape(r.label)}</b>: {html.escape('; '.join(r.summary['invalid_reasons']))}</li>"
+        for r in runs
+        if not r.summary["valid"]
+    ]
+    return f'<div class="note"><b>Invalid runs</b><ul>{"".join(items)}</ul></div>' if items else ""
+
+
+def image(path: Path, caption: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    alt = html.escape(caption)
+    return f'<h3>{alt}</h3><img alt="{alt}" src="data:image/png;base64,{data}">'
+
+
+def write_report(
+    path: Path,
+    title: str,
+    runs: Sequence[RunResult],
+    figures: Sequence[tuple[Path | None, str]],
+    notes: Sequence[str],
+    intro_html: str = "",
+    extra_html: str = "",
+) -> None:
+    targets = sorted({(r.target.get("url"), r.target.get("model"), r.target.get("protocol")) for r in runs})
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    if len(targets) == 1:
+        url, model, protocol = targets[0]
+        where = f"Target {fmt(url)}, model {fmt(model)}, protocol {fmt(protocol)}."
+    else:
+        models = sorted({fmt(t[1]) for t in targets})
+        where = f"{len(targets)} server configurations; models {', '.join(models)}."
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+        f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
+        f"<p>Generated {created} by wattserve loadgen. {where}</p>",
+        intro_html,
+        invalid_notes(runs),
+        "<h2>Runs</h2>",
+        runs_table(runs),
+        "<h2>Server side, over each measurement window</h2>",
+        server_table(runs),
+        telemetry_table(runs),
+        extra_html,
+        "<h2>Figures</h2>",
+    ]
+    parts += [image(p, caption) for p, caption in figures if p is not None]
+    parts += [f'<p class="note">{html.escape(n)}</p>' for n in notes]
+    parts.append("</body></html>")
+    path.write_text("\n".join(parts))

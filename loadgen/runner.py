@@ -1,0 +1,511 @@
+"""Run one load configuration: open-loop (scheduled arrivals) or closed-loop (fixed concurrency).
+
+Timeline of a run, in seconds from its start ``t0``::
+
+    0 ........ warmup_s ......................... warmup_s + duration_s ... (stragglers)
+    warm-up    | measurement window                |   wait for in-flight answers
+
+Open loop: request i is due at ``t0 + schedule[i]`` whatever happened before; its latency runs
+from that intended time to the end of its response, so a stall in the server (or in the
+generator) is charged to every request it held up. Requests whose intended time falls inside
+the window are the measured ones. The generator's send lag (actual start of the HTTP call minus
+intended time) is recorded per request.
+
+Closed loop: ``concurrency`` workers each send, wait for the answer, and send again. Latency
+runs from the actual send; this is the classic closed-loop measurement that hides queueing
+(coordinated omission), offered for comparison and for capacity probing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import gc
+import itertools
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+import aiohttp
+import numpy as np
+
+from . import client, payloads, promwindow, stats
+from .arrivals import BurstSpec, make_schedule
+from .payloads import PreparedRequest
+from .stats import RequestRecord
+
+CLOSED = "closed"
+PROBE_TIMEOUT_S = 5.0
+# Timestamps come from perf_counter, not loop.time(): uvloop's loop clock is cached per loop
+# iteration at millisecond resolution, which is too coarse for sub-millisecond latencies.
+now = time.perf_counter
+
+
+async def sleep_until(deadline: float) -> None:
+    """Sleep until ``now() >= deadline`` (timers may fire up to a millisecond early)."""
+    while (delay := deadline - now()) > 0:  # noqa: ASYNC110 - a deadline, not a condition
+        await asyncio.sleep(delay)
+
+
+@dataclass
+class Target:
+    """A model on a KServe v2 server, with its request bodies prepared."""
+
+    url: str
+    model: str
+    protocol: str  # resolved: binary, json or image
+    requests: list[PreparedRequest]
+    metrics_url: str | None  # None when the server has no /metrics
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "model": self.model,
+            "protocol": self.protocol,
+            "metrics": self.metrics_url is not None,
+            "platform": self.metadata.get("platform"),
+            "inputs": self.metadata.get("inputs"),
+        }
+
+
+@dataclass
+class LoadSpec:
+    """One load configuration. ``arrival`` is poisson/constant/bursty/trace, or closed."""
+
+    arrival: str = "poisson"
+    rate: float | None = None
+    concurrency: int = 1  # closed loop: workers
+    max_outstanding: int = 1024  # open loop: cap on requests in flight (0 = none)
+    warmup_s: float = 2.0
+    duration_s: float = 10.0
+    seed: int = 0
+    burst: BurstSpec | None = None
+    trace: np.ndarray | None = None
+    max_lag_ms: float = 10.0
+    # Open loop: the longest the arrivals continue after the window while requests due in
+    # it are unanswered (set it to the request timeout: by then every one has an answer).
+    cooldown_s: float = 60.0
+    min_send_ratio: float = 0.95
+    min_queries: int = 0
+    scrape_interval_s: float = 1.0
+    label: str = ""
+
+    @property
+    def closed(self) -> bool:
+        return self.arrival == CLOSED
+
+    def describe(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["burst"] = dataclasses.asdict(self.burst) if self.burst else None
+        d["trace"] = None if self.trace is None else f"{len(self.trace)} timestamps"
+        return d
+
+
+@dataclass
+class RunResult:
+    label: str
+    spec: LoadSpec
+    target: dict[str, Any]
+    records: list[RequestRecord]
+    summary: dict[str, Any]
+    server: dict[str, Any] | None
+    power_series: dict[str, list[tuple[float, float]]]
+    started_at: str
+    extra: dict[str, Any] = field(default_factory=dict)  # study/search labels
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            **self.extra,
+            "started_at": self.started_at,
+            "load": self.spec.describe(),
+            "target": self.target,
+            **self.summary,
+            "server": self.server,
+            "power_series": self.power_series,
+        }
+
+
+class ProgressSink(Protocol):
+    def start(self, label: str, total_s: float) -> None: ...
+    def update(self, elapsed_s: float, live: LiveCounts) -> None: ...
+    def stop(self) -> None: ...
+
+
+@dataclass
+class LiveCounts:
+    """Counters the progress display reads while the run is going."""
+
+    sent: int = 0
+    done: int = 0
+    errors: int = 0
+    max_lag_ms: float = 0.0
+
+    @property
+    def in_flight(self) -> int:
+        return self.sent - self.done
+
+
+async def prepare_target(
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    protocol: str = "auto",
+    images: str | None = None,
+    seed: int = 0,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    fixed_values: Mapping[str, float] | None = None,
+    ready_timeout_s: float = 60.0,
+    distinct: int = 16,
+    metrics_url: str | None = "",
+) -> Target:
+    """Wait for readiness, read model metadata, build bodies, and check one request works.
+
+    ``auto`` tries the binary tensor extension first and falls back to JSON when the server
+    refuses it. A probe that gets no answer within ``PROBE_TIMEOUT_S`` passed validation and
+    sits in the queue (a static batcher waiting for a full batch does that), so it counts as
+    accepted; only an error answer fails it. ``metrics_url``: "" for ``{url}/metrics``,
+    None to read no server metrics.
+    """
+    url = url.rstrip("/")
+    await client.wait_ready(session, url, ready_timeout_s)
+    metadata = await client.get_json(session, f"{url}/v2/models/{model}")
+    if images or protocol == "image":
+        if not images:
+            raise ValueError("protocol image needs --images DIR")
+        chosen, reqs = "image", payloads.image_requests(model, images)
+    else:
+        specs = payloads.input_specs(metadata, shapes)
+        candidates = ["binary", "json"] if protocol == "auto" else [protocol]
+        chosen, reqs, errors = "", [], []
+        for proto in candidates:
+            count = distinct if proto == "binary" else max(2, distinct // 4)
+            trial = payloads.tensor_requests(model, specs, proto, count, seed, fixed_values)
+            out = await client.send(session, url, trial[0], keep_detail=True, timeout_s=PROBE_TIMEOUT_S)
+            if out.status in (stats.OK, "timeout"):
+                chosen, reqs = proto, trial
+                break
+            errors.append(f"{proto}: HTTP {out.status} {out.detail or ''}".strip())
+        if not chosen:
+            raise RuntimeError(f"probe request to {model} failed: {'; '.join(errors)}")
+    if chosen == "image":
+        out = await client.send(session, url, reqs[0], keep_detail=True, timeout_s=PROBE_TIMEOUT_S)
+        if out.status not in (stats.OK, "timeout"):
+            raise RuntimeError(f"probe image request failed: HTTP {out.status} {out.detail or ''}")
+    if metrics_url == "":  # default: the server's own /metrics (Triton serves it on :8002)
+        metrics_url = f"{url}/metrics"
+    if metrics_url and await client.get_text(session, metrics_url) is None:
+        metrics_url = None
+    return Target(url, model, chosen, reqs, metrics_url or None, metadata)
+
+
+async def run_load(
+    session: aiohttp.ClientSession,
+    target: Target,
+    spec: LoadSpec,
+    progress: ProgressSink | None = None,
+) -> RunResult:
+    """Run one configuration and summarise it (latencies, lag, validity, server window)."""
+    loop = asyncio.get_running_loop()
+    schedule = None
+    if not spec.closed:
+        horizon = spec.warmup_s + spec.duration_s + spec.cooldown_s
+        schedule = make_schedule(spec.arrival, spec.rate, horizon, spec.seed, spec.burst, spec.trace)
+    records: list[RequestRecord] = []
+    live = LiveCounts()
+    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    total_s = spec.warmup_s + spec.duration_s
+    label = spec.label or _default_label(spec)
+    gc.collect()
+    t0 = now() + 0.1
+    scraper = _Scraper(session, target.metrics_url, t0, spec)
+    scrape_task = loop.create_task(scraper.run())
+    if progress:
+        progress.start(label, total_s)
+    ticker = loop.create_task(_tick(progress, live, t0, total_s)) if progress else None
+    try:
+        if spec.closed:
+            await _closed_loop(session, target, spec, t0, records, live)
+        else:
+            assert schedule is not None
+            await _open_loop(session, target, spec, schedule, t0, records, live)
+        await scrape_task
+    finally:
+        for task in (ticker, scrape_task):
+            if task and not task.done():
+                task.cancel()
+        if progress:
+            progress.stop()
+    records.sort(key=lambda r: r.index)
+    scheduled = None if schedule is None else _count_in(schedule, spec.warmup_s, total_s)
+    summary = summarize(records, spec, scheduled)
+    server, power = scraper.window(target.model, spec)
+    return RunResult(label, spec, target.describe(), records, summary, server, power, started_at)
+
+
+def summarize(records: Sequence[RequestRecord], spec: LoadSpec, scheduled: int | None) -> dict[str, Any]:
+    """Counts, rates, latency and lag percentiles, and the validity verdict for one run."""
+    w0, w1 = spec.warmup_s, spec.warmup_s + spec.duration_s
+    in_window = [r for r in records if w0 <= r.intended_s < w1]
+    ok = [r for r in in_window if r.ok]
+    failures = len(in_window) - len(ok)
+    finished_in_window = sum(1 for r in records if r.ok and w0 <= r.done_s < w1)
+    lag = stats.summarize_ms([max(r.lag_s, 0.0) for r in in_window]) if not spec.closed else None
+    offered = len(in_window) / spec.duration_s
+    target_rate = spec.rate if spec.arrival in ("poisson", "constant", "bursty") else None
+    if spec.arrival == "trace" and scheduled is not None:
+        target_rate = scheduled / spec.duration_s
+    reasons: list[str] = []
+    if not in_window:
+        reasons.append("no requests were sent inside the measurement window")
+    if lag is not None and lag["p99"] is not None and lag["p99"] > spec.max_lag_ms:
+        reasons.append(
+            f"generator could not keep up: send lag p99 {lag['p99']:.1f} ms > {spec.max_lag_ms:g} ms"
+        )
+    if not spec.closed and scheduled:
+        sent_inside = sum(1 for r in records if w0 <= r.sent_s < w1)
+        ratio = sent_inside / scheduled
+        if ratio < spec.min_send_ratio:
+            reasons.append(
+                f"generator could not keep up: sent {100 * ratio:.1f}% of the {scheduled} requests "
+                f"scheduled in the window within it (< {100 * spec.min_send_ratio:g}%)"
+            )
+    if spec.min_queries and len(in_window) < spec.min_queries:
+        reasons.append(
+            f"{len(in_window)} queries in the window; the percentile needs at least {spec.min_queries}"
+        )
+    return {
+        "mode": "closed" if spec.closed else "open",
+        "arrival": spec.arrival,
+        "target_rate": target_rate,
+        "concurrency": spec.concurrency if spec.closed else None,
+        "warmup_s": spec.warmup_s,
+        "duration_s": spec.duration_s,
+        "scheduled": scheduled,
+        "sent": len(in_window),
+        "completed": len(ok),
+        "failed": failures,
+        "error_rate": failures / len(in_window) if in_window else None,
+        "errors_by_status": stats.errors_by_status(in_window),
+        "offered_rate": offered,
+        "achieved_rate": finished_in_window / spec.duration_s,
+        "latency_ms": stats.summarize_ms([r.latency_s for r in ok]),
+        "lag_ms": lag,
+        "client_headers": stats.header_means(ok),
+        "valid": not reasons,
+        "invalid_reasons": reasons,
+    }
+
+
+async def _open_loop(
+    session: aiohttp.ClientSession,
+    target: Target,
+    spec: LoadSpec,
+    schedule: np.ndarray,
+    t0: float,
+    records: list[RequestRecord],
+    live: LiveCounts,
+) -> None:
+    """Send on schedule; after the window, keep the arrivals coming until every request due
+    before the window's end has its answer, then cancel whatever is still out.
+
+    Continuing the load past the window keeps the last measured requests in the same
+    conditions as the others: a static batcher still gets the arrivals that fill their batch,
+    a dynamic one the same queueing. The requests sent after the window are not measured.
+    """
+    loop = asyncio.get_running_loop()
+    sem = asyncio.Semaphore(spec.max_outstanding) if spec.max_outstanding > 0 else None
+    reqs, url = target.requests, target.url
+    window_end = t0 + spec.warmup_s + spec.duration_s
+    owed: set[asyncio.Task[None]] = set()  # due before the window's end: must be answered
+    extra: set[asyncio.Task[None]] = set()  # due after it: load only, cancelled at the end
+    owed_done = asyncio.Event()
+
+    async def one(index: int, offset: float, due: float) -> None:
+        sent = done = due
+        out = client.Outcome("cancelled")
+        try:
+            if sem is not None:
+                await sem.acquire()
+            try:
+                sent = now()
+                live.sent += 1
+                lag_ms = (sent - due) * 1000.0
+                if lag_ms > live.max_lag_ms:
+                    live.max_lag_ms = lag_ms
+                out = await client.send(session, url, reqs[index % len(reqs)])
+            finally:
+                if sem is not None:
+                    sem.release()
+        finally:
+            done = now()
+            # The schedule's own offset, not due - t0: rounding must not move a request
+            # across the window's edge.
+            _record(records, live, index, offset, sent - t0, done - t0, out)
+
+    def settle(task: asyncio.Task[None]) -> None:
+        owed.discard(task)
+        if not owed:
+            owed_done.set()
+
+    behind = 0
+    for index, offset in enumerate(schedule.tolist()):
+        due = t0 + offset
+        after = due >= window_end
+        if after:
+            if not owed:
+                break
+            owed_done.clear()
+            if due > now():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(owed_done.wait(), due - now())
+                if not owed:
+                    break
+        if due > now():
+            await sleep_until(due)
+            behind = 0
+        else:
+            behind += 1
+            if behind >= 64:  # let responses be read while catching up
+                await asyncio.sleep(0)
+                behind = 0
+        task = loop.create_task(one(index, offset, due))
+        if after:
+            extra.add(task)
+            task.add_done_callback(extra.discard)
+        else:
+            owed.add(task)
+            task.add_done_callback(settle)
+    if owed:  # the schedule ran out (trace, or the cooldown limit) before they were answered
+        await asyncio.gather(*owed)
+    for task in list(extra):
+        task.cancel()
+    if extra:
+        await asyncio.gather(*extra, return_exceptions=True)
+
+
+async def _closed_loop(
+    session: aiohttp.ClientSession,
+    target: Target,
+    spec: LoadSpec,
+    t0: float,
+    records: list[RequestRecord],
+    live: LiveCounts,
+) -> None:
+    end = t0 + spec.warmup_s + spec.duration_s
+    counter = itertools.count()
+    reqs, url = target.requests, target.url
+    await sleep_until(t0)
+
+    async def worker() -> None:
+        while (sent := now()) < end:
+            index = next(counter)
+            live.sent += 1
+            out = await client.send(session, url, reqs[index % len(reqs)])
+            done = now()
+            _record(records, live, index, sent - t0, sent - t0, done - t0, out)
+
+    await asyncio.gather(*(worker() for _ in range(max(1, spec.concurrency))))
+
+
+def _record(
+    records: list[RequestRecord],
+    live: LiveCounts,
+    index: int,
+    intended: float,
+    sent: float,
+    done: float,
+    out: client.Outcome,
+) -> None:
+    records.append(
+        RequestRecord(
+            index,
+            intended,
+            sent,
+            done,
+            out.status,
+            out.queue_ms,
+            out.compute_ms,
+            out.batch_size,
+            out.energy_j,
+        )
+    )
+    live.done += 1
+    if out.status != stats.OK:
+        live.errors += 1
+
+
+class _Scraper:
+    """Fetches /metrics at window start and end and every ``scrape_interval_s``; parses later."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str | None, t0: float, spec: LoadSpec):
+        self.session, self.url, self.t0, self.spec = session, url, t0, spec
+        self.texts: dict[float, str] = {}
+        self.start: tuple[float, str] | None = None
+        self.end: tuple[float, str] | None = None
+
+    async def run(self) -> None:
+        if self.url is None:
+            return
+        w0, w1 = self.spec.warmup_s, self.spec.warmup_s + self.spec.duration_s
+        step = max(self.spec.scrape_interval_s, 0.05)
+        times = sorted({*np.arange(0.0, w1, step).round(6).tolist(), w0, w1})
+        for t in times:
+            if self.t0 + t > now():
+                await sleep_until(self.t0 + t)
+            elif t not in (w0, w1):
+                continue  # behind schedule: skip periodic samples, never the window edges
+            text = await client.get_text(self.session, self.url)
+            if text is None:
+                continue
+            at = now() - self.t0
+            self.texts[at] = text
+            if t == w0:
+                self.start = (at, text)
+            if t == w1:
+                self.end = (at, text)
+
+    def window(
+        self, model: str, spec: LoadSpec
+    ) -> tuple[dict[str, Any] | None, dict[str, list[tuple[float, float]]]]:
+        if self.start is None or self.end is None:
+            return None, {}
+        series = promwindow.merge_texts(self.texts, model)
+        start = promwindow.parse(self.start[1], model)
+        end = promwindow.parse(self.end[1], model)
+        server = promwindow.window_stats(start, end, series, (self.start[0], self.end[0]))
+        server["window_s"] = self.end[0] - self.start[0]
+        power = promwindow.gauge_series(series, promwindow.is_power)
+        return server, power
+
+
+async def _tick(progress: ProgressSink | None, live: LiveCounts, t0: float, total_s: float) -> None:
+    while progress is not None:
+        progress.update(min(max(now() - t0, 0.0), total_s), live)
+        await asyncio.sleep(0.25)
+
+
+def _count_in(schedule: np.ndarray, lo: float, hi: float) -> int:
+    return int(np.count_nonzero((schedule >= lo) & (schedule < hi)))
+
+
+def _default_label(spec: LoadSpec) -> str:
+    if spec.closed:
+        return f"closed c={spec.concurrency}"
+    if spec.rate is not None and spec.arrival != "trace":
+        return f"{spec.arrival} {spec.rate:g}/s"
+    return spec.arrival
+
+
+def run_async(coro: Any) -> Any:
+    """Run a coroutine on uvloop when it is installed (lower per-request overhead)."""
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)

@@ -1,10 +1,11 @@
 """Iteration-level (continuous) vs request-level (static, dynamic) batching on one diffusion model.
 
 For each policy a real server process serves the default tiny UNet (WATTSERVE_MODEL=
-tiny_unet); an open-loop Poisson client (aiohttp, this process) sends KServe v2 infer
-requests with random seeds and step counts drawn from ``--steps``, at each of ``--rates``.
-Latency is measured from each request's *intended* send time (no coordinated omission);
-percentiles and means come from an HDR histogram. Output: a table on the terminal, JSON and
+tiny_unet); the project's load generator (``loadgen.runner.run_load``, open-loop Poisson, in
+this process) sends KServe v2 infer requests with random seeds and step counts drawn from
+``--steps``, at each of ``--rates``. Latency runs from each request's *intended* send time
+(no coordinated omission); percentiles come from an HDR histogram; after the window the
+arrivals go on until every measured request is answered (static needs the company). Output: a table on the terminal, JSON and
 a latency-CDF plot under ``--out`` (default results/diffusion_batching/, gitignored).
 
     python -m benchmarks.diffusion_batching --rates 1.5,3,5 --requests 120
@@ -30,10 +31,11 @@ from pathlib import Path
 import aiohttp
 import httpx
 import numpy as np
-from hdrh.histogram import HdrHistogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks._harness import RESULTS, ROOT, free_port
+from loadgen.payloads import PreparedRequest
+from loadgen.runner import LoadSpec, RunResult, Target, run_load
 
 MODEL = "tiny_unet"
 COMMON_ENV = {
@@ -60,7 +62,7 @@ MAX_LAG_MS = 50.0  # a run whose client sent later than this (p99) is marked inv
 class Run:
     policy: str
     rate: float
-    requests: int
+    requests: int  # sent inside the measurement window
     ok: int
     errors: dict[str, int]
     mean_ms: float
@@ -68,8 +70,8 @@ class Run:
     p95_ms: float
     p99_ms: float
     max_ms: float
-    throughput_rps: float
-    achieved_rate_rps: float
+    throughput_rps: float  # answers finished inside the window / window length (loadgen's achieved)
+    achieved_rate_rps: float  # requests sent inside the window / window length (loadgen's offered)
     client_lag_p99_ms: float
     valid: bool
     mean_occupancy: float | None  # state-steps per UNet call over the whole run (server metric)
@@ -94,108 +96,49 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
-async def open_loop(url: str, rate: float, measured: int, warmup: int, steps: list[int], seed: int) -> dict:
-    """Poisson arrivals at ``rate``; the first ``warmup`` are not measured. Arrivals go on
-    after the measured ones until every measured request is answered (static needs the
-    company), then the rest are abandoned (the server cancels them)."""
+def prepared_requests(count: int, steps: list[int], seed: int) -> list[PreparedRequest]:
+    """Distinct requests (random seed, step count drawn from ``steps``), cycled by the loadgen."""
     rng = np.random.default_rng(seed)
-    target = f"{url}/v2/models/{MODEL}/infer"
-    latencies: list[float] = []
-    lags: list[float] = []
-    errors: dict[str, int] = {}
-    pending: set[asyncio.Task] = set()
-    measured_left = measured
-    all_measured = asyncio.Event()
-    first_measured_at: float | None = None
-    last_measured_done = 0.0
+    path = f"/v2/models/{MODEL}/infer"
+    headers = {"Content-Type": "application/json"}
+    return [
+        PreparedRequest(path, infer_body(int(rng.integers(0, 2**31)), int(rng.choice(steps))), headers)
+        for _ in range(count)
+    ]
 
-    async def one(session: aiohttp.ClientSession, intended: float, is_measured: bool, body: bytes) -> None:
-        nonlocal measured_left, last_measured_done
-        lags.append((time.perf_counter() - intended) * 1e3)
-        try:
-            async with session.post(target, data=body, headers={"Content-Type": "application/json"}) as r:
-                await r.read()
-                status = str(r.status)
-        except aiohttp.ClientError as exc:
-            status = type(exc).__name__
-        done = time.perf_counter()
-        if not is_measured:
-            return
-        if status == "200":
-            latencies.append((done - intended) * 1e3)
-        else:
-            errors[status] = errors.get(status, 0) + 1
-        last_measured_done = max(last_measured_done, done)
-        measured_left -= 1
-        if measured_left == 0:
-            all_measured.set()
 
+async def measure(url: str, rate: float, duration_s: float, warmup_s: float, reqs: list[PreparedRequest],
+                  seed: int) -> RunResult:  # fmt: skip
+    """One open-loop Poisson run with the project's load generator (loadgen.runner.run_load)."""
+    target = Target(url, MODEL, "json", reqs, metrics_url=f"{url}/metrics")
+    spec = LoadSpec(arrival="poisson", rate=rate, warmup_s=warmup_s, duration_s=duration_s, seed=seed,
+                    max_lag_ms=MAX_LAG_MS, cooldown_s=120.0, label=f"{rate:g}/s")  # fmt: skip
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=600)
+        connector=connector, timeout=aiohttp.ClientTimeout(total=300)
     ) as session:
-        start = time.perf_counter() + 0.1
-        intended = start
-        i = 0
-        while not all_measured.is_set():
-            intended += float(rng.exponential(1.0 / rate))
-            delay = intended - time.perf_counter()
-            if delay > 0:
-                try:
-                    await asyncio.wait_for(all_measured.wait(), delay)
-                    break
-                except TimeoutError:
-                    pass
-            is_measured = warmup <= i < warmup + measured
-            if is_measured and first_measured_at is None:
-                first_measured_at = intended
-            body = infer_body(int(rng.integers(0, 2**31)), int(rng.choice(steps)))
-            task = asyncio.create_task(one(session, intended, is_measured, body))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
-            i += 1
-        sent = i
-        for task in list(pending):
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-    assert first_measured_at is not None
-    span = last_measured_done - first_measured_at
-    return {
-        "latencies_ms": latencies,
-        "errors": errors,
-        "lags_ms": lags,
-        "span_s": span,
-        "sent": sent,
-        "achieved_rate": sent / max(1e-9, intended - start),
-    }
+        return await run_load(session, target, spec)
 
 
-def summarize(policy: str, rate: float, measured: int, raw: dict, before: dict, after: dict,
-              wall_s: float) -> Run:  # fmt: skip
-    hist = HdrHistogram(1, 600_000_000, 3)  # microseconds, up to 10 minutes
-    for ms in raw["latencies_ms"]:
-        hist.record_value(max(1, int(ms * 1e3)))
-    ok = len(raw["latencies_ms"])
+def summarize(policy: str, rate: float, result: RunResult, before: dict, after: dict, wall_s: float) -> Run:
+    s = result.summary
+    lat = s["latency_ms"]
+    w0, w1 = result.spec.warmup_s, result.spec.warmup_s + result.spec.duration_s
+    latencies = sorted(r.latency_s * 1e3 for r in result.records if r.ok and w0 <= r.intended_s < w1)
     steps = after.get("wattserve_iteration_state_steps_total", 0) - before.get(
         "wattserve_iteration_state_steps_total", 0
     )
     calls = after.get("wattserve_iterations_total", 0) - before.get("wattserve_iterations_total", 0)
-    lag_p99 = float(np.percentile(raw["lags_ms"], 99)) if raw["lags_ms"] else 0.0
-
-    def pct(p: float) -> float:
-        return hist.get_value_at_percentile(p) / 1e3 if ok else float("nan")
-
+    nan = float("nan")
     return Run(
-        policy=policy, rate=rate, requests=measured, ok=ok, errors=raw["errors"],
-        mean_ms=hist.get_mean_value() / 1e3 if ok else float("nan"),
-        p50_ms=pct(50), p95_ms=pct(95), p99_ms=pct(99),
-        max_ms=hist.get_max_value() / 1e3 if ok else float("nan"),
-        throughput_rps=ok / raw["span_s"] if raw["span_s"] > 0 else float("nan"),
-        achieved_rate_rps=raw["achieved_rate"],
-        client_lag_p99_ms=lag_p99, valid=lag_p99 <= MAX_LAG_MS,
+        policy=policy, rate=rate, requests=s["sent"], ok=s["completed"], errors=s["errors_by_status"],
+        mean_ms=lat["mean"] or nan, p50_ms=lat["p50"] or nan, p95_ms=lat["p95"] or nan,
+        p99_ms=lat["p99"] or nan, max_ms=lat["max"] or nan,
+        throughput_rps=s["achieved_rate"], achieved_rate_rps=s["offered_rate"],
+        client_lag_p99_ms=(s["lag_ms"] or {}).get("p99") or 0.0, valid=s["valid"],
         mean_occupancy=steps / calls if calls else None,
         steps_per_s=steps / wall_s if wall_s > 0 else None,
-        latencies_ms=sorted(raw["latencies_ms"]),
+        latencies_ms=latencies,
     )  # fmt: skip
 
 
@@ -300,8 +243,15 @@ def print_table(runs: list[Run]) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rates", default="1.5,3,5", help="Poisson rates, requests/s")
-    parser.add_argument("--requests", type=int, default=120, help="measured requests per run")
-    parser.add_argument("--warmup", type=int, default=10, help="unmeasured requests first")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=120,
+        help="expected measured requests per run (window = requests / rate)",
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=10, help="expected warm-up requests per run (warm-up = warmup / rate)"
+    )
     parser.add_argument("--steps", default="10,20,40", help="step counts, drawn uniformly")
     parser.add_argument("--policies", default="static,dynamic,continuous")
     parser.add_argument("--seed", type=int, default=0)
@@ -319,6 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     policies = args.policies.split(",")
+    reqs = prepared_requests(4096, steps, args.seed)
     runs: list[Run] = []
     with contextlib.ExitStack() as stack:
         # All servers up at once (idle ones cost no CPU), policies interleaved within each
@@ -329,9 +280,10 @@ def main(argv: list[str] | None = None) -> None:
                 url = urls[policy]
                 wait_idle(url)
                 before, t0 = scrape(url), time.monotonic()
-                raw = asyncio.run(open_loop(url, rate, args.requests, args.warmup, steps, args.seed))
+                duration, warmup = args.requests / rate, args.warmup / rate
+                result = asyncio.run(measure(url, rate, duration, warmup, reqs, args.seed))
                 wait_idle(url)
-                run = summarize(policy, rate, args.requests, raw, before, scrape(url), time.monotonic() - t0)
+                run = summarize(policy, rate, result, before, scrape(url), time.monotonic() - t0)
                 runs.append(run)
                 print(f"{policy:>10} @ {rate:g}/s: mean {run.mean_ms:.0f} ms, p95 {run.p95_ms:.0f} ms, "
                       f"{run.throughput_rps:.2f} req/s, errors {run.errors}", flush=True)  # fmt: skip

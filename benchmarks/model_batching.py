@@ -19,6 +19,8 @@ from benchmarks._harness import save, wattserve, wrk
 from engines.torch_engine import TorchVisionEngine
 from server.lifecycle import tune_malloc
 
+ROUNDS = 3  # engine and served figures are each the best of this many rounds
+
 
 def engine_throughput(
     model: str, sizes: list[int], seconds: float, channels_last: bool = True
@@ -32,12 +34,17 @@ def engine_throughput(
         batch = {"input": rng.standard_normal((size, 3, 224, 224), dtype=np.float32)}
         for _ in range(2):
             engine.infer(batch)
-        calls, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds or calls < 3:
-            engine.infer(batch)
-            calls += 1
-        out[size] = calls * size / (time.perf_counter() - t0)
-        print(f"  engine batch {size:>3} (channels_last={channels_last}): {out[size]:8.1f} img/s")
+        rates = []
+        for _ in range(ROUNDS):  # best of short rounds: this machine's neighbours come and go
+            calls, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds / ROUNDS or calls < 2:
+                engine.infer(batch)
+                calls += 1
+            rates.append(calls * size / (time.perf_counter() - t0))
+        out[size] = max(rates)
+        print(
+            f"  engine batch {size:>3} (channels_last={channels_last}): {out[size]:8.1f} img/s (best of {ROUNDS})"
+        )
     engine.close()
     return out
 
@@ -79,7 +86,10 @@ def main() -> None:
             target = f"{url}/v2/models/{args.model}/infer"
             # saturation: twice the max batch in flight so a full batch is always queued
             wrk(target, body, 2 * args.max_batch, 3, headers)
-            result = wrk(target, body, 2 * args.max_batch, args.seconds, headers)
+            rounds = [
+                wrk(target, body, 2 * args.max_batch, args.seconds / ROUNDS, headers) for _ in range(ROUNDS)
+            ]
+            result = max(rounds, key=lambda r: r["rps"])
         result["fraction_of_engine"] = result["rps"] / reference
         served[batcher] = result
         print(

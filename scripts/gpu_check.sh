@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one prepared GPU check (run it in one call on a lent GPU machine):
 # records the environment, then builds/captures every engine, checks outputs against torch
-# and times each per batch size (scripts/gpu_engines_check.py). Results go to $OUT (the
+# and times each per batch size (scripts/gpu_engines_check.py), then measures energy
+# (scripts/gpu_energy_check.py: NVML counter vs integrated power, J/inference, idle power). Results go to $OUT (the
 # device tool's output folder) or results/gpu. Exit codes: 0 all good, 1 an engine
 # disagreed or failed, 2 no CUDA device. Extra arguments go to gpu_engines_check.py, e.g.
 #   scripts/gpu_check.sh --models mobilenet_v2 --precisions fp16
@@ -30,4 +31,10 @@ PYEOF
 PYTHONPATH=. "$PY" scripts/gpu_engines_check.py --out-dir "$OUT_DIR" "$@" 2>&1 | tee "$OUT_DIR/gpu_engines_check.log"
 status=${PIPESTATUS[0]}
 echo "gpu_engines_check exit status: $status" | tee -a "$OUT_DIR/gpu_engines_check.log"
-exit "$status"
+
+# Energy (issue 3): counter vs integrated power, J/inference per batch size, idle power.
+PYTHONPATH=. "$PY" scripts/gpu_energy_check.py --out "$OUT_DIR/gpu_energy.json" 2>&1 | tee "$OUT_DIR/gpu_energy.txt"
+energy_status=${PIPESTATUS[0]}
+echo "gpu_energy_check exit status: $energy_status" | tee -a "$OUT_DIR/gpu_energy.txt"
+[ "$status" -ne 0 ] && exit "$status"
+exit "$energy_status"

@@ -194,6 +194,10 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
         classes = best_classes(logits, name, top_k)
         return json_response({"model_name": name, "top_k": classes}, headers=timing_headers(outcome))
 
+    from server.diffusion_routes import router as diffusion_router  # GET .../generate -> PNG
+
+    app.include_router(diffusion_router)
+
     # ----------------------------------------------------------------- metrics
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

@@ -68,8 +68,12 @@ class ModelRuntime:
         t0 = monotonic()
         sizes = warmup_sizes(min(engine.max_batch_size, self.settings.max_batch_size),
                              getattr(engine, "batch_sizes", None))  # fmt: skip
-        for size in sizes:
-            engine.infer(zeros_batch(engine.inputs, size))
+        warmup = getattr(engine, "warmup", None)  # engines whose zeros are no real request
+        if warmup is not None:
+            warmup(sizes)
+        else:
+            for size in sizes:
+                engine.infer(zeros_batch(engine.inputs, size))
         log.info("warmed batch sizes %s in %.1fs", sizes, monotonic() - t0)
 
     async def drain(self) -> None:
@@ -91,10 +95,15 @@ class ModelRuntime:
 
     # ------------------------------------------------------------------ requests
     def make_item(self, inputs: dict[str, Any], priority: int, timeout_us: int | None) -> WorkItem:
-        """Map Triton-style priority (0 = default) and timeout (µs) onto a work item."""
+        """Map Triton-style priority (0 = default) and timeout (µs) onto a work item.
+
+        Raises ValueError (answered 400) for a bad priority or inputs the engine refuses."""
         s = self.settings
         if priority > s.priority_levels:
             raise ValueError(f"priority {priority} outside 0..{s.priority_levels}")
+        validate = getattr(self.engine, "validate", None)  # model-specific checks (-> 400)
+        if validate is not None:
+            validate(inputs)
         level = priority or s.effective_default_priority
         now = monotonic()
         if timeout_us is not None:

@@ -206,3 +206,14 @@ def test_sigterm_drain_answers_every_running_and_queued_request(reference):
         assert server.proc.wait(60) == 0
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batcher", ["static", "dynamic"])
+def test_bad_steps_are_refused_before_queueing_by_request_level_batchers(batcher):
+    settings = Settings(model=MODEL, batcher=batcher, max_batch_size=2, torch_threads=1,
+                        log_level="warning", warmup=False)  # fmt: skip
+    with live(settings) as url:
+        bad = httpx.post(f"{url}/v2/models/{MODEL}/infer", json=infer_body(1, 5000), timeout=60)
+        assert bad.status_code == 400 and "steps" in bad.json()["error"]
+        assert metric(url, "wattserve_inferences_total") == 0  # never reached a batch

@@ -37,6 +37,7 @@ import torch
 
 from engines.base import EngineError, TensorSpec
 from engines.schedulers import PerSampleScheduler, Schedule, make_scheduler
+from engines.torch_engine import resolve_device
 
 log = logging.getLogger("wattserve.engine.diffusion")
 
@@ -75,16 +76,6 @@ class DiffusionState:
     sample: torch.Tensor  # [1, C, H, W], float32, on the engine's device
     generator: torch.Generator
     index: int = 0  # steps done so far
-
-
-def resolve_device(requested: str) -> torch.device:
-    """'auto' -> the first CUDA device if torch sees one, else the CPU."""
-    if requested == "auto":
-        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    device = torch.device(requested)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise EngineError(f"device {requested!r} asked for, but torch sees no CUDA device")
-    return device
 
 
 def tiny_unet(seed: int = 0) -> torch.nn.Module:

@@ -15,22 +15,11 @@ from typing import Any
 import numpy as np
 import orjson
 
+from engines.base import DATATYPE_TO_NUMPY
+
 PROTOCOLS = ("auto", "binary", "json", "image")
 
-_DTYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
-}
+_DTYPES = DATATYPE_TO_NUMPY  # one table of KServe datatypes for server and client
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp"}
 
 

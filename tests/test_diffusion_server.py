@@ -11,23 +11,18 @@ import asyncio
 import contextlib
 import io
 import signal
-import threading
-import time
 from collections.abc import Iterator
 
 import aiohttp
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from engines.diffusion import DiffusionEngine
-from server.app import create_app
-from server.diffusion_routes import router as png_router
 from server.settings import Settings
 from tests.diffusion_support import quiet_cpu  # noqa: F401  (autouse fixture)
-from tests.servers import ServerProcess, free_port
+from tests.servers import ServerProcess, free_port, threaded_server
 
 TOL = 1e-3  # same seed+steps, alone vs batched (tests/test_diffusion_engine.py)
 MODEL = "tiny_unet"
@@ -61,25 +56,9 @@ def image_of(doc: dict) -> np.ndarray:
 
 @contextlib.contextmanager
 def live(settings: Settings) -> Iterator[str]:
-    """The real app (with the PNG router) under uvicorn in a thread; yields its URL."""
-    app = create_app(settings)
-    if not any(getattr(r, "path", "") == "/v2/models/{name}/generate" for r in app.routes):
-        app.include_router(png_router)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
+    """The real app (PNG route included) under uvicorn in a thread; yields its URL."""
+    with threaded_server(settings) as (url, _app):
+        yield url
 
 
 async def fire(

@@ -16,7 +16,6 @@ import math
 import os
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -25,13 +24,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 import yaml
 
-from server.app import create_app
 from server.settings import Settings
 from telemetry.metrics import needs_energy_hardware
 from tests.prometheus_fixture import prometheus_factory  # noqa: F401 - the fixture
+from tests.servers import threaded_server
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -127,32 +125,10 @@ def test_compose_file_mounts_files_that_exist():
 
 
 # ------------------------------------------------------------------ live check
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def live_wattserve(settings: Settings) -> Iterator[str]:
-    app = create_app(settings)
-    port = _free_port()
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("wattserve did not start")
-        time.sleep(0.01)
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    with threaded_server(settings) as (url, _app):
+        yield url.removeprefix("http://")
 
 
 def _drive_load(url: str, stop: threading.Event, sent: list[int]) -> None:

@@ -29,26 +29,30 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def process(cmd: list[str], env: dict[str, str], ready_url: str, timeout: float = 300) -> Iterator[None]:
+    """Run ``cmd`` until the block ends; its output goes to a log file (a pipe nobody reads
+    would fill up and stall the server), shown if it dies."""
     full_env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{cmd} exited: {proc.stderr.read().decode()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(ready_url, timeout=1).status_code in (200, 405):
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{cmd} not ready after {timeout}s")
-            time.sleep(0.2)
-        yield
-    finally:
-        proc.terminate()
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            deadline = time.monotonic() + timeout
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"{cmd} exited: {log.read().decode(errors='replace')[-2000:]}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(ready_url, timeout=1).status_code in (200, 405):
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{cmd} not ready after {timeout}s")
+                time.sleep(0.2)
+            yield
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 @contextlib.contextmanager

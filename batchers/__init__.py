@@ -1,6 +1,6 @@
 """Interchangeable batching policies behind one contract (see ``batchers.base``)."""
 
-from batchers.base import Batcher, BatcherConfig
+from batchers.base import Batcher, BatcherConfig, RequestBatcher
 from batchers.continuous import ContinuousBatcher
 from batchers.dynamic import DynamicBatcher, DynamicConfig
 from batchers.iteration import IterationBatcher
@@ -26,6 +26,7 @@ __all__ = [
     "DynamicConfig",
     "IterationBatcher",
     "QueueFull",
+    "RequestBatcher",
     "RequestError",
     "Result",
     "StaticBatcher",

@@ -94,7 +94,10 @@ class EngineInstance:
 
 
 class Batcher(ABC):
-    """Base of every policy. Subclasses implement ``form_batch`` (and may override ``run``)."""
+    """Base of every policy: the queue, submit, deadlines, cancel, drain, engine threads.
+
+    Request-level policies derive from ``RequestBatcher``; the iteration-level one
+    (``batchers.iteration``) implements ``run`` itself."""
 
     name: str = "base"
 
@@ -155,25 +158,12 @@ class Batcher(ABC):
                 timer.cancel()
             self.inflight -= 1
 
+    @abstractmethod
     async def run(self) -> None:
-        """The batching loop; started by the server's lifespan, ends after ``drain``."""
-        self._loop = asyncio.get_running_loop()
-        self._stopped = asyncio.Event()
-        self._free = asyncio.Queue()
-        for inst in self.instances:
-            self._free.put_nowait(inst)
-        try:
-            while True:
-                instance = await self._free.get()
-                batch = await self.form_batch()
-                if batch is None:
-                    self._free.put_nowait(instance)
-                    break
-                self._dispatch(instance, batch)
-            if self._tasks:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
-        finally:
-            self._stopped.set()
+        """The batching loop; started by the server's lifespan, ends after ``drain``.
+
+        Must set ``self._loop`` and ``self._stopped`` first and set ``_stopped`` when done.
+        """
 
     async def drain(self, timeout: float | None = None) -> None:
         """Accept no more; finish everything accepted (static flushes its partial batch)."""
@@ -204,15 +194,6 @@ class Batcher(ABC):
     @property
     def queue_depth(self) -> int:
         return len(self.queue)
-
-    # ------------------------------------------------------------------ policy hook
-    @abstractmethod
-    async def form_batch(self) -> list[WorkItem] | None:
-        """Wait until the policy wants to dispatch; return the batch, or None to stop.
-
-        Called only when an engine instance is free. Must return None only when
-        ``self.closing`` is set and the queue is empty.
-        """
 
     # ------------------------------------------------------------------ helpers for policies
     async def wait_for_change(self, timeout: float | None = None) -> None:
@@ -338,6 +319,43 @@ class Batcher(ABC):
             return next(_split(engine.infer(_stack(engine, [item])), 1))
         except Exception as exc:
             return exc
+
+
+class RequestBatcher(Batcher):
+    """Request-level policies: a batch is formed, computed whole, and answered whole.
+
+    Subclasses implement only ``form_batch``; the loop waits for a free engine instance,
+    asks the policy for a batch and hands it to that instance's thread.
+    """
+
+    async def run(self) -> None:
+        """The batching loop; started by the server's lifespan, ends after ``drain``."""
+        self._loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
+        self._free = asyncio.Queue()
+        for inst in self.instances:
+            self._free.put_nowait(inst)
+        try:
+            while True:
+                instance = await self._free.get()
+                batch = await self.form_batch()
+                if batch is None:
+                    self._free.put_nowait(instance)
+                    break
+                self._dispatch(instance, batch)
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+        finally:
+            self._stopped.set()
+
+    # ------------------------------------------------------------------ policy hook
+    @abstractmethod
+    async def form_batch(self) -> list[WorkItem] | None:
+        """Wait until the policy wants to dispatch; return the batch, or None to stop.
+
+        Called only when an engine instance is free. Must return None only when
+        ``self.closing`` is set and the queue is empty.
+        """
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -7,11 +7,11 @@ No timer: a batch is as large as the queue that built up while the previous batc
 
 from __future__ import annotations
 
-from batchers.base import Batcher
+from batchers.base import RequestBatcher
 from batchers.types import WorkItem
 
 
-class ContinuousBatcher(Batcher):
+class ContinuousBatcher(RequestBatcher):
     name = "continuous"
 
     async def form_batch(self) -> list[WorkItem] | None:

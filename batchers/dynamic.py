@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from time import monotonic
 
-from batchers.base import Batcher, BatcherConfig
+from batchers.base import BatcherConfig, RequestBatcher
 from batchers.types import WorkItem
 
 
@@ -27,7 +27,7 @@ class DynamicConfig(BatcherConfig):
     allowed_sizes: Sequence[int] | None = None
 
 
-class DynamicBatcher(Batcher):
+class DynamicBatcher(RequestBatcher):
     name = "dynamic"
     config: DynamicConfig
 

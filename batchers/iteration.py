@@ -118,9 +118,6 @@ class IterationBatcher(Batcher):
         finally:
             self._stopped.set()
 
-    async def form_batch(self) -> list[WorkItem] | None:  # pragma: no cover - not used
-        raise NotImplementedError("IterationBatcher re-forms its batch every iteration in run()")
-
     @property
     def running_count(self) -> int:
         return sum(len(s.running) + len(s.admitting) for s in self._slots)

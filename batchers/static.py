@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from batchers.base import Batcher
+from batchers.base import RequestBatcher
 from batchers.types import WorkItem
 
 
-class StaticBatcher(Batcher):
+class StaticBatcher(RequestBatcher):
     """A lone request waits for N-1 others (that is the policy being measured); its own
     deadline still bounds the wait."""
 

@@ -121,9 +121,7 @@ class Batcher(ABC):
         self.queue = PriorityFifo(config.priority_levels)
         self.closing = False
         self.inflight = 0
-        self._free: asyncio.Queue[EngineInstance] | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         self._stopped: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -238,6 +236,70 @@ class Batcher(ABC):
         if item.future is not None and not item.future.done():
             item.future.set_exception(exc)
 
+    def run_batch(self, engine: Engine, items: Sequence[WorkItem]) -> BatchOutcome:
+        """Worker thread: stack, run, split. On failure retry items one by one, so one
+        bad request fails alone rather than taking its neighbours with it."""
+        meter = self.energy_meter
+        started = monotonic()
+        mark = meter.begin() if meter is not None else None
+        per_item: list[dict[str, np.ndarray] | BaseException]
+        energy = None
+        try:
+            try:
+                per_item = list(_split(engine.infer(_stack(engine, items)), len(items)))
+            except Exception as exc:
+                if len(items) == 1:
+                    per_item = [exc]
+                else:
+                    log.warning("batch of %d failed (%s); retrying items one by one", len(items), exc)
+                    per_item = [self._run_alone(engine, item) for item in items]
+        finally:  # keep the meter's busy/idle books balanced whatever happened
+            if meter is not None:
+                energy = meter.end(mark)
+        finished = monotonic()
+        padded = padded_size(len(items), getattr(engine, "batch_sizes", None)) - len(items)
+        return BatchOutcome(per_item, started, finished, energy, padded)
+
+    @staticmethod
+    def _run_alone(engine: Engine, item: WorkItem) -> dict[str, np.ndarray] | BaseException:
+        try:
+            return next(_split(engine.infer(_stack(engine, [item])), 1))
+        except Exception as exc:
+            return exc
+
+
+class RequestBatcher(Batcher):
+    """Request-level policies: a batch is formed, computed whole, and answered whole.
+
+    Subclasses implement only ``form_batch``; the loop waits for a free engine instance,
+    asks the policy for a batch and hands it to that instance's thread.
+    """
+
+    def __init__(self, engines: Sequence[Engine], config: BatcherConfig, **hooks: Any) -> None:
+        super().__init__(engines, config, **hooks)
+        self._free: asyncio.Queue[EngineInstance] | None = None  # idle engine instances
+        self._tasks: set[asyncio.Task[None]] = set()  # batches in flight
+
+    async def run(self) -> None:
+        """The batching loop; started by the server's lifespan, ends after ``drain``."""
+        self._loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
+        self._free = asyncio.Queue()
+        for inst in self.instances:
+            self._free.put_nowait(inst)
+        try:
+            while True:
+                instance = await self._free.get()
+                batch = await self.form_batch()
+                if batch is None:
+                    self._free.put_nowait(instance)
+                    break
+                self._dispatch(instance, batch)
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+        finally:
+            self._stopped.set()
+
     def _dispatch(self, instance: EngineInstance, batch: list[WorkItem]) -> None:
         task = asyncio.create_task(self._execute(instance, batch))
         self._tasks.add(task)
@@ -288,65 +350,6 @@ class Batcher(ABC):
                     energy_j=share,
                 )
             )
-
-    def run_batch(self, engine: Engine, items: Sequence[WorkItem]) -> BatchOutcome:
-        """Worker thread: stack, run, split. On failure retry items one by one, so one
-        bad request fails alone rather than taking its neighbours with it."""
-        meter = self.energy_meter
-        started = monotonic()
-        mark = meter.begin() if meter is not None else None
-        per_item: list[dict[str, np.ndarray] | BaseException]
-        energy = None
-        try:
-            try:
-                per_item = list(_split(engine.infer(_stack(engine, items)), len(items)))
-            except Exception as exc:
-                if len(items) == 1:
-                    per_item = [exc]
-                else:
-                    log.warning("batch of %d failed (%s); retrying items one by one", len(items), exc)
-                    per_item = [self._run_alone(engine, item) for item in items]
-        finally:  # keep the meter's busy/idle books balanced whatever happened
-            if meter is not None:
-                energy = meter.end(mark)
-        finished = monotonic()
-        padded = padded_size(len(items), getattr(engine, "batch_sizes", None)) - len(items)
-        return BatchOutcome(per_item, started, finished, energy, padded)
-
-    @staticmethod
-    def _run_alone(engine: Engine, item: WorkItem) -> dict[str, np.ndarray] | BaseException:
-        try:
-            return next(_split(engine.infer(_stack(engine, [item])), 1))
-        except Exception as exc:
-            return exc
-
-
-class RequestBatcher(Batcher):
-    """Request-level policies: a batch is formed, computed whole, and answered whole.
-
-    Subclasses implement only ``form_batch``; the loop waits for a free engine instance,
-    asks the policy for a batch and hands it to that instance's thread.
-    """
-
-    async def run(self) -> None:
-        """The batching loop; started by the server's lifespan, ends after ``drain``."""
-        self._loop = asyncio.get_running_loop()
-        self._stopped = asyncio.Event()
-        self._free = asyncio.Queue()
-        for inst in self.instances:
-            self._free.put_nowait(inst)
-        try:
-            while True:
-                instance = await self._free.get()
-                batch = await self.form_batch()
-                if batch is None:
-                    self._free.put_nowait(instance)
-                    break
-                self._dispatch(instance, batch)
-            if self._tasks:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
-        finally:
-            self._stopped.set()
 
     # ------------------------------------------------------------------ policy hook
     @abstractmethod

@@ -53,15 +53,18 @@ def threaded_server(settings: Settings, engine_factory=None) -> Iterator[tuple[s
 
 
 class ServerProcess:
-    def __init__(self, env: dict[str, str], port: int) -> None:
+    """``python -m server serve`` from ``root`` (default: this checkout; another checkout
+    lets a benchmark compare an older version with the same client)."""
+
+    def __init__(self, env: dict[str, str], port: int, root: Path = ROOT) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         full_env = {**os.environ, **env, "WATTSERVE_PORT": str(port), "PYTHONUNBUFFERED": "1"}
-        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"wattserve-test-{port}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server", "serve"], env=full_env, cwd=ROOT,
+            [sys.executable, "-m", "server", "serve"], env=full_env, cwd=root,
             stdout=self._log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 

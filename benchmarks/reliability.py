@@ -1,0 +1,567 @@
+"""Hostile-but-realistic traffic against real wattserve servers on loopback (issue 9).
+
+    python -m benchmarks.reliability [--quick] [--probe NAME ...] [--repo PATH] [--label L]
+                                     [--soak-seconds S] [--json OUT]
+
+Each probe starts its own server exactly as a user would (``python -m server serve`` with
+WATTSERVE_* env; ``--repo`` serves another checkout, e.g. an older main, with the same
+client), misbehaves in one way, prints a table and adds a row to
+``results/reliability-<label>.json``. Probes: overload_identity, overload_mobilenet,
+slowloris, idle_connections, odd_bodies, disconnect_storm, fuzz_json, drain, soak.
+Every loop is bounded in count and time; traffic stays on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import http.client
+import io
+import json
+import resource
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks import _hostile_clients as hc
+from benchmarks._harness import save
+from benchmarks.fuzz_bodies import IDENTITY, MOBILENET_V2, ModelShape, fuzz_cases, valid_data_json
+from tests.servers import ROOT, ServerProcess, free_port
+
+console = Console(width=160)
+HOST = "127.0.0.1"
+JSON = {"Content-Type": "application/json"}
+
+# identity with a compute time, so it has a capacity: batches of 2 every 20 ms ~ 100/s
+IDENTITY_ENV = {"WATTSERVE_MODEL": "identity", "WATTSERVE_IDENTITY_DELAY_MS": "20",
+                "WATTSERVE_MAX_BATCH_SIZE": "2", "WATTSERVE_MAX_QUEUE_DELAY_MS": "0"}  # fmt: skip
+MOBILENET_ENV = {"WATTSERVE_MODEL": "mobilenet_v2"}  # defaults otherwise, as a user starts it
+COMMON_ENV = {"WATTSERVE_TELEMETRY": "false", "WATTSERVE_DEVICE": "cpu", "WATTSERVE_LOG_LEVEL": "info"}
+
+
+class Run:
+    """What every probe needs: the options, and a way to start a server."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.quick: bool = args.quick
+        self.repo: Path = Path(args.repo).resolve()
+        self.soak_seconds: float = args.soak_seconds or (30.0 if args.quick else 300.0)
+
+    @contextlib.contextmanager
+    def server(self, env: dict[str, str], nofile_soft: int | None = None) -> Iterator[ServerProcess]:
+        """A server from ``--repo``. ``nofile_soft``: the open-file soft limit it starts with
+        (a common distribution default is 1024; this shell may have raised its own)."""
+        old = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if nofile_soft is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(nofile_soft, old[1]), old[1]))
+        try:
+            proc = ServerProcess({**COMMON_ENV, **env}, free_port(), root=self.repo)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, old)
+        try:
+            proc.wait_ready(timeout=300)
+            yield proc
+        finally:
+            proc.stop()
+
+
+def infer_url(proc: ServerProcess, model: str) -> str:
+    return f"{proc.url}/v2/models/{model}/infer"
+
+
+def body_for(model: ModelShape) -> bytes:
+    return (
+        b'{"inputs":[{"name":"%s","shape":[1,%s],"datatype":"FP32","data":%s}]}'
+        % (model.input_name.encode(), ",".join(map(str, model.item_shape)).encode(),
+           valid_data_json(model).encode())
+    )  # fmt: skip
+
+
+async def latency_ms(url: str, body: bytes, n: int = 5) -> dict[str, Any]:
+    """A normal client's experience: median latency of ``n`` requests one after another."""
+    async with hc.session() as client:
+        outcomes = [await hc.send(client, url, body, JSON, 30.0, 0.0) for _ in range(n)]
+    ok = [o.latency_s * 1e3 for o in outcomes if o.status == 200]
+    return {"ok": len(ok), "of": n, "median_ms": round(statistics.median(ok), 1) if ok else None}
+
+
+# ----------------------------------------------------------------------------- overload
+def overload(run: Run, model: str) -> dict[str, Any]:
+    shape, env = (IDENTITY, IDENTITY_ENV) if model == "identity" else (MOBILENET_V2, MOBILENET_ENV)
+    body = body_for(shape)
+    seconds = 15.0 if run.quick else 40.0
+    with run.server(env) as proc:
+        url = infer_url(proc, model)
+        baseline = asyncio.run(latency_ms(url, body))
+        capacity = asyncio.run(hc.closed_loop_rate(url, body, JSON, concurrency=16,
+                                                   seconds=5.0 if run.quick else 10.0))  # fmt: skip
+        rate = 3 * capacity
+        sampler = hc.RssSampler(proc.proc.pid)
+        rss_before = sampler.now_mb()
+        with sampler:
+            outcomes = asyncio.run(hc.open_loop(url, body, JSON, rate, seconds))
+            recovery = asyncio.run(latency_ms(url, body))
+            time.sleep(10)
+            rss_after = sampler.now_mb()
+        row = {
+            "model": model, "body": f"JSON {len(body)} B", "capacity_rps": round(capacity, 1),
+            "rate_rps": round(rate, 1), "seconds": seconds, **hc.summarize(outcomes),
+            "rss_before_mb": round(rss_before), "rss_peak_mb": round(sampler.peak_mb),
+            "rss_after_10s_mb": round(rss_after), "baseline_median_ms": baseline["median_ms"],
+            "recovery_median_ms": recovery["median_ms"], "recovery_ok": f"{recovery['ok']}/{recovery['of']}",
+            **hc.log_counts(proc.log()),
+        }  # fmt: skip
+    return row
+
+
+def probe_overload_identity(run: Run) -> dict[str, Any]:
+    """3x measured capacity, open loop, identity with a 20 ms compute time."""
+    return overload(run, "identity")
+
+
+def probe_overload_mobilenet(run: Run) -> dict[str, Any]:
+    """3x measured capacity, open loop, mobilenet_v2 (CPU) with ~0.9 MB JSON bodies."""
+    return overload(run, "mobilenet_v2")
+
+
+# ----------------------------------------------------------------------------- slow and idle
+def probe_slowloris(run: Run) -> dict[str, Any]:
+    """Connections that send a request header one byte a second, never finishing it."""
+    count, seconds = 64, 20.0 if run.quick else 40.0
+
+    async def slow_client(started: float) -> float | None:
+        """Seconds until the server hung up; None if it was still listening at the end."""
+        try:
+            reader, writer = await asyncio.open_connection(HOST, proc.port)
+        except OSError:
+            return 0.0
+        head = b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\n"
+        writer.write(head)
+        try:
+            while time.monotonic() - started < seconds:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    if await asyncio.wait_for(reader.read(1024), 1.0) == b"":
+                        return time.monotonic() - started
+                    return time.monotonic() - started  # answered (e.g. 408) counts as hung up
+                writer.write(b"X")
+                await writer.drain()
+            return None
+        except (ConnectionError, OSError):
+            return time.monotonic() - started
+        finally:
+            writer.close()
+
+    async def scenario() -> tuple[list[float | None], dict[str, Any]]:
+        started = time.monotonic()
+        clients = asyncio.gather(*(slow_client(started) for _ in range(count)))
+        await asyncio.sleep(min(5.0, seconds / 2))
+        normal = await latency_ms(infer_url(proc, "identity"), body_for(IDENTITY))
+        return await clients, normal
+
+    with run.server(IDENTITY_ENV) as proc:
+        closed, normal = asyncio.run(scenario())
+    times = [t for t in closed if t is not None]
+    return {
+        "connections": count, "seconds": seconds, "closed_by_server": len(times),
+        "median_close_s": round(statistics.median(times), 1) if times else None,
+        "normal_request_ok": f"{normal['ok']}/{normal['of']}", "normal_median_ms": normal["median_ms"],
+    }  # fmt: skip
+
+
+def probe_idle_connections(run: Run) -> dict[str, Any]:
+    """1,100 connections that send nothing, against a server started with the common
+    1,024 open-file soft limit: does a normal request still get through, and when does the
+    server close the idle ones?"""
+    count, watch_s = 1100, 20.0 if run.quick else 60.0
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this client needs >1,100 itself
+
+    async def scenario() -> dict[str, Any]:
+        async with hc.idle_connections(HOST, proc.port, count) as readers:
+            await asyncio.sleep(1.0)
+            async with hc.session() as client:
+                outcome = await hc.send(client, infer_url(proc, "identity"), body_for(IDENTITY), JSON,
+                                        10.0, 0.0)  # fmt: skip
+            closed = await hc.time_to_close(readers, watch_s)
+        times = [t for t in closed if t is not None]
+        return {
+            "opened": len(readers),
+            "normal_request": outcome.status or outcome.error,
+            "normal_latency_ms": round(outcome.latency_s * 1e3, 1),
+            "closed_by_server_within_s": watch_s,
+            "closed": len(times),
+            "median_close_s": round(statistics.median(times), 1) if times else None,
+        }
+
+    try:
+        with run.server(IDENTITY_ENV, nofile_soft=1024) as proc:
+            row = asyncio.run(scenario())
+            after = asyncio.run(latency_ms(infer_url(proc, "identity"), body_for(IDENTITY), 3))
+            row["normal_after_ok"] = f"{after['ok']}/{after['of']}"
+            log = proc.log()
+            row["log_mentions_limit"] = sum(
+                w in log.lower() for w in ("too many open files", "limit", "connections")
+            )
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return row
+
+
+# ----------------------------------------------------------------------------- odd bodies
+LIMIT = 8 * 2**20  # body limit the odd-bodies server runs with
+
+
+def bomb_png(side: int = 8000) -> bytes:
+    """A small PNG that decodes to side x side RGB (192 MB at 8000)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (side, side)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def multipart(
+    data_pieces: Callable[[], Iterator[bytes]], boundary: bytes = b"wattserveboundary"
+) -> Iterator[bytes]:
+    yield (b"--%s\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x.png\"\r\n"
+           b"Content-Type: image/png\r\n\r\n" % boundary)  # fmt: skip
+    yield from data_pieces()
+    yield b"\r\n--%s--\r\n" % boundary
+
+
+def head(path: str, headers: dict[str, str]) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def probe_odd_bodies(run: Run) -> dict[str, Any]:
+    """Bodies over the limit (declared, chunked, chunked multipart), deep nesting, one huge
+    header, a decompression-bomb PNG: the status each gets and what it costs in RSS."""
+    block = b"7" * 65536
+    png = bomb_png()
+    infer, classify = "/v2/models/mobilenet_v2/infer", "/v2/models/mobilenet_v2/classify"
+    over = 3 * LIMIT
+    nested = b'{"inputs":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    cases: list[tuple[str, bytes, Callable[[], Any]]] = [
+        ("declared over limit", head(infer, {**JSON, "Content-Length": str(over)}),
+         lambda: hc.repeated(block, over)),
+        ("chunked over limit", head(infer, {**JSON, "Transfer-Encoding": "chunked"}),
+         lambda: hc.chunked(hc.repeated(block, over))),
+        ("chunked multipart over limit", head(classify, {
+            "Content-Type": "multipart/form-data; boundary=wattserveboundary", "Transfer-Encoding": "chunked"}),
+         lambda: hc.chunked(multipart(lambda: hc.repeated(block, over)))),
+        ("deep nesting 100k", head(infer, {**JSON, "Content-Length": str(len(nested))}), lambda: [nested]),
+    ]  # fmt: skip
+    for mb in (1, 16, 100):
+        big = "a" * (mb * 2**20)
+        cases.append((f"header of {mb} MB", head("/v2/health/live", {"X-Big": big}).replace(b"POST", b"GET", 1),
+                      lambda: []))  # fmt: skip
+    png_body = b"".join(multipart(lambda: iter([png])))
+    cases.append((f"PNG bomb 8000x8000 ({len(png) // 1024} KB), raw body",
+                  head(classify, {"Content-Type": "image/png", "Content-Length": str(len(png))}), lambda: [png]))  # fmt: skip
+    cases.append(("PNG bomb, multipart",
+                  head(classify, {"Content-Type": "multipart/form-data; boundary=wattserveboundary",
+                                  "Content-Length": str(len(png_body))}), lambda: [png_body]))  # fmt: skip
+    rows = []
+    with run.server({**MOBILENET_ENV, "WATTSERVE_MAX_BODY_BYTES": str(LIMIT)}) as proc:
+        sampler = hc.RssSampler(proc.proc.pid, 0.05)
+        for name, request_head, pieces in cases:
+            before = sampler.now_mb()
+            with hc.RssSampler(proc.proc.pid, 0.05) as watch:
+                answer = asyncio.run(hc.raw_request(HOST, proc.port, request_head, pieces(), 60.0))
+            rows.append({
+                "case": name, "status": answer.status or answer.error,
+                "sent_mb": round(answer.bytes_sent / 2**20, 1), "seconds": round(answer.elapsed_s, 2),
+                "rss_peak_delta_mb": round(watch.peak_mb - before),
+                "rss_kept_mb": round(sampler.now_mb() - before),
+            })  # fmt: skip
+        # two bombs at once
+        before = sampler.now_mb()
+        with hc.RssSampler(proc.proc.pid, 0.05) as watch:
+            answers = asyncio.run(_together(
+                [hc.raw_request(HOST, proc.port, cases[-2][1], [png], 120.0) for _ in range(2)]))  # fmt: skip
+        rows.append({"case": "2 PNG bombs at once", "status": ",".join(str(a.status or a.error) for a in answers),
+                     "sent_mb": round(sum(a.bytes_sent for a in answers) / 2**20, 1),
+                     "seconds": round(max(a.elapsed_s for a in answers), 2),
+                     "rss_peak_delta_mb": round(watch.peak_mb - before),
+                     "rss_kept_mb": round(sampler.now_mb() - before)})  # fmt: skip
+        alive = asyncio.run(latency_ms(infer_url(proc, "mobilenet_v2"), body_for(MOBILENET_V2), 2))
+        logs = hc.log_counts(proc.log())
+    return {"limit_bytes": LIMIT, "cases": rows, "normal_after_ok": f"{alive['ok']}/{alive['of']}", **logs}
+
+
+async def _together(coroutines: list) -> list:
+    return list(await asyncio.gather(*coroutines))
+
+
+# ----------------------------------------------------------------------------- disconnect storm
+def probe_disconnect_storm(run: Run) -> dict[str, Any]:
+    """Clients that send a whole request and hang up at once, and clients that leave in the
+    middle of an upload: how much compute is avoided, and does the log flood?"""
+    full, mid = (200, 100) if run.quick else (600, 300)
+    body = body_for(IDENTITY)
+    env = {**IDENTITY_ENV, "WATTSERVE_IDENTITY_DELAY_MS": "50"}  # ~40/s: the storm queues
+
+    async def hang_up_after(request_head: bytes, pieces: list[bytes]) -> None:
+        with contextlib.suppress(OSError, asyncio.TimeoutError):
+            _, writer = await asyncio.wait_for(asyncio.open_connection(HOST, proc.port), 5)
+            for piece in (request_head, *pieces):
+                writer.write(piece)
+            await writer.drain()
+            writer.close()
+
+    async def storm() -> None:
+        path = "/v2/models/identity/infer"
+        whole = head(path, {**JSON, "Content-Length": str(len(body))})
+        partial = head(path, {**JSON, "Content-Length": str(2**20)})
+        await asyncio.gather(*(hang_up_after(whole, [body]) for _ in range(full)),
+                             *(hang_up_after(partial, [b"[" * 65536]) for _ in range(mid)))  # fmt: skip
+
+    with run.server(env) as proc:
+        before = asyncio.run(hc.scrape(proc.url))
+        asyncio.run(storm())
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until the queue is empty and counters settle
+            time.sleep(1.0)
+            after = asyncio.run(hc.scrape(proc.url))
+            if (
+                after.get("wattserve_queue_depth", 0) == 0
+                and after.get("wattserve_inflight_requests", 0) == 0
+            ):
+                break
+        time.sleep(1.0)
+        after = asyncio.run(hc.scrape(proc.url))
+        alive = asyncio.run(latency_ms(infer_url(proc, "identity"), body, 3))
+        logs = hc.log_counts(proc.log())
+
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    outcomes = {k.split("outcome=")[1].rstrip("}"): int(delta(k)) for k in after
+                if k.startswith("wattserve_requests_total{") and delta(k)}  # fmt: skip
+    computed = int(delta("wattserve_inferences_total"))
+    return {
+        "hung_up_after_request": full, "left_mid_upload": mid, "outcomes": outcomes,
+        "computed": computed, "compute_avoided": full - computed,
+        "batches": int(delta("wattserve_batch_executions_total")),
+        "normal_after_ok": f"{alive['ok']}/{alive['of']}", **logs,
+    }  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- JSON fuzz
+def probe_fuzz_json(run: Run) -> dict[str, Any]:
+    """Hypothesis-mutated KServe v2 bodies (benchmarks/fuzz_bodies.py) on one keep-alive
+    connection: answers by status class, 5xx, non-JSON errors, connections dropped."""
+    rows = []
+    plan = [("identity", IDENTITY, IDENTITY_ENV, 3000),
+            ("mobilenet_v2", MOBILENET_V2, MOBILENET_ENV, 300 if run.quick else 3000)]  # fmt: skip
+    for model, shape, env, examples in plan:
+        with run.server({**env, "WATTSERVE_IDENTITY_DELAY_MS": "0"}) as proc:
+            rows.append(_fuzz_one(proc, model, shape, examples))
+            rows[-1].update(hc.log_counts(proc.log()))
+    return {"models": rows}
+
+
+def _fuzz_one(proc: ServerProcess, model: str, shape: ModelShape, examples: int) -> dict[str, Any]:
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    counts: dict[str, int] = {}
+    failures: list[dict[str, Any]] = []
+    dropped = 0
+    conn = http.client.HTTPConnection(HOST, proc.port, timeout=60)
+    path = f"/v2/models/{model}/infer"
+
+    def exchange(case) -> tuple[int, str, str]:
+        conn.request("POST", path, body=case.body, headers=case.headers)
+        response = conn.getresponse()
+        response.read()
+        return response.status, response.getheader("content-type", ""), response.getheader("connection", "")
+
+    @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @given(case=fuzz_cases(shape, valid_data_json(shape)))
+    def one(case) -> None:
+        nonlocal dropped
+        try:
+            status, media, connection = exchange(case)
+        except (ConnectionError, http.client.HTTPException, OSError):
+            dropped += 1  # the server closed the kept-alive connection without saying so
+            conn.close()
+            status, media, connection = exchange(case)
+        key = f"{status // 100}xx"
+        counts[key] = counts.get(key, 0) + 1
+        if status >= 500 or (status >= 400 and not media.startswith("application/json")):
+            if len(failures) < 20:
+                failures.append({"status": status, "content_type": media, "connection": connection,
+                                 "case": case.describe()})  # fmt: skip
+            counts["5xx_or_non_json"] = counts.get("5xx_or_non_json", 0) + 1
+        if connection.lower() == "close":
+            conn.close()
+
+    try:
+        one()
+    finally:
+        conn.close()
+    return {"model": model, "bodies": examples, **counts, "5xx": counts.get("5xx", 0),
+            "connection_dropped_silently": dropped, "examples": failures}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- drain
+def probe_drain(run: Run) -> dict[str, Any]:
+    """SIGTERM while an open-loop load runs: every request the server accepted must get an
+    answer (200, or 503 while draining); refusals to connect after it closed its listener
+    are fine, an accepted request left with no answer (reset, timeout) is lost."""
+    seconds, signal_at = (8.0, 3.0) if run.quick else (20.0, 8.0)
+    rate = 80.0
+    with run.server(IDENTITY_ENV) as proc:
+        sent_signal: list[float] = []
+
+        def maybe_signal(elapsed: float) -> None:
+            if not sent_signal and elapsed >= signal_at:
+                proc.proc.send_signal(signal.SIGTERM)
+                sent_signal.append(elapsed)
+
+        outcomes = asyncio.run(hc.open_loop(infer_url(proc, "identity"), body_for(IDENTITY), JSON, rate,
+                                            seconds, timeout_s=60.0, during=maybe_signal))  # fmt: skip
+        exit_code = proc.proc.wait(90)
+        logs = hc.log_counts(proc.log())
+    lost = [o for o in outcomes if o.status is None and o.error != "refused"]
+    return {
+        "rate_rps": rate, "seconds": seconds, "sigterm_at_s": signal_at, **hc.summarize(outcomes),
+        "refused_connect": sum(o.error == "refused" for o in outcomes),
+        "lost": len(lost), "lost_by": _count(o.error for o in lost),
+        "lost_sent_before_sigterm": sum(o.sent_at < signal_at for o in lost), "exit_code": exit_code, **logs,
+    }  # fmt: skip
+
+
+def _count(values) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        out[str(v)] = out.get(str(v), 0) + 1
+    return out
+
+
+# ----------------------------------------------------------------------------- soak
+def probe_soak(run: Run) -> dict[str, Any]:
+    """A moderate open-loop rate (half of identity's ~100/s) for --soak-seconds: RSS and p99
+    per window (a minute; a tenth of the run in --quick), and any answer that went missing."""
+    seconds = run.soak_seconds
+    window = 60.0 if seconds >= 180 else max(5.0, seconds / 3)
+    rate = 50.0
+    with run.server(IDENTITY_ENV) as proc:
+        sampler = hc.RssSampler(proc.proc.pid)
+        rss: list[tuple[float, float]] = []
+
+        async def load() -> list[hc.Outcome]:
+            async def watch() -> None:
+                start = time.monotonic()
+                while time.monotonic() - start < seconds + 1:
+                    rss.append((time.monotonic() - start, sampler.now_mb()))
+                    await asyncio.sleep(1.0)
+
+            watcher = asyncio.create_task(watch())
+            outcomes = await hc.open_loop(
+                infer_url(proc, "identity"), body_for(IDENTITY), JSON, rate, seconds
+            )
+            watcher.cancel()
+            return outcomes
+
+        outcomes = asyncio.run(load())
+        logs = hc.log_counts(proc.log())
+    windows = []
+    for i in range(int(np.ceil(seconds / window))):
+        lo, hi = i * window, (i + 1) * window
+        part = [o for o in outcomes if lo <= o.sent_at < hi]
+        summary = hc.summarize(part)
+        in_window = [m for t, m in rss if lo <= t < hi] or [float("nan")]
+        windows.append({"from_s": lo, "sent": summary["sent"], "ok": summary["ok"],
+                        "no_answer": summary["no_answer"], "p99_ms": summary["p99_ms"],
+                        "rss_mb": round(max(in_window))})  # fmt: skip
+    return {"rate_rps": rate, "seconds": seconds, "window_s": window, **hc.summarize(outcomes),
+            "windows": windows, **logs}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- driver
+PROBES: dict[str, Callable[[Run], dict[str, Any]]] = {
+    "overload_identity": probe_overload_identity,
+    "overload_mobilenet": probe_overload_mobilenet,
+    "slowloris": probe_slowloris,
+    "idle_connections": probe_idle_connections,
+    "odd_bodies": probe_odd_bodies,
+    "disconnect_storm": probe_disconnect_storm,
+    "fuzz_json": probe_fuzz_json,
+    "drain": probe_drain,
+    "soak": probe_soak,
+}
+
+
+def show(name: str, result: dict[str, Any]) -> None:
+    """One table per probe: scalars as a two-column table, lists of rows as a grid."""
+    nested = {k: v for k, v in result.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
+    table = Table(title=name)
+    table.add_column("measure")
+    table.add_column("value")
+    for key, value in result.items():
+        if key not in nested:
+            table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
+    console.print(table)
+    for key, rows in nested.items():
+        grid = Table(title=f"{name}: {key}")
+        columns = [c for c in rows[0] if c != "examples"]
+        for column in columns:
+            grid.add_column(column)
+        for row in rows:
+            grid.add_row(*(str(row.get(c)) for c in columns))
+        console.print(grid)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.reliability", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument(
+        "--quick", action="store_true", help="shorter loads, 30 s soak, fewer mobilenet fuzz bodies"
+    )
+    parser.add_argument("--probe", nargs="+", choices=sorted(PROBES), help="run only these probes")
+    parser.add_argument(
+        "--repo", default=str(ROOT), help="checkout whose server to start (default: this one)"
+    )
+    parser.add_argument(
+        "--label", default=None, help="results/reliability-<label>.json (default: the repo's name)"
+    )
+    parser.add_argument(
+        "--soak-seconds", type=float, default=None, help="soak length (default 300; --quick 30)"
+    )
+    parser.add_argument("--json", default=None, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    run = Run(args)
+    label = args.label or run.repo.name
+    doc: dict[str, Any] = {"repo": str(run.repo), "quick": run.quick, "started": time.strftime("%FT%TZ", time.gmtime()),
+                           "probes": {}}  # fmt: skip
+    for name in args.probe or list(PROBES):
+        console.rule(f"{name} ({label})")
+        start = time.monotonic()
+        try:
+            result = PROBES[name](run)
+        except Exception as exc:  # a probe that cannot finish is a finding too; go on
+            result = {"failed": f"{type(exc).__name__}: {exc}"[:2000]}
+        result["probe_seconds"] = round(time.monotonic() - start, 1)
+        doc["probes"][name] = result
+        show(name, result)
+        path = save(f"reliability-{label}", doc)  # after every probe: a partial run still counts
+    console.print(f"saved {path}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -524,6 +524,75 @@ def show(name: str, result: dict[str, Any]) -> None:
         console.print(grid)
 
 
+def key_figures(doc: dict[str, Any]) -> dict[tuple[str, str], str]:
+    """The figures docs/reliability.md compares, as {(probe, measure): text}."""
+    out: dict[tuple[str, str], str] = {}
+    probes = doc.get("probes", {})
+
+    def put(probe: str, measure: str, value: Any) -> None:
+        out[(probe, measure)] = "-" if value is None else str(value)
+
+    for name in ("overload_identity", "overload_mobilenet"):
+        r = probes.get(name)
+        if not r or "failed" in r:
+            continue
+        put(name, "capacity -> offered (req/s)", f"{r['capacity_rps']} -> {r['rate_rps']}")
+        put(name, "200 / 503 / other", f"{r['ok']} / {r['503']} / {r['sent'] - r['ok'] - r['503']}")
+        put(name, "503 without Retry-After", r["503_without_retry_after"])
+        put(name, "admitted p50 / p99 (ms)", f"{r['p50_ms']} / {r['p99_ms']}")
+        put(name, "RSS before / peak / +10 s (MB)",
+            f"{r['rss_before_mb']} / {r['rss_peak_mb']} / {r['rss_after_10s_mb']}")  # fmt: skip
+        put(
+            name,
+            "normal request before / after (ms)",
+            f"{r['baseline_median_ms']} / {r['recovery_median_ms']}",
+        )
+    if (r := probes.get("slowloris")) and "failed" not in r:
+        put("slowloris", f"of {r['connections']} slow connections, closed by server (median s)",
+            f"{r['closed_by_server']} ({r['median_close_s']})")  # fmt: skip
+        put("slowloris", "normal requests meanwhile", f"{r['normal_request_ok']}, {r['normal_median_ms']} ms")
+    if (r := probes.get("idle_connections")) and "failed" not in r:
+        put("idle_connections", f"normal request with {r['opened']} idle sockets open", r["normal_request"])
+        put("idle_connections", f"idle closed by server within {r['closed_by_server_within_s']} s (median s)",
+            f"{r['closed']} ({r['median_close_s']})")  # fmt: skip
+    if (r := probes.get("odd_bodies")) and "failed" not in r:
+        for case in r["cases"]:
+            put("odd_bodies", case["case"], f"{case['status']}, peak +{case['rss_peak_delta_mb']} MB, "
+                f"kept +{case['rss_kept_mb']} MB")  # fmt: skip
+    if (r := probes.get("disconnect_storm")) and "failed" not in r:
+        put("disconnect_storm", f"compute avoided (of {r['hung_up_after_request']} gone clients)",
+            r["compute_avoided"])  # fmt: skip
+        put("disconnect_storm", "outcomes counted", json.dumps(r["outcomes"]))
+        put("disconnect_storm", f"ERROR lines / tracebacks ({r['left_mid_upload']} left mid-upload)",
+            f"{r['error_lines']} / {r['traceback_lines']}")  # fmt: skip
+    if (r := probes.get("fuzz_json")) and "failed" not in r:
+        for m in r["models"]:
+            put("fuzz_json", f"{m['model']}: 5xx of {m['bodies']} bodies", m["5xx"])
+            put("fuzz_json", f"{m['model']}: connections dropped silently", m["connection_dropped_silently"])
+    if (r := probes.get("drain")) and "failed" not in r:
+        put("drain", "lost (accepted, no answer)", f"{r['lost']} {json.dumps(r['lost_by'])}")
+        put("drain", "200 / 503 / refused to connect", f"{r['ok']} / {r['503']} / {r['refused_connect']}")
+    if (r := probes.get("soak")) and "failed" not in r:
+        windows = r["windows"]
+        put("soak", f"p99 per {r['window_s']:.0f} s window (ms)", " ".join(str(w["p99_ms"]) for w in windows))
+        put("soak", "RSS per window (MB)", " ".join(str(w["rss_mb"]) for w in windows))
+        put("soak", "no answer / errors", f"{r['no_answer']} / {r['5xx_other']}")
+    for name, r in probes.items():
+        if "failed" in r:
+            put(name, "probe failed", r["failed"][:120])
+    return out
+
+
+def compare(before_path: str, after_path: str) -> str:
+    """A Markdown before/after table of two saved runs."""
+    before = key_figures(json.loads(Path(before_path).read_text()))
+    after = key_figures(json.loads(Path(after_path).read_text()))
+    keys = list(dict.fromkeys([*before, *after]))
+    lines = ["| probe | measure | before | after |", "| --- | --- | --- | --- |"]
+    lines += [f"| {p} | {m} | {before.get((p, m), 'n/a')} | {after.get((p, m), 'n/a')} |" for p, m in keys]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.reliability", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -541,7 +610,12 @@ def main(argv: list[str] | None = None) -> int:
         "--soak-seconds", type=float, default=None, help="soak length (default 300; --quick 30)"
     )
     parser.add_argument("--json", default=None, help="also write the JSON here")
+    parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
+                        help="print a Markdown before/after table of two saved runs, run nothing")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.compare:
+        print(compare(*args.compare))
+        return 0
     run = Run(args)
     label = args.label or run.repo.name
     doc: dict[str, Any] = {"repo": str(run.repo), "quick": run.quick, "started": time.strftime("%FT%TZ", time.gmtime()),

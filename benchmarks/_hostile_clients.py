@@ -29,6 +29,7 @@ class Outcome:
     status: int | None = None
     retry_after: bool = False
     error: str | None = None  # refused (never connected) | reset | timeout | other
+    queue_ms: float | None = None  # the server's own X-Queue-Time-Ms for an answered request
 
 
 async def send(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str],
@@ -38,8 +39,9 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, headers: d
         async with session.post(url, data=body, headers=headers,
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:  # fmt: skip
             await response.read()
+            queue = response.headers.get("X-Queue-Time-Ms")
             return Outcome(sent_at, time.monotonic() - start, response.status,
-                           "Retry-After" in response.headers)  # fmt: skip
+                           "Retry-After" in response.headers, queue_ms=float(queue) if queue else None)  # fmt: skip
     except aiohttp.ClientConnectorError:
         return Outcome(sent_at, time.monotonic() - start, error="refused")
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError,
@@ -105,6 +107,7 @@ def summarize(outcomes: list[Outcome]) -> dict:
         by[key] = by.get(key, 0) + 1
     ok = np.array([o.latency_s for o in outcomes if o.status == 200]) * 1e3
     refused = [o for o in outcomes if o.status == 503]
+    queued = np.array([o.queue_ms for o in outcomes if o.status == 200 and o.queue_ms is not None])
     return {
         "sent": len(outcomes),
         "by_status": dict(sorted(by.items())),
@@ -116,6 +119,7 @@ def summarize(outcomes: list[Outcome]) -> dict:
         "p50_ms": round(float(np.percentile(ok, 50)), 1) if len(ok) else None,
         "p99_ms": round(float(np.percentile(ok, 99)), 1) if len(ok) else None,
         "max_ms": round(float(ok.max()), 1) if len(ok) else None,
+        "queue_p99_ms": round(float(np.percentile(queued, 99)), 1) if len(queued) else None,
     }
 
 

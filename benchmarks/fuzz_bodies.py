@@ -65,7 +65,7 @@ class ModelShape:
 
 
 IDENTITY = ModelShape("INPUT0", "OUTPUT0", (16,))
-MOBILENET_V2 = ModelShape("input", "output", (3, 224, 224))
+MOBILENET_V2 = ModelShape("input", "logits", (3, 224, 224))
 
 
 @dataclass

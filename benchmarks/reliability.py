@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks import _hostile_clients as hc
-from benchmarks._harness import save
+from benchmarks._harness import RESULTS, save
 from benchmarks.fuzz_bodies import IDENTITY, MOBILENET_V2, ModelShape, fuzz_cases, valid_data_json
 from tests.servers import ROOT, ServerProcess, free_port
 
@@ -540,6 +540,7 @@ def key_figures(doc: dict[str, Any]) -> dict[tuple[str, str], str]:
         put(name, "200 / 503 / other", f"{r['ok']} / {r['503']} / {r['sent'] - r['ok'] - r['503']}")
         put(name, "503 without Retry-After", r["503_without_retry_after"])
         put(name, "admitted p50 / p99 (ms)", f"{r['p50_ms']} / {r['p99_ms']}")
+        put(name, "admitted p99 queue time, server's X-Queue-Time-Ms (ms)", r.get("queue_p99_ms"))
         put(name, "RSS before / peak / +10 s (MB)",
             f"{r['rss_before_mb']} / {r['rss_peak_mb']} / {r['rss_after_10s_mb']}")  # fmt: skip
         put(
@@ -570,7 +571,8 @@ def key_figures(doc: dict[str, Any]) -> dict[tuple[str, str], str]:
             put("fuzz_json", f"{m['model']}: 5xx of {m['bodies']} bodies", m["5xx"])
             put("fuzz_json", f"{m['model']}: connections dropped silently", m["connection_dropped_silently"])
     if (r := probes.get("drain")) and "failed" not in r:
-        put("drain", "lost (accepted, no answer)", f"{r['lost']} {json.dumps(r['lost_by'])}")
+        put("drain", "sent, no HTTP answer (of them sent before SIGTERM)",
+            f"{r['lost']} {json.dumps(r['lost_by'])} ({r['lost_sent_before_sigterm']})")  # fmt: skip
         put("drain", "200 / 503 / refused to connect", f"{r['ok']} / {r['503']} / {r['refused_connect']}")
     if (r := probes.get("soak")) and "failed" not in r:
         windows = r["windows"]
@@ -618,8 +620,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     run = Run(args)
     label = args.label or run.repo.name
-    doc: dict[str, Any] = {"repo": str(run.repo), "quick": run.quick, "started": time.strftime("%FT%TZ", time.gmtime()),
-                           "probes": {}}  # fmt: skip
+    doc: dict[str, Any] = {"repo": str(run.repo), "quick": run.quick, "probes": {}}
+    previous = RESULTS / f"reliability-{label}.json"
+    if args.probe and previous.exists():  # a rerun of some probes updates the label's file
+        doc = json.loads(previous.read_text())
+    doc["started"] = time.strftime("%FT%TZ", time.gmtime())
     for name in args.probe or list(PROBES):
         console.rule(f"{name} ({label})")
         start = time.monotonic()

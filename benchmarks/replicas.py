@@ -477,6 +477,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--delay-ms", type=float, default=20.0, help="disruptions: identity compute time per batch"
     )
     p.add_argument("--max-batch-size", type=int, default=8, help="disruptions: max batch")
+    p.add_argument(
+        "--identity-elements", type=int, default=16, help="disruptions: FP32 elements per request (body size)"
+    )
     p.add_argument("--rate", type=float, default=100.0, help="disruptions: Poisson rate (req/s)")
     p.add_argument("--rolling-window-s", type=float, default=20.0, help="must hold the whole rolling restart")
     p.add_argument("--kill-window-s", type=float, default=12.0)
@@ -499,13 +502,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def replica_settings(model: str, delay_ms: float, max_batch_size: int) -> dict[str, object]:
+def replica_settings(
+    model: str, delay_ms: float, max_batch_size: int, elements: int = 16
+) -> dict[str, object]:
     settings: dict[str, object] = {
         "model": model, "max_batch_size": max_batch_size, "max_queue_delay_ms": 2, "batcher": "dynamic",
         "telemetry": "false", "drain_timeout_s": 30,
     }  # fmt: skip
     if model == MODEL:
         settings["identity_delay_ms"] = delay_ms
+        settings["identity_elements"] = elements
     return settings
 
 
@@ -525,7 +531,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"unknown scenarios {sorted(unknown)}; choose from {SCENARIOS}")
     if haproxy_binary() is None:
         raise SystemExit("needs haproxy (Debian: apt-get install haproxy)")
-    disruption_settings = replica_settings(MODEL, args.delay_ms, args.max_batch_size)
+    disruption_settings = replica_settings(MODEL, args.delay_ms, args.max_batch_size, args.identity_elements)
     scale_settings = replica_settings(args.scale_model, args.scale_delay_ms, args.scale_max_batch_size)
     report: dict[str, Any] = {
         "config": {

@@ -136,7 +136,7 @@ def test_model_repository_is_mounted_where_the_setting_points(rendered):
 
 
 def test_gpu_overlay(rendered):
-    dep, c = _deployment(rendered, "k8s-gpu")
+    _, c = _deployment(rendered, "k8s-gpu")
     res = c["resources"]
     assert res["limits"]["nvidia.com/gpu"] == res["requests"]["nvidia.com/gpu"] == "1"
     assert env_of(c)["WATTSERVE_DEVICE"] == "cuda"

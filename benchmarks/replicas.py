@@ -422,6 +422,20 @@ async def slo_scenario(replicas: ReplicaSet, workdir: Path, args: argparse.Names
                 "generator_limited": summary["generator_limited"],
                 "per_replica": best / n if best else None,
                 "vs_n_times_one": best / (n * single) if best and single else None,
+                "steps": [
+                    {
+                        k: step[k]
+                        for k in (
+                            "rate",
+                            "percentile_ms",
+                            "passed",
+                            "valid",
+                            "achieved_rate",
+                            "invalid_reasons",
+                        )
+                    }
+                    for step in summary["steps"]
+                ],
             }
         )
     return rows
@@ -464,6 +478,7 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 SCENARIOS = ("rolling", "rolling-noretry", "kill", "kill-noretry", "scale", "slo")
+DISRUPTIONS = SCENARIOS[:4]
 DEFAULT_SCENARIOS = SCENARIOS[:-1]  # the SLO search takes ~3 minutes more: ask for it
 
 
@@ -543,7 +558,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="wattserve-replicas-") as tmp:
         workdir = Path(tmp)
-        disruptions = [n for n in names if n != "scale"]
+        disruptions = [n for n in names if n in DISRUPTIONS]
 
         async def run_disruptions(replicas: ReplicaSet) -> list[dict[str, Any]]:
             return [

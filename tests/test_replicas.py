@@ -43,15 +43,16 @@ def test_generated_haproxy_config_is_valid(tmp_path: Path, l7_retries: bool):
 def test_rolling_restart_under_load_loses_nothing(tmp_path: Path):
     require_haproxy()
     args = rp.parse_args(
-        ["--scenarios", "rolling", "--rate", "50", "--rolling-window-s", "18", "--out", str(tmp_path / "out")]
+        # A generous window: on a crowded machine three restarts have taken up to ~25 s.
+        ["--scenarios", "rolling", "--rate", "50", "--rolling-window-s", "40", "--out", str(tmp_path / "out")]
     )
     report = asyncio.run(rp.main_async(args))
     (run,) = report["disruptions"]
     assert run["failures"] == {}, run["failure_times_s"]
     events = run["events"]
     assert [e["replica"] for e in events] == [0, 1, 2]
-    assert all(e["exit_code"] == 0 for e in events)  # each one drained and exited by itself
-    assert run["disruption_inside_window"]
+    assert all(e["exit_code"] == 0 for e in events), events  # each one drained and exited by itself
+    assert run["disruption_inside_window"], events
     window = run["window"]
-    assert window["completed"] == window["sent"] > 0
+    assert window["completed"] == window["sent"] > 0, window
     assert run["haproxy"]["client_5xx"] == 0  # what clients saw (retried 503s never reach them)

@@ -73,9 +73,7 @@ def test_service_meters_rapl_when_there_is_no_gpu(tmp_path):
     settings = Settings(telemetry_interval_ms=3_600_000, rapl_root=tmp_path)
     no_nvml = FakeNvml(init_error=NVML_ERROR_LIBRARY_NOT_FOUND)
     clock = [0.0]
-    service = TelemetryService(
-        settings, registry, nvml=no_nvml, clock=lambda: clock[0], sleep=lambda s: None
-    )
+    service = TelemetryService(settings, registry, nvml=no_nvml, clock=lambda: clock[0], sleep=lambda s: None)
     service.start()
     try:
         get = registry.get_sample_value

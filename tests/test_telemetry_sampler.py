@@ -97,7 +97,9 @@ def test_energy_counter_and_busy_idle_follow_the_gpu():
         )
         labels = {"device": "gpu0", "source": "nvml_counter"}
         assert get("wattserve_energy_joules_total", {**labels, "state": "busy"}) == pytest.approx(100)
-        assert get("wattserve_energy_joules_total", {**labels, "state": "idle"}) == pytest.approx(300, abs=1.0)
+        assert get("wattserve_energy_joules_total", {**labels, "state": "idle"}) == pytest.approx(
+            300, abs=1.0
+        )
     finally:
         service.stop()
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -129,10 +130,14 @@ class FakeNvml:
     NVML_CLOCK_SM = NVML_CLOCK_SM
     NVML_TEMPERATURE_GPU = NVML_TEMPERATURE_GPU
 
-    def __init__(self, gpus: list[FakeGpu] | None = None, init_error: int | None = None):
+    def __init__(
+        self, gpus: list[FakeGpu] | None = None, init_error: int | None = None, realtime: bool = False
+    ):
         self.gpus = gpus if gpus is not None else [FakeGpu()]
         self.init_error = init_error
-        self.now = 0.0  # simulated seconds, advanced only by advance()
+        self.now = 0.0  # simulated seconds, advanced by advance() (or by real time, below)
+        self.realtime = realtime  # every device call first lets the real time since then pass
+        self._started_at = time.monotonic()
         self.initialized = False
         self.shutdowns = 0
         self._lock = threading.Lock()
@@ -155,6 +160,11 @@ class FakeNvml:
 
     # --- the pynvml API surface ---
     def _gpu(self, handle: object, call: str) -> FakeGpu:
+        if self.realtime:
+            with self._lock:
+                elapsed = time.monotonic() - self._started_at - self.now
+            if elapsed > 0:
+                self.advance(elapsed)
         if not self.initialized:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
         gpu = handle.gpu  # type: ignore[attr-defined]

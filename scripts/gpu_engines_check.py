@@ -221,34 +221,39 @@ def check_onnxruntime(model: str, args, report: Report, env: dict, refs: dict) -
 
 
 def check_tensorrt(model: str, args, report: Report, env: dict, refs: dict) -> None:
-    import torch
-
+    from engines.base import EngineUnavailable
     from engines.profiles import parse_profiles, select_profile
-    from engines.tensorrt_engine import GpuIdentity, TensorRTEngine, load_or_build_plan
+    from engines.tensorrt_engine import (
+        TensorRTEngine,
+        gpu_identity,
+        import_pycuda,
+        import_tensorrt,
+        load_or_build_plan,
+    )
 
     try:
-        import tensorrt as trt
-    except ImportError as exc:
-        report.note(f"TensorRT is NOT importable here ({exc}): no TensorRT engine built or run")
+        trt = import_tensorrt()
+        cuda = import_pycuda()
+    except EngineUnavailable as exc:
+        report.note(f"TensorRT is NOT importable/usable here ({exc}): no TensorRT engine built or run")
         return
     profiles = parse_profiles(args.profiles)
-    major, minor = torch.cuda.get_device_capability(0)
-    gpu = GpuIdentity(torch.cuda.get_device_name(0), f"{major}.{minor}")
+    gpu = gpu_identity(cuda, 0)
     path = onnx_file(model, args)
-    try:
-        import pycuda.driver  # noqa: F401
-
-        runtime_ok = True
-    except ImportError as exc:
-        runtime_ok = False
-        report.note(f"pycuda is NOT importable ({exc}): TensorRT plans built but the runtime not run")
     for precision in args.precisions:
         fp16 = precision == "fp16"
+
+        def build(fp16: bool = fp16):  # runs on the engine's CUDA thread, cuda:0 current
+            return load_or_build_plan(
+                path, profiles, model=model, gpu=gpu, fp16=fp16, cache_dir=args.cache_dir
+            )
+
         try:
-            record = load_or_build_plan(trt, path, profiles, model=model, gpu=gpu, fp16=fp16,
-                                        cache_dir=args.cache_dir)  # fmt: skip
-            again = load_or_build_plan(trt, path, profiles, model=model, gpu=gpu, fp16=fp16,
-                                       cache_dir=args.cache_dir)  # fmt: skip
+            engine = TensorRTEngine(None, name=model, expected_profiles=profiles, build=build)
+            record = engine.plan
+            again = load_or_build_plan(
+                path, profiles, model=model, gpu=gpu, fp16=fp16, cache_dir=args.cache_dir
+            )
         except Exception as exc:
             report.failures.append(f"{model} TensorRT build {precision}: {exc}")
             traceback.print_exc()
@@ -260,9 +265,6 @@ def check_tensorrt(model: str, args, report: Report, env: dict, refs: dict) -> N
         report.rows.append({"model": model, "engine": "tensorrt build", "precision": precision,
                             "build_seconds": record.build_seconds, "built": record.built,
                             "cache_hit_second_time": not again.built, "plan": str(record.path)})  # fmt: skip
-        if not runtime_ok:
-            continue
-        engine = TensorRTEngine(record.path.read_bytes(), name=model, expected_profiles=profiles)
         for b in [*args.batch_sizes, args.off_bucket]:
             index, run = select_profile(b, engine.profiles)
             name = f"tensorrt profile {engine.profiles[index]}" + (f" (pad to {run})" if run > b else "")

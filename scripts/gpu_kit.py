@@ -77,7 +77,7 @@ def closure(python_version: str, image: set[str]) -> tuple[dict[str, str], set[s
         try:
             dist = md.distribution(req.name)
         except md.PackageNotFoundError:
-            raise SystemExit(f"{req.name} is required but not installed here: install wattserve first") from None
+            raise SystemExit(f"{req.name} is required but not installed here: install wattserve") from None
         found[canonical(req.name)] = dist.version
         for text in dist.requires or []:
             sub = Requirement(text)
@@ -121,7 +121,7 @@ def tree_bytes() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python-version", default="3.12", help="the device's Python (default 3.12)")
-    parser.add_argument("--dest", type=Path, default=ROOT / ".whl", help="kit folder (default .whl/, ignored)")
+    parser.add_argument("--dest", type=Path, default=ROOT / ".whl", help="kit folder (default: .whl/)")
     parser.add_argument("--image", type=Path, default=ROOT / "scripts" / "gpu_image_packages.txt")
     args = parser.parse_args(argv)
     image = read_list(args.image)
@@ -146,9 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  wattserve (this tree)  {own.name}  {own.stat().st_size / 2**10:.0f} KiB")
     kit = sum(p.stat().st_size for p in args.dest.glob("*.whl"))
     tree = tree_bytes()
-    (args.dest / "KIT.json").write_text(json.dumps({"python_version": args.python_version, "platforms": PLATFORMS,
-                                                    "kit_bytes": kit, "tree_bytes": tree,
-                                                    "wheels": manifest}, indent=2))  # fmt: skip
+    summary = {"python_version": args.python_version, "platforms": PLATFORMS, "kit_bytes": kit,
+               "tree_bytes": tree, "wheels": manifest}  # fmt: skip
+    (args.dest / "KIT.json").write_text(json.dumps(summary, indent=2))
     print(f"kit {kit / 2**20:.1f} MiB + working tree {tree / 2**20:.1f} MiB = "
           f"{(kit + tree) / 2**20:.1f} MiB of the {CARRY_LIMIT / 2**20:.0f} MiB carry limit")  # fmt: skip
     if kit + tree > CARRY_LIMIT:

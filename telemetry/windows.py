@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 IDLE_TAU_S = 5.0  # memory of the idle-power estimate (seconds of idle windows)
+MAX_WAIT_S = 10.0  # a batch whose counter has not stepped this long after it ended: no figure
 BOUNDARY_HISTORY = 64  # counter steps kept to estimate the update period
 
 
@@ -48,6 +49,7 @@ class BatchSpan:
 
     __slots__ = (
         "_done",
+        "_event",
         "_failed",
         "_lock",
         "_on_done",
@@ -71,7 +73,8 @@ class BatchSpan:
         self._open = set(devices)
         self._failed = False
         self._lock = threading.Lock()
-        self._done = threading.Event()
+        self._done = False
+        self._event: threading.Event | None = None  # made only when someone waits
         self._on_done: Callable[[BatchSpan], None] | None = None
         self._reported = False
 
@@ -81,12 +84,12 @@ class BatchSpan:
 
     @property
     def final(self) -> bool:
-        return self._done.is_set()
+        return self._done
 
     @property
     def attributed_joules(self) -> float | None:
         """This batch's energy (all its devices), once every window it ran in has closed."""
-        if not self._done.is_set() or self._failed:
+        if not self._done or self._failed:
             return None
         return sum(self._shares.values())
 
@@ -95,7 +98,13 @@ class BatchSpan:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the figure is final (for scripts and tests, never the event loop)."""
-        return self._done.wait(timeout)
+        with self._lock:
+            if self._done:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
 
     def when_done(self, size: int, labels: tuple[str, ...], callback: Callable[[BatchSpan], None]) -> None:
         """Call ``callback(self)`` once, when both the batch size and the figure are known."""
@@ -113,11 +122,14 @@ class BatchSpan:
             self._open.discard(device)
             if self._open:
                 return
-        self._done.set()
+            self._done = True
+            event = self._event
+        if event is not None:
+            event.set()
 
     def _maybe_report(self) -> None:
         with self._lock:
-            if self._reported or self._on_done is None or not self._done.is_set():
+            if self._reported or self._on_done is None or not self._done:
                 return
             self._reported = True
             callback = self._on_done
@@ -191,13 +203,23 @@ class DeviceWindows:
         last_t, last_j = self._last_read
         self._last_read = (t, joules)
         if joules == last_j:
-            return []
+            return self._expire(t)
         boundary = 0.5 * (last_t + t) if self.stepwise else t
         self.boundaries.append(boundary)
         assert self._window is not None
         start_t, start_j = self._window
         self._window = (boundary, joules)
         return self._close(start_t, max(boundary, start_t), max(0.0, joules - start_j))
+
+    def _expire(self, t: float) -> list[BatchSpan]:
+        """A counter that stopped stepping must not hold batches (and memory) forever: those
+        that ended MAX_WAIT_S ago get no figure; their time then counts as idle."""
+        expired = []
+        while self._spans and self._spans[0].end is not None and t - self._spans[0].end > MAX_WAIT_S:
+            span = self._spans.pop(0)
+            span._finish(self.device, failed=True)
+            expired.append(span)
+        return expired
 
     def _close(self, t0: float, t1: float, energy: float) -> list[BatchSpan]:
         self.windows += 1

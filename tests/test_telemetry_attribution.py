@@ -264,3 +264,19 @@ def test_cpu_engine_on_a_gpu_host_is_charged_no_gpu_energy(tmp_path):
     assert service2.meter_for("cpu") is None
     assert service2.meter_for("cuda:0").devices == ["gpu0"]
     assert service2.meter_for("cuda:3") is None  # no such GPU: not metered, not misattributed
+
+
+def test_a_counter_that_stops_stepping_does_not_hold_batches_forever():
+    fake = FakeNvml([FakeGpu(power_w=IDLE_W, update_period_s=0.05)])
+    service, _ = start_service(fake)
+    meter = service.meter_for("cuda:0")
+    span = meter.begin()
+    fake.advance(0.002)
+    meter.end(span)
+    fake.gpus[0].update_period_s = 1e9  # the counter freezes
+    fake.gpus[0].counter_mj = float(fake.gpus[0].counter_reading_mj())
+    for _ in range(120):
+        fake.advance(0.1)
+        service.poll_once()
+    assert span.final and span.attributed_joules is None
+    assert service._ledger.windows(0).pending == 0

@@ -27,13 +27,11 @@ COPY loadgen ./loadgen
 RUN pip install --upgrade pip \
     && pip install --extra-index-url https://pypi.nvidia.com \
         '.[diffusion,tensorrt]' 'onnx>=1.16' 'onnxscript>=0.1' 'onnxruntime-gpu>=1.19' \
-    && python - <<'PY'
-import importlib.metadata as md
-names = {d.metadata["Name"].lower() for d in md.distributions()}
-assert "onnxruntime" not in names, "the CPU onnxruntime is installed beside onnxruntime-gpu"
-assert md.version("tensorrt-cu12").split(".")[0] == "10", md.version("tensorrt-cu12")
-print("onnxruntime-gpu", md.version("onnxruntime-gpu"), "tensorrt-cu12", md.version("tensorrt-cu12"))
-PY
+    && python -c "import importlib.metadata as md; \
+names = {d.metadata['Name'].lower() for d in md.distributions()}; \
+assert 'onnxruntime' not in names, 'the CPU onnxruntime is installed beside onnxruntime-gpu'; \
+assert md.version('tensorrt-cu12').split('.')[0] == '10', md.version('tensorrt-cu12'); \
+print('onnxruntime-gpu', md.version('onnxruntime-gpu'), 'tensorrt-cu12', md.version('tensorrt-cu12'))"
 
 ENV WATTSERVE_HOST=0.0.0.0 WATTSERVE_PORT=8000 WATTSERVE_DEVICE=auto
 EXPOSE 8000

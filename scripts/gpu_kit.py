@@ -138,7 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         wheel = download(name, version, args.dest, args.python_version)
         manifest[name] = {"version": version, "wheel": wheel.name, "bytes": wheel.stat().st_size}
         print(f"  {name}=={version}  {wheel.name}  {wheel.stat().st_size / 2**10:.0f} KiB")
+    leftovers = [p for p in (ROOT / "build", ROOT / "wattserve.egg-info") if not p.exists()]
     built = pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(args.dest), str(ROOT))
+    for path in leftovers:  # setuptools builds in the tree: leave it as it was
+        shutil.rmtree(path, ignore_errors=True)
     if built.returncode != 0:
         raise SystemExit(f"building the wattserve wheel failed:\n{built.stderr[-3000:]}")
     own = next(args.dest.glob("wattserve-*.whl"))

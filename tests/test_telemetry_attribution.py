@@ -163,7 +163,7 @@ def per_request_sum(run: Run, model: str | None = None) -> float:
 
 @pytest.mark.parametrize(
     ("load", "rate_hz"),
-    [("light", 8.0), ("heavy", 220.0)],  # busy ~3% and ~90% of the time
+    [("light", 8.0), ("heavy", 220.0)],  # busy ~4% and ~99% (saturated) of the time
 )
 def test_per_request_plus_idle_is_the_counter_delta_and_unbiased(load, rate_hz):
     run = simulate(rate_hz)

@@ -66,8 +66,8 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(telemetry.start)  # NVML init and cost measurement off the loop
-        # meter is None without a GPU or RAPL: then nothing is measured and nothing is made up
-        runtime.batcher_hooks.update(energy_meter=telemetry.meter, on_batch=record_batch)
+        # the meter follows the engine's device (its GPU; RAPL or nothing for a CPU engine)
+        runtime.batcher_hooks.update(energy_meter_for=telemetry.meter_for, on_batch=record_batch)
         try:
             await runtime.start()
             if trimmer is not None:

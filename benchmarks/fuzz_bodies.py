@@ -6,7 +6,8 @@ mutations where a client is most likely to be wrong: a wrong type where a name, 
 datatype, parameters or data belongs (booleans in ``shape``, lists or objects where a
 string belongs, huge integers, NaN/Infinity tokens), fields deleted, deep nesting, and
 occasionally a truncated body or a bogus binary-extension header. Every such body must
-get a 4xx JSON error or a 200, never a 5xx.
+get a 4xx JSON error or a 200, never a 5xx; the one exception is a 504 for a body that set
+a (microseconds-short) deadline of its own.
 """
 
 from __future__ import annotations
@@ -73,6 +74,17 @@ class FuzzCase:
     body: bytes
     headers: dict[str, str]
     mutations: list[str]
+
+    def sets_deadline(self) -> bool:
+        """Whether the body asks for a deadline (``parameters.timeout`` > 0 microseconds):
+        then a 504 is the right answer once it passed, not a server fault."""
+        try:
+            doc = json.loads(self.body)
+        except ValueError:
+            return False
+        params = doc.get("parameters") if isinstance(doc, dict) else None
+        timeout = params.get("timeout") if isinstance(params, dict) else None
+        return isinstance(timeout, int) and not isinstance(timeout, bool) and timeout > 0
 
     def describe(self) -> str:
         preview = self.body[:400].decode(errors="replace")

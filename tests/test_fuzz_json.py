@@ -1,5 +1,6 @@
 """Fuzzed KServe v2 infer bodies against a real server on loopback: every one gets a 200
-or a 4xx JSON ``{"error": ...}``, never a 5xx, and the keep-alive connection stays usable
+or a 4xx JSON ``{"error": ...}``, never a 5xx (a 504 only for a body that set its own,
+microseconds-short, deadline), and the keep-alive connection stays usable
 (a server that closes it without ``Connection: close`` makes clients reusing it fail)."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from benchmarks.fuzz_bodies import IDENTITY, FuzzCase, fuzz_cases, valid_data_json
 from server.settings import Settings
 from tests.servers import threaded_server
+
+pytestmark = pytest.mark.slow  # a live server for 300 bodies (~10-30 s)
 
 DATA_JSON = valid_data_json(IDENTITY)
 
@@ -51,8 +54,11 @@ def test_fuzzed_bodies_get_4xx_or_200_never_5xx(connection, case: FuzzCase) -> N
         connection.connect()
     sock = connection.sock
     status, headers, data = exchange(connection, "POST", "/v2/models/identity/infer", case.body, case.headers)
-    assert status < 500, f"{status} {data[:300]!r} for {case.describe()}"
-    assert status == 200 or 400 <= status < 500, f"unexpected {status} for {case.describe()}"
+    deadline_passed = status == 504 and case.sets_deadline()  # the client's own deadline
+    assert status < 500 or deadline_passed, f"{status} {data[:300]!r} for {case.describe()}"
+    assert status == 200 or 400 <= status < 500 or deadline_passed, (
+        f"unexpected {status} for {case.describe()}"
+    )
     assert headers.get("content-type", "").startswith("application/json"), (
         f"{status} answered as {headers.get('content-type')!r}: {data[:200]!r}"
     )

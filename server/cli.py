@@ -16,7 +16,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from server.app import create_app
     from server.lifecycle import DrainingServer, tune_malloc
 
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    given = (("host", args.host), ("port", args.port), ("model_repository", args.model_repository),
+             ("strict", args.strict or None))  # fmt: skip
+    overrides = {k: v for k, v in given if v is not None}
     settings = Settings(**overrides)
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -35,7 +37,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http="auto",  # httptools where installed
         timeout_graceful_shutdown=settings.drain_timeout_s,
     )
-    DrainingServer(config, app.state.runtime).run()
+    DrainingServer(config, app.state.models).run()
     return 0
 
 
@@ -56,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the inference server (settings from WATTSERVE_*)")
     serve.add_argument("--host", default=None, help="overrides WATTSERVE_HOST")
     serve.add_argument("--port", type=int, default=None, help="overrides WATTSERVE_PORT")
+    serve.add_argument("--model-repository", default=None,
+                       help="Triton-layout model repository; overrides WATTSERVE_MODEL_REPOSITORY")
+    serve.add_argument("--strict", action="store_true",
+                       help="exit if any model fails to load (Triton's --exit-on-error)")  # fmt: skip
     serve.set_defaults(func=cmd_serve)
     show = sub.add_parser("settings", help="print every WATTSERVE_* setting as a table")
     show.set_defaults(func=cmd_settings)

@@ -6,6 +6,7 @@ Everything here is validated before a request gets near a queue: a bad request g
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,13 +60,16 @@ def parse_infer_request(
     specs: Sequence[TensorSpec],
     output_specs: Sequence[TensorSpec],
     max_batch_size: int,
+    check_values: bool = False,
 ) -> InferRequest:
-    """Decode and validate one KServe v2 infer request for a model with ``specs`` inputs."""
+    """Decode and validate one KServe v2 infer request for a model with ``specs`` inputs.
+
+    ``max_batch_size`` 0: the model does not batch (Triton), shapes carry no batch axis.
+    NaN/Inf are computed like any other value (Triton parity: benchmarking clients send
+    random bytes and NaN/Infinity tokens); ``check_values`` rejects them with a 400.
+    """
     json_part, binary = split_binary_body(body, header_length)
-    try:
-        doc = orjson.loads(json_part)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"malformed JSON: {exc}") from None
+    doc = _loads(json_part)
     if not isinstance(doc, dict):
         raise BadRequest("request body must be a JSON object")
     raw_inputs = doc.get("inputs")
@@ -107,8 +111,8 @@ def parse_infer_request(
             array = np.frombuffer(chunk, dtype=spec.dtype).reshape(shape)
         else:
             array = _from_json_data(raw.get("data"), spec, shape, count)
-        if not spec.allow_nonfinite and array.dtype.kind == "f" and not np.isfinite(array).all():
-            raise BadRequest(f"input {name!r} contains NaN or Inf, which this model cannot take")
+        if check_values and array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise BadRequest(f"input {name!r} contains NaN or Inf, which this model's value check refuses")
         arrays[name] = array
         batched_flags.add(batched)
     if offset != len(binary):
@@ -130,6 +134,20 @@ def parse_infer_request(
     return request
 
 
+def _loads(text: bytes) -> Any:
+    """orjson first (fast); if it refuses, Python's json, which also takes the NaN, Infinity
+    and -Infinity tokens that JSON lacks but clients (Triton's among them) write."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        if not any(token in text for token in (b"NaN", b"Infinity")):
+            raise BadRequest(f"malformed JSON: {exc}") from None
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError):
+            raise BadRequest(f"malformed JSON: {exc}") from None
+
+
 def _request_id(doc: dict[str, Any]) -> str | None:
     rid = doc.get("id")
     if rid is not None and not isinstance(rid, str):
@@ -143,6 +161,8 @@ def _check_shape(shape: Any, spec: TensorSpec, max_batch_size: int) -> tuple[lis
     item = list(spec.shape)
     if shape == item:
         return shape, False
+    if max_batch_size == 0:  # Triton's max_batch_size 0: no batch axis in request shapes
+        raise BadRequest(f"input {spec.name!r}: shape {shape}; this model does not batch and expects {item}")
     if len(shape) == len(item) + 1 and shape[1:] == item:
         if not 1 <= shape[0] <= max_batch_size:
             raise BadRequest(f"input {spec.name!r}: batch of {shape[0]} outside 1..{max_batch_size}")
@@ -211,12 +231,14 @@ def encode_infer_response(
     request: InferRequest,
     rows: list[dict[str, np.ndarray]],
     output_specs: Sequence[TensorSpec],
+    version: str = "1",
 ) -> tuple[bytes, dict[str, str]]:
     """Body and extra headers (binary extension) for one answered request."""
     names = request.outputs or [s.name for s in output_specs]
     datatypes = {s.name: s.datatype for s in output_specs}
     tensors: list[dict[str, Any]] = []
     blobs: list[bytes] = []
+    nonfinite = False  # orjson writes NaN/Inf as null; Triton writes NaN/Infinity tokens
     for name in names:
         if not request.batched:
             value = rows[0][name]
@@ -232,11 +254,19 @@ def encode_infer_response(
             blobs.append(blob)
         else:
             tensor["data"] = value.ravel()
+            if value.dtype.kind == "f" and not np.isfinite(value).all():
+                nonfinite = True
         tensors.append(tensor)
-    doc: dict[str, Any] = {"model_name": model_name, "model_version": "1", "outputs": tensors}
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": version, "outputs": tensors}
     if request.id is not None:
         doc["id"] = request.id
-    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if nonfinite:
+        for tensor in tensors:
+            if "data" in tensor:
+                tensor["data"] = tensor["data"].tolist()
+        header = json.dumps(doc, separators=(",", ":")).encode()
+    else:
+        header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return header, {}
     return header + b"".join(blobs), {BINARY_HEADER: str(len(header))}

@@ -9,9 +9,9 @@ import logging
 import signal
 from types import FrameType
 
-import uvicorn
+from typing import Protocol
 
-from server.runtime import ModelRuntime
+import uvicorn
 
 log = logging.getLogger("wattserve.lifecycle")
 
@@ -55,14 +55,18 @@ def tune_malloc() -> bool:
     return ok
 
 
+class Drainable(Protocol):
+    async def drain(self) -> None: ...
+
+
 class DrainingServer(uvicorn.Server):
-    """uvicorn, but the first SIGTERM/SIGINT drains the model before the server stops.
+    """uvicorn, but the first SIGTERM/SIGINT drains the models before the server stops.
 
     Drain: ready -> false and new requests get 503 at once, every accepted request is
     answered, then uvicorn shuts down as usual. A second signal forces exit.
     """
 
-    def __init__(self, config: uvicorn.Config, runtime: ModelRuntime) -> None:
+    def __init__(self, config: uvicorn.Config, runtime: Drainable) -> None:
         super().__init__(config)
         self.runtime = runtime
         self._drain_task: asyncio.Task[None] | None = None

@@ -29,7 +29,9 @@ class ReshapedEngine:
         return getattr(self.inner, name)
 
     def infer(self, batch: Batch) -> dict[str, np.ndarray]:
-        fed = {k: v.reshape((len(v), *self._model_in[k])) if k in self._model_in else v for k, v in batch.items()}
+        fed = {
+            k: v.reshape((len(v), *self._model_in[k])) if k in self._model_in else v for k, v in batch.items()
+        }
         out = self.inner.infer(fed)
         shapes = {s.name: tuple(s.shape) for s in self.outputs}
         return {k: v.reshape((len(v), *shapes[k])) if k in shapes else v for k, v in out.items()}

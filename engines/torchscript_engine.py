@@ -53,7 +53,9 @@ class TorchScriptEngine:
         if not path.is_file():
             raise EngineUnavailable(f"TorchScript file {path} does not exist")
         if not inputs or not outputs:
-            raise EngineUnavailable(f"{name}: a TorchScript model needs its inputs and outputs in config.pbtxt")
+            raise EngineUnavailable(
+                f"{name}: a TorchScript model needs its inputs and outputs in config.pbtxt"
+            )
         self.name = name
         self.inputs = list(inputs)
         self.outputs = list(outputs)
@@ -91,8 +93,10 @@ class TorchScriptEngine:
                 results = [o.cpu().numpy() for o in outs]
             else:  # max_batch_size 0: the model takes one request at a time, no batch axis
                 rows = [
-                    [o.cpu().numpy() for o in self._forward([torch.from_numpy(a[i]).to(self._device)
-                                                              for a in arrays])]  # fmt: skip
+                    [
+                        o.cpu().numpy()
+                        for o in self._forward([torch.from_numpy(a[i]).to(self._device) for a in arrays])
+                    ]  # fmt: skip
                     for i in range(len(arrays[0]))
                 ]
                 results = [np.stack(col) for col in zip(*rows, strict=True)]

@@ -58,8 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the inference server (settings from WATTSERVE_*)")
     serve.add_argument("--host", default=None, help="overrides WATTSERVE_HOST")
     serve.add_argument("--port", type=int, default=None, help="overrides WATTSERVE_PORT")
-    serve.add_argument("--model-repository", default=None,
-                       help="Triton-layout model repository; overrides WATTSERVE_MODEL_REPOSITORY")
+    serve.add_argument(
+        "--model-repository",
+        default=None,
+        help="Triton-layout model repository; overrides WATTSERVE_MODEL_REPOSITORY",
+    )
     serve.add_argument("--strict", action="store_true",
                        help="exit if any model fails to load (Triton's --exit-on-error)")  # fmt: skip
     serve.set_defaults(func=cmd_serve)
@@ -75,11 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_engine_tools(sub: argparse._SubParsersAction) -> None:
     """``export`` (torch -> ONNX) and ``build-engine`` (ONNX -> TensorRT plan)."""
-    from engines import onnx_export, tensorrt_engine
+    from engines import tensorrt_engine
+    from server.repository import export as repository_export
 
-    export = sub.add_parser("export", help="export a torchvision model to ONNX (dynamic batch axis)")
-    onnx_export.add_arguments(export)
-    export.set_defaults(func=onnx_export.run)
+    export = sub.add_parser("export", help="export a torchvision model to ONNX (dynamic batch axis), "
+                            "optionally as a Triton repository entry")  # fmt: skip
+    repository_export.add_arguments(export)
+    export.set_defaults(func=repository_export.run)
     build = sub.add_parser("build-engine", help="build a TensorRT plan with min/opt/max batch profiles")
     tensorrt_engine.add_arguments(build)
     build.set_defaults(func=tensorrt_engine.run)

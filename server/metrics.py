@@ -69,7 +69,9 @@ class _Families:
             labels,
             registry=r,
         )
-        self.queue_depth = Gauge("wattserve_queue_depth", "Requests waiting in the queue.", labels, registry=r)
+        self.queue_depth = Gauge(
+            "wattserve_queue_depth", "Requests waiting in the queue.", labels, registry=r
+        )
         self.inflight = Gauge(
             "wattserve_inflight_requests", "Accepted requests not yet answered.", labels, registry=r
         )

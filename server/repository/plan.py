@@ -121,7 +121,9 @@ def _model_settings(
     if kind == "builtin":
         builtin = params.get(BUILTIN_KEY, name)
         if builtin not in MODELS:
-            raise ConfigError(f"{source}: parameters key 'builtin' is {builtin!r}; built-ins: {', '.join(MODELS)}")
+            raise ConfigError(
+                f"{source}: parameters key 'builtin' is {builtin!r}; built-ins: {', '.join(MODELS)}"
+            )
         update["model"] = builtin
     else:
         update["model"] = name
@@ -132,7 +134,9 @@ def _model_settings(
         raise ConfigError(f"{source}: field 'max_batch_size' must be >= 0")
     if config.HasField("dynamic_batching"):
         if config.max_batch_size == 0:
-            warnings.append(f"{source}: 'dynamic_batching' with max_batch_size 0 has nothing to batch; ignored")
+            warnings.append(
+                f"{source}: 'dynamic_batching' with max_batch_size 0 has nothing to batch; ignored"
+            )
         else:
             update.update(_dynamic_batching(config.dynamic_batching, source, warnings))
     update["instances"] = max(1, sum(_group_count(g) * max(1, len(g.gpus)) for g in config.instance_group)
@@ -166,7 +170,9 @@ def _group_count(group: pb.ModelInstanceGroup) -> int:
     return group.count if group.count > 0 else 1  # Triton: count defaults to 1
 
 
-def _instance_devices(config: pb.ModelConfig, base: Settings, source: str, warnings: list[str]) -> list[str] | None:
+def _instance_devices(
+    config: pb.ModelConfig, base: Settings, source: str, warnings: list[str]
+) -> list[str] | None:
     """One device per instance: ``count`` on each listed GPU (Triton), CPU, or auto."""
     if not config.instance_group:
         return None
@@ -190,7 +196,9 @@ def _instance_devices(config: pb.ModelConfig, base: Settings, source: str, warni
 # ---------------------------------------------------------------------------- engines
 
 
-def config_tensors(tensors: Any, source: str, what: str, outputs: bool) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def config_tensors(
+    tensors: Any, source: str, what: str, outputs: bool
+) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """(client-side specs, model-side specs): they differ only where ``reshape`` is set."""
     outer, inner = [], []
     for i, t in enumerate(tensors):
@@ -236,7 +244,9 @@ def _engine_factory(
         elif kind == "tensorrt":
             from engines.tensorrt_engine import TensorRTEngine, cuda_device_index
 
-            engine = TensorRTEngine(path.read_bytes(), name=name, device_index=cuda_device_index(settings.device))
+            engine = TensorRTEngine(
+                path.read_bytes(), name=name, device_index=cuda_device_index(settings.device)
+            )
         else:
             engine = build_engine(settings)
         _check_against_config(engine, in_inner, out_inner, source)

@@ -98,7 +98,9 @@ def images_router(models: ModelSet, settings: Settings) -> APIRouter:
                 raise BadRequest(f"model {name!r} is not a diffusion model (no seed/steps inputs)")
             inputs = {"seed": np.array([seed], np.int64), "steps": np.array([steps], np.int32)}
             timeout_us = int(timeout_ms * 1000) if timeout_ms is not None else None
-            return InferRequest(id=None, items=[inputs], batched=False, priority=priority, timeout_us=timeout_us)
+            return InferRequest(
+                id=None, items=[inputs], batched=False, priority=priority, timeout_us=timeout_us
+            )
 
         try:
             done = await admit(models, name, None, decode, watching_submit(request))

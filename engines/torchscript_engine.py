@@ -28,7 +28,8 @@ def triton_order(specs: Sequence[TensorSpec]) -> list[TensorSpec]:
     convention), else as given."""
     indices = [_INDEX.search(s.name) for s in specs]
     if all(indices):
-        return [s for _, s in sorted(zip((int(m.group(1)) for m in indices), specs), key=lambda p: p[0])]  # type: ignore[union-attr]
+        keyed = [(int(m.group(1)), s) for m, s in zip(indices, specs, strict=True) if m is not None]
+        return [s for _, s in sorted(keyed, key=lambda p: p[0])]
     return list(specs)
 
 
@@ -96,7 +97,7 @@ class TorchScriptEngine:
                     [
                         o.cpu().numpy()
                         for o in self._forward([torch.from_numpy(a[i]).to(self._device) for a in arrays])
-                    ]  # fmt: skip
+                    ]
                     for i in range(len(arrays[0]))
                 ]
                 results = [np.stack(col) for col in zip(*rows, strict=True)]

@@ -8,7 +8,6 @@ import ctypes.util
 import logging
 import signal
 from types import FrameType
-
 from typing import Protocol
 
 import uvicorn

@@ -115,7 +115,7 @@ def test_metrics_carry_the_model_label(server):
     url, _ = server
     text = httpx.get(url + "/metrics").text
     for model in ("identity", "squeeze_onnx", "squeeze_ts"):
-        assert f'wattserve_model_ready{{batcher="' in text
+        assert 'wattserve_model_ready{batcher="' in text
         assert f'model="{model}"' in text
 
 
@@ -162,7 +162,7 @@ def test_unloading_under_load_loses_no_accepted_request(server):
                     i += 1
 
             senders = [asyncio.create_task(sender(k * 10_000)) for k in range(24)]
-            while len(answers) < 100:
+            while len(answers) < 100:  # noqa: ASYNC110 - polling a list the senders fill
                 await asyncio.sleep(0.01)
             unload = await http.post(url + "/v2/repository/models/identity/unload")
             unloaded.set()

@@ -274,6 +274,6 @@ def _check_against_config(
             real = have[spec.name]
             if real.datatype != spec.datatype or tuple(real.shape) != tuple(spec.shape):
                 raise EngineUnavailable(
-                    f"{source}: {what} {spec.name!r} is TYPE_{spec.datatype} {list(spec.shape)} in the config "
-                    f"but TYPE_{real.datatype} {list(real.shape)} in the model"
+                    f"{source}: {what} {spec.name!r} is TYPE_{spec.datatype} {list(spec.shape)} in the "
+                    f"config but TYPE_{real.datatype} {list(real.shape)} in the model"
                 )

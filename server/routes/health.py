@@ -136,11 +136,11 @@ def triton_config(runtime: ModelRuntime) -> dict[str, Any]:
         "output": tensors(engine.outputs),
         "instance_group": [
             {"count": len(runtime.devices), "kind": "KIND_GPU" if "cuda" in engine.device else "KIND_CPU"}
-        ],  # fmt: skip
+        ],
         "parameters": {
             "batcher": {"string_value": settings.batcher},
             "wattserve_batcher": {"string_value": settings.batcher},
-        },  # fmt: skip
+        },
     }
     if settings.batcher == "dynamic":
         config["dynamic_batching"] = {

@@ -51,5 +51,5 @@ def inference_routes(models: ModelSet, settings: Settings) -> list[Route]:
         media = "application/octet-stream" if extra else "application/json"
         return Response(payload, media_type=media, headers={**extra, **timing_headers(done.results)})
 
-    return [Route(path, infer, methods=["POST"])
-            for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer")]  # fmt: skip
+    paths = ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer")
+    return [Route(path, infer, methods=["POST"]) for path in paths]

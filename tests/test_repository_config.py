@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import pytest
 import torch
-
 import tritonclient
+
 from server.app import create_app
 from server.model_set import ModelLoadError
 from server.repository.config import ConfigError, parse_config, read_config

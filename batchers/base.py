@@ -54,8 +54,10 @@ class EnergyMeter:
 
 @dataclass(slots=True)
 class BatchOutcome:
-    """What a worker thread hands back: per-item outputs or exceptions, and the window."""
+    """What a worker thread hands back: the items it computed, per-item outputs or
+    exceptions (same order), and the window."""
 
+    items: list[WorkItem]
     per_item: list[dict[str, np.ndarray] | BaseException]
     started: float
     finished: float
@@ -149,7 +151,7 @@ class Batcher(ABC):
         try:
             return await future
         except asyncio.CancelledError:
-            self._abandon(item)  # client went away: never computed if still queued
+            self._abandon(item)  # its waiter is gone: never computed if still queued
             raise
         finally:
             if timer is not None:
@@ -175,14 +177,12 @@ class Batcher(ABC):
             log.error("drain timed out after %ss; failing what is left", timeout)
             for item in list(self.queue):
                 self.queue.remove(item)
-                self._answer_error(item, Draining("server stopped before this request ran"))
+                item.finish(error=Draining("server stopped before this request ran"))
 
     def cancel(self, item: WorkItem) -> None:
         """The client went away: answer ``item`` now; never computed if still queued."""
-        if item.state is not ItemState.DONE:
-            self._abandon(item)
-            if item.future is not None and not item.future.done():
-                item.future.set_exception(ClientGone("client disconnected"))
+        self._unqueue(item)
+        item.finish(error=ClientGone("client disconnected"))
 
     def close(self) -> None:
         """Release engine threads and engines (after drain)."""
@@ -210,7 +210,14 @@ class Batcher(ABC):
                 handle.cancel()
 
     def take(self, n: int) -> list[WorkItem]:
-        return self.queue.pop(n)
+        """Up to ``n`` queued items, moved to running at once: from here on a cancel or a
+        deadline answers them without ever sending them back to the queue."""
+        now = monotonic()
+        taken = [item for item in self.queue.pop(n) if item.start(now)]
+        if self.metrics is not None:
+            for item in taken:
+                self.metrics.queue_time.observe(now - item.arrival)
+        return taken
 
     # ------------------------------------------------------------------ internals
     def _queue_changed(self) -> None:
@@ -219,26 +226,36 @@ class Batcher(ABC):
             waiter.set_result(None)
 
     def _expire(self, item: WorkItem) -> None:
-        if item.state is ItemState.QUEUED:
-            self.queue.remove(item)
-            self._queue_changed()
-            self._answer_error(item, DeadlineExceeded("deadline passed while queued; not computed"))
-        elif item.state is ItemState.RUNNING:
-            self._answer_error(item, DeadlineExceeded("deadline passed during compute"))
+        if self._unqueue(item):
+            item.finish(error=DeadlineExceeded("deadline passed while queued; not computed"))
+        else:
+            item.finish(
+                error=DeadlineExceeded("deadline passed during compute (or after dispatch); result discarded")
+            )
 
-    def _abandon(self, item: WorkItem) -> None:
+    def _unqueue(self, item: WorkItem) -> bool:
+        """Take ``item`` out of the queue if it is still there (True if it was)."""
         if item.state is ItemState.QUEUED and self.queue.remove(item):
             self._queue_changed()
+            return True
+        return False
+
+    def _abandon(self, item: WorkItem) -> None:
+        """Its waiter is gone (cancelled): never compute it, never answer it."""
+        self._unqueue(item)
         item.state = ItemState.DONE
 
     def _answer_error(self, item: WorkItem, exc: BaseException) -> None:
-        item.state = ItemState.DONE
-        if item.future is not None and not item.future.done():
-            item.future.set_exception(exc)
+        item.finish(error=exc)
 
     def run_batch(self, engine: Engine, items: Sequence[WorkItem]) -> BatchOutcome:
         """Worker thread: stack, run, split. On failure retry items one by one, so one
         bad request fails alone rather than taking its neighbours with it."""
+        # Items answered after the batch was formed (deadline, client gone) are not computed.
+        items = [item for item in items if item.state is ItemState.RUNNING]
+        if not items:
+            now = monotonic()
+            return BatchOutcome([], [], now, now, None, 0)
         meter = self.energy_meter
         started = monotonic()
         mark = meter.begin() if meter is not None else None
@@ -258,7 +275,7 @@ class Batcher(ABC):
                 energy = meter.end(mark)
         finished = monotonic()
         padded = padded_size(len(items), getattr(engine, "batch_sizes", None)) - len(items)
-        return BatchOutcome(per_item, started, finished, energy, padded)
+        return BatchOutcome(list(items), per_item, started, finished, energy, padded)
 
     @staticmethod
     def _run_alone(engine: Engine, item: WorkItem) -> dict[str, np.ndarray] | BaseException:
@@ -307,44 +324,41 @@ class RequestBatcher(Batcher):
 
     async def _execute(self, instance: EngineInstance, batch: list[WorkItem]) -> None:
         loop = self._loop or asyncio.get_running_loop()
-        now = monotonic()
-        for item in batch:
-            item.state = ItemState.RUNNING
-            item.dispatched_at = now
-            if self.metrics is not None:
-                self.metrics.queue_time.observe(now - item.arrival)
         try:
             outcome = await loop.run_in_executor(instance.executor, self.run_batch, instance.engine, batch)
         except BaseException as exc:  # the worker itself broke: fail this batch only
             log.exception("batch of %d failed outside the engine", len(batch))
             for item in batch:
-                self._answer_error(item, BatchFailed(f"batch failed: {exc}"))
+                item.finish(error=BatchFailed(f"batch failed: {exc}"))
             return
         finally:
             assert self._free is not None
             self._free.put_nowait(instance)
-        self._scatter(batch, outcome)
+        self._scatter(outcome)
 
-    def _scatter(self, batch: list[WorkItem], outcome: BatchOutcome) -> None:
-        n = len(batch)
+    def _scatter(self, outcome: BatchOutcome) -> None:
+        """Answer every computed item from its own row. One item's trouble (answered
+        meanwhile, a failing callback) never keeps the rest of the batch from answers."""
+        n = len(outcome.items)
+        if n == 0:
+            return  # every item was answered (deadline, client gone) before compute began
         compute_s = outcome.finished - outcome.started
-        if self.metrics is not None:
-            self.metrics.observe_batch(n, compute_s, outcome.padded)
-        if self.on_batch is not None:
-            self.on_batch(n, outcome.energy)
+        try:
+            if self.metrics is not None:
+                self.metrics.observe_batch(n, compute_s, outcome.padded)
+            if self.on_batch is not None:
+                self.on_batch(n, outcome.energy)
+        except Exception:
+            log.exception("batch observer failed; answering the batch anyway")
         share = outcome.energy.joules / n if outcome.energy is not None else None
-        for item, out in zip(batch, outcome.per_item, strict=True):
-            if item.state is not ItemState.RUNNING:
-                continue  # answered already (deadline) or abandoned; result discarded
+        for item, out in zip(outcome.items, outcome.per_item, strict=True):
             if isinstance(out, BaseException):
-                self._answer_error(item, BatchFailed(f"inference failed: {out}"))
+                item.finish(error=BatchFailed(f"inference failed: {out}"))
                 continue
-            item.state = ItemState.DONE
-            assert item.future is not None and item.dispatched_at is not None
-            item.future.set_result(
+            item.finish(
                 Result(
                     outputs=out,
-                    queue_time_s=item.dispatched_at - item.arrival,
+                    queue_time_s=outcome.started - item.arrival,
                     compute_time_s=compute_s,
                     batch_size=n,
                     energy_j=share,

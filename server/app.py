@@ -59,7 +59,10 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
         runtime.batcher_hooks.update(energy_meter=telemetry.meter, on_batch=record_batch)
         return runtime
 
-    models = ModelSet(model_source(settings, engine_factory), make_runtime, strict=settings.strict)
+    # Zero-config serves one model: if it cannot load there is nothing to serve, so that
+    # failure is fatal as before; a repository keeps serving the models that did load.
+    strict = settings.strict or settings.model_repository is None
+    models = ModelSet(model_source(settings, engine_factory), make_runtime, strict=strict)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

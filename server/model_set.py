@@ -123,6 +123,7 @@ class ModelSet:
             try:
                 self._plan(name)
             except KeyError:
+                self._models.pop(name, None)  # gone from the repository
                 raise UnknownModel(f"no model {name!r} in the repository") from None
             await self._start_entries(name)
             return list(self._models[name].values())

@@ -44,7 +44,9 @@ class Settings(BaseSettings):
         "set: every model in it is served and `model` is unused.",
     )
     strict: bool = Field(
-        False, description="Exit at start-up if any model fails to load (Triton's --exit-on-error)."
+        False,
+        description="Exit at start-up if any repository model fails to load (Triton's "
+        "--exit-on-error); without a repository the one model's failure is always fatal.",
     )
     engine: EngineName = Field("torch", description="Engine: torch, onnxruntime or tensorrt.")
     device: str = Field("auto", description="auto (CUDA if available, else CPU), cpu, cuda, cuda:N.")

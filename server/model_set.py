@@ -75,6 +75,8 @@ class ModelSet:
                 raise UnknownModel(f"model {name!r} has no version {version!r} (versions: "
                                    f"{sorted(v for v in versions if v)})")  # fmt: skip
             return entry
+        if len(versions) == 1:  # the common case, on every request: no list, no sort
+            return next(iter(versions.values()))
         ready = [e for e in versions.values() if e.state is ModelState.READY]
         pool = ready or list(versions.values())
         return max(pool, key=lambda e: int(e.version) if e.version.isdigit() else -1)

@@ -183,3 +183,19 @@ def test_unloading_under_load_loses_no_accepted_request(server):
             assert any(w in error for w in ("draining", "unloading", "unloaded", "not available")), error
     finally:
         client(url).load_model("identity")
+
+
+def test_wattserve_serve_with_a_repository_drains_on_sigterm(repository):
+    """Started as a user would (WATTSERVE_MODEL_REPOSITORY); SIGTERM drains every model."""
+    from tests.servers import ServerProcess, free_port
+
+    proc = ServerProcess({"WATTSERVE_MODEL_REPOSITORY": str(repository), "WATTSERVE_TORCH_THREADS": "1",
+                          "WATTSERVE_TELEMETRY": "false"}, free_port())  # fmt: skip
+    try:
+        proc.wait_ready()
+        index = httpx.post(proc.url + "/v2/repository/index", json={"ready": True}).json()
+        assert sorted(m["name"] for m in index) == ["identity", "squeeze_onnx", "squeeze_ts"]
+        assert "broken" in proc.log() and "not ready" in proc.log()  # the failure is logged with why
+    finally:
+        code = proc.stop()
+    assert code == 0, proc.log()

@@ -254,3 +254,77 @@ def test_export_writes_an_entry_triton_parses_and_wattserve_serves(tmp_path):
             {"name": "input", "shape": [1, 3, 224, 224], "datatype": "FP32", "data": x.ravel().tolist()}]})  # fmt: skip
         assert r.status_code == 200, r.text
         assert r.json()["outputs"][0]["shape"] == [1, 1000]
+
+
+TRT_CONFIG = """
+platform: "tensorrt_plan"
+max_batch_size: 8
+instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]
+"""
+
+
+def test_tensorrt_plan_without_tensorrt_is_unavailable_with_the_reason(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # the real, absent library
+    write_model(tmp_path, "trt", TRT_CONFIG, {"1/model.plan": b"plan bytes"})
+    write_model(
+        tmp_path,
+        "ident",
+        'backend: "wattserve"\nparameters { key: "builtin" value: { string_value: "identity" } }',
+    )
+    with threaded_server(Settings(model_repository=tmp_path, telemetry=False)) as (url, _):
+        r = httpx.get(url + "/v2/models/trt/ready")
+        assert r.status_code == 400 and "tensorrt" in r.json()["error"].lower()
+        assert httpx.get(url + "/v2/models/ident/ready").status_code == 200
+
+
+def test_tensorrt_plan_served_through_the_tensorrt_engine_on_the_double(tmp_path, monkeypatch):
+    """Wiring only: FakeTensorRT (tests/doubles) stands in for TensorRT and a GPU, which this
+    machine lacks; real TensorRT runs only in scripts/gpu_check.sh."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from engines.profiles import parse_profiles
+    from engines.tensorrt_engine import GpuIdentity, load_or_build_plan
+    from tests.doubles import fake_tensorrt
+
+    w = np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["input", "W"], ["logits"])], "tiny",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
+        initializer=[numpy_helper.from_array(w, "W")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "tiny.onnx"))
+    trt, _ = fake_tensorrt.install(monkeypatch)
+    record = load_or_build_plan(trt, tmp_path / "tiny.onnx", parse_profiles("1:4:8"), model="tiny",
+                                gpu=GpuIdentity("Fake", "9.0"), fp16=False, cache_dir=tmp_path / "cache")  # fmt: skip
+    write_model(tmp_path / "repo", "trt", TRT_CONFIG, {"1/model.plan": record.path.read_bytes()})
+    with threaded_server(Settings(model_repository=tmp_path / "repo", telemetry=False)) as (url, _):
+        x = np.arange(12, dtype=np.float32).reshape(3, 4)
+        r = httpx.post(url + "/v2/models/trt/infer", json={"inputs": [
+            {"name": "input", "shape": [3, 4], "datatype": "FP32", "data": x.ravel().tolist()}]})  # fmt: skip
+        assert r.status_code == 200, r.text
+        got = np.array(r.json()["outputs"][0]["data"], np.float32).reshape(3, 3)
+        np.testing.assert_allclose(got, x @ w, rtol=1e-5)
+        assert httpx.get(url + "/v2/models/trt").json()["platform"] == "tensorrt_plan"
+
+
+def test_queue_policy_timeout_override_with_triton_meaning():
+    from server.metrics import ServingMetrics
+    from server.runtime import ModelRuntime
+
+    def deadline_in(settings: Settings, timeout_us: int | None) -> float | None:
+        runtime = ModelRuntime(settings, lambda s: None, ServingMetrics("m", "dynamic"))
+        item = runtime.make_item({}, 0, timeout_us)
+        return None if item.deadline is None else round(item.deadline - item.arrival, 3)
+
+    policy = Settings(default_timeout_ms=40, allow_timeout_override=False)
+    assert deadline_in(policy, 10_000) == 0.04  # the request may not override
+    assert deadline_in(policy, None) == 0.04
+    override = Settings(default_timeout_ms=40, allow_timeout_override=True)
+    assert deadline_in(override, 10_000) == 0.01  # it may shorten the default ...
+    assert deadline_in(override, 90_000) == 0.04  # ... not extend it
+    assert deadline_in(Settings(), 10_000) == 0.01  # no queue policy: the request's own timeout
+    assert deadline_in(Settings(), None) is None

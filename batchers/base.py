@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from batchers.queue import PriorityFifo
+from batchers.service_rate import ServiceRate
 from batchers.types import (
     BatchFailed,
     ClientGone,
@@ -70,6 +71,7 @@ class BatcherConfig:
     max_batch_size: int = 8
     max_queue_size: int = 256
     priority_levels: int = 1
+    max_queue_wait_s: float = 0.0  # refuse when the queue holds more work than this; 0 = off
 
 
 def padded_size(n: int, batch_sizes: Sequence[int] | None) -> int:
@@ -121,6 +123,8 @@ class Batcher(ABC):
         self.energy_meter = energy_meter
         self.on_batch = on_batch
         self.queue = PriorityFifo(config.priority_levels)
+        self.service_rate = ServiceRate(len(engines))
+        self.last_batch_at = monotonic()  # read by the idle memory trimmer
         self.closing = False
         self.inflight = 0
         self._waiter: asyncio.Future[None] | None = None
@@ -130,10 +134,7 @@ class Batcher(ABC):
     # ------------------------------------------------------------------ public contract
     async def submit(self, item: WorkItem) -> Result:
         """The only way in: queue ``item`` and wait for its one answer."""
-        if self.closing:
-            raise Draining("server is draining; not accepting new requests")
-        if len(self.queue) >= self.config.max_queue_size:
-            raise QueueFull(f"queue full ({self.config.max_queue_size} requests waiting)")
+        self.check_admission()
         if not 1 <= item.priority <= self.config.priority_levels:
             raise ValueError(f"priority level {item.priority} outside 1..{self.config.priority_levels}")
         if item.deadline is not None and item.deadline <= monotonic():
@@ -157,6 +158,20 @@ class Batcher(ABC):
             if timer is not None:
                 timer.cancel()
             self.inflight -= 1
+
+    def check_admission(self, rows: int = 1) -> None:
+        """Raise the refusal ``submit`` would give now, so a route can refuse a request
+        before reading its body: draining, queue full by count, or by time."""
+        if self.closing:
+            raise Draining("server is draining; not accepting new requests")
+        queued = len(self.queue)
+        if queued + rows > self.config.max_queue_size:
+            raise QueueFull(f"queue full ({self.config.max_queue_size} requests waiting)")
+        bound = self.config.max_queue_wait_s
+        if bound > 0 and queued:
+            wait = self.service_rate.wait_s(queued + rows)
+            if wait > bound:
+                raise QueueFull(f"queue holds about {wait:.1f} s of work (bound {bound:g} s)")
 
     @abstractmethod
     async def run(self) -> None:
@@ -288,19 +303,31 @@ class Batcher(ABC):
 class RequestBatcher(Batcher):
     """Request-level policies: a batch is formed, computed whole, and answered whole.
 
-    Subclasses implement only ``form_batch``; the loop waits for a free engine instance,
-    asks the policy for a batch and hands it to that instance's thread.
+    Subclasses implement ``form_batch`` (wait until the policy wants to dispatch) and may
+    implement ``ready_size`` (what the policy dispatches at once, without waiting).
+
+    Pipelining: when an engine thread finishes a batch it asks ``ready_size`` itself, at
+    that moment, over what is queued then; if the policy would dispatch at once, the
+    thread takes that batch and starts it with no round trip through the event loop,
+    while the loop scatters the answers of the batch just finished. Only when the policy
+    would wait (a timer, a partial static batch) does the instance go back to the loop,
+    which runs ``form_batch``. So every policy's semantics hold: the batch is formed at the
+    moment the instance is free, from the queue as it is then, priorities first.
     """
 
     def __init__(self, engines: Sequence[Engine], config: BatcherConfig, **hooks: Any) -> None:
         super().__init__(engines, config, **hooks)
         self._free: asyncio.Queue[EngineInstance] | None = None  # idle engine instances
-        self._tasks: set[asyncio.Task[None]] = set()  # batches in flight
+        self._busy = 0  # instances running a chain of batches
+        self._all_idle: asyncio.Event | None = None
+        self.pipeline = True  # engine threads take the next ready batch themselves
 
     async def run(self) -> None:
         """The batching loop; started by the server's lifespan, ends after ``drain``."""
         self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
+        self._all_idle = asyncio.Event()
+        self._all_idle.set()
         self._free = asyncio.Queue()
         for inst in self.instances:
             self._free.put_nowait(inst)
@@ -312,29 +339,72 @@ class RequestBatcher(Batcher):
                     self._free.put_nowait(instance)
                     break
                 self._dispatch(instance, batch)
-            if self._tasks:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._all_idle.wait()
         finally:
             self._stopped.set()
 
-    def _dispatch(self, instance: EngineInstance, batch: list[WorkItem]) -> None:
-        task = asyncio.create_task(self._execute(instance, batch))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def ready_size(self, queued: int) -> int | None:
+        """The batch size the policy dispatches at once with ``queued`` items waiting, or
+        None if it would wait. Called on an engine thread under the queue's lock; must
+        only read. The default never dispatches from the thread (no pipelining)."""
+        return None
 
-    async def _execute(self, instance: EngineInstance, batch: list[WorkItem]) -> None:
-        loop = self._loop or asyncio.get_running_loop()
+    def _dispatch(self, instance: EngineInstance, batch: list[WorkItem]) -> None:
+        """Start ``batch`` on the instance's thread; the thread chains ready batches."""
+        self._busy += 1
+        assert self._all_idle is not None
+        self._all_idle.clear()
         try:
-            outcome = await loop.run_in_executor(instance.executor, self.run_batch, instance.engine, batch)
-        except BaseException as exc:  # the worker itself broke: fail this batch only
-            log.exception("batch of %d failed outside the engine", len(batch))
-            for item in batch:
-                item.finish(error=BatchFailed(f"batch failed: {exc}"))
-            return
+            instance.executor.submit(self._work, instance, batch)
+        except RuntimeError as exc:  # executor shut down: fail this batch only
+            self._finished(instance, batch, None, exc, False)
+
+    def _work(self, instance: EngineInstance, batch: list[WorkItem]) -> None:
+        """Engine thread: run ``batch``, then every batch the policy would dispatch at once,
+        posting each outcome to the loop as it finishes."""
+        loop = self._loop
+        assert loop is not None
+        while batch:
+            outcome: BatchOutcome | None = None
+            error: BaseException | None = None
+            try:
+                outcome = self.run_batch(instance.engine, batch)
+            except BaseException as exc:  # the worker itself broke: fail this batch only
+                error = exc
+            following = self._take_ready() if self.pipeline and error is None else []
+            try:
+                loop.call_soon_threadsafe(self._finished, instance, batch, outcome, error, bool(following))
+            except RuntimeError:  # the loop is closed: the server stopped, nobody waits
+                log.debug("batch of %d finished after the event loop closed", len(batch))
+                return
+            batch = following
+
+    def _take_ready(self) -> list[WorkItem]:
+        """Engine thread: the batch the policy dispatches right now, if any."""
+        with self.queue.lock:
+            size = self.ready_size(len(self.queue))
+            return self.take(size) if size else []
+
+    def _finished(
+        self, instance: EngineInstance, batch: list[WorkItem], outcome: BatchOutcome | None,
+        error: BaseException | None, continuing: bool,
+    ) -> None:  # fmt: skip
+        """Loop side of a finished batch: answer it; free the instance unless its thread
+        already started the next batch."""
+        try:
+            if outcome is None:
+                log.error("batch of %d failed outside the engine: %r", len(batch), error)
+                for item in batch:
+                    item.finish(error=BatchFailed(f"batch failed: {error}"))
+            else:
+                self._scatter(outcome)
         finally:
-            assert self._free is not None
-            self._free.put_nowait(instance)
-        self._scatter(outcome)
+            if not continuing:
+                self._busy -= 1
+                assert self._free is not None and self._all_idle is not None
+                self._free.put_nowait(instance)
+                if self._busy == 0:
+                    self._all_idle.set()
 
     def _scatter(self, outcome: BatchOutcome) -> None:
         """Answer every computed item from its own row. One item's trouble (answered
@@ -343,6 +413,8 @@ class RequestBatcher(Batcher):
         if n == 0:
             return  # every item was answered (deadline, client gone) before compute began
         compute_s = outcome.finished - outcome.started
+        self.service_rate.observe(n, compute_s)
+        self.last_batch_at = outcome.finished
         try:
             if self.metrics is not None:
                 self.metrics.observe_batch(n, compute_s, outcome.padded)

@@ -219,6 +219,7 @@ class IterationBatcher(Batcher):
             self.metrics.executions.inc()
         if self.on_batch is not None:
             self.on_batch(n, it.energy)
+        self.last_batch_at = it.finished
         share = it.energy.joules / n if it.energy is not None else None
         keep: list[Running] = []
         for i, r in enumerate(it.active):

@@ -1,31 +1,162 @@
-"""The one admission path every front end uses: lookup, readiness, decode, validate, submit.
+"""Admission: the one path every front end takes (lookup, readiness and queue room, decode,
+validate, submit), and body reading within limits.
 
-It knows no HTTP: a front end passes how to decode its request for the chosen model (HTTP
-reads and parses the body; a gRPC front end would convert its protobuf) and, optionally,
-how to submit (HTTP wraps it in a gone-client watcher). Refusals are ``Refused``
-exceptions carrying the status a front end maps to its own error answer. The model is
-chosen and its readiness checked before the body is read, so a request for an unknown,
-loading or draining model costs no body read.
+``admit`` knows no HTTP: a front end passes how to decode its request for the chosen model
+(HTTP reads the body within the limits below and parses it; a gRPC front end would convert
+its protobuf) and, optionally, how to submit (HTTP wraps it in a gone-client watcher).
+Refusals are ``Refused`` exceptions carrying the status a front end maps to its answer.
+Everything that can refuse a request without its body is decided before the body is read,
+and never more than the limits allow is read, so a refused request costs a few bytes and
+memory stays bounded by the limits rather than by the load.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-from batchers.types import RequestError, Result, WorkItem
+from starlette.formparsers import MultiPartParser
+from starlette.requests import ClientDisconnect, Request
+
+from batchers.types import ClientGone, RequestError, Result, WorkItem
 from server.codec import BadRequest, InferRequest
 from server.model_set import ModelSet, ModelState, UnknownModel
 from server.runtime import ModelRuntime
 
+log = logging.getLogger("wattserve.admission")
+
+# The CORS-safelisted request types: a web page may POST them cross-origin without a
+# preflight, so a local server that computed them could be driven by any page.
+BROWSER_SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
+
+
+class BodyBudget:
+    """Request-body bytes being read or parsed at once, over all requests.
+
+    A request reserves its declared length (or, chunked, each chunk as it arrives) and
+    releases it when its answer is sent; past the budget new requests are refused with 503
+    before their body is read."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def try_reserve(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def release(self, n: int) -> None:
+        self.used = max(0, self.used - n)
+
+
+class BudgetExceeded(BadRequest):
+    def __init__(self) -> None:
+        super().__init__("server is reading too many request bodies at once; retry shortly", 503)
+
+
+def check_content_type(request: Request) -> None:
+    """Inference takes JSON or octet-stream (or an unnamed type, as some clients send)."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media in BROWSER_SIMPLE_TYPES:
+        raise BadRequest(
+            f"content type {media!r} is not accepted for inference; send application/json "
+            "or application/octet-stream",
+            415,
+        )
+
+
+@contextlib.asynccontextmanager
+async def reserved_body(request: Request, limit: int, budget: BodyBudget) -> AsyncIterator[list[bytes]]:
+    """Read the whole body within ``limit`` (413) and the shared ``budget`` (503); the
+    reservation is held until the block exits. Yields a one-element list with the body."""
+    held = 0
+    try:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit():
+            size = int(declared)
+            if size > limit:
+                raise BadRequest(f"body of {declared} bytes exceeds the {limit}-byte limit", 413)
+            if not budget.try_reserve(size):
+                raise BudgetExceeded()
+            held = size
+            body = await _body(request)
+        else:
+            chunks: list[bytes] = []
+            async for chunk in _stream(request, limit):
+                if not budget.try_reserve(len(chunk)):
+                    raise BudgetExceeded()
+                held += len(chunk)
+                chunks.append(chunk)
+            body = b"".join(chunks)
+        yield [body]
+    finally:
+        budget.release(held)
+
+
+async def read_upload(request: Request, limit: int) -> bytes:
+    """Image bytes from a multipart form (field 'file') or from the raw body, counted
+    against ``limit`` as they stream in (chunked uploads included)."""
+    content_type = request.headers.get("content-type", "")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BadRequest(f"body of {declared} bytes exceeds the {limit}-byte limit", 413)
+    if not content_type.startswith("multipart/form-data"):
+        return b"".join([chunk async for chunk in _stream(request, limit)])
+    parser = MultiPartParser(request.headers, _stream(request, limit), max_files=1, max_fields=4)
+    try:
+        form = await parser.parse()
+    except BadRequest:
+        raise
+    except Exception as exc:  # starlette's MultiPartException and friends: malformed form
+        raise BadRequest(f"malformed multipart upload: {exc}") from None
+    try:
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise BadRequest("multipart upload needs a file field named 'file'")
+        return await upload.read()
+    finally:
+        await form.close()
+
+
+async def _stream(request: Request, limit: int) -> AsyncIterator[bytes]:
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BadRequest(f"body exceeds the {limit}-byte limit", 413)
+            yield chunk
+    except ClientDisconnect:
+        raise ClientGone("client disconnected during the upload") from None
+
+
+async def _body(request: Request) -> bytes:
+    try:
+        return await request.body()  # the server stops at Content-Length
+    except ClientDisconnect:
+        raise ClientGone("client disconnected during the upload") from None
+
+
+# ---------------------------------------------------------------------------- the admission path
+
 
 class Refused(Exception):
-    """A request answered without a result: ``status`` (HTTP numbering) and why."""
+    """A request answered without a result: ``status`` (HTTP numbering) and why.
 
-    def __init__(self, message: str, status: int, retry_after: bool = False) -> None:
+    ``body_unread``: refused before (all of) its body was read, so an HTTP front end closes
+    the connection rather than draining a large body it will not use."""
+
+    def __init__(
+        self, message: str, status: int, retry_after: bool = False, body_unread: bool = False
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.retry_after = retry_after
+        self.body_unread = body_unread
 
 
 @dataclass(slots=True)
@@ -40,36 +171,53 @@ Submit = Callable[[ModelRuntime, list[WorkItem]], Awaitable[list[Result]]]
 
 
 def select(models: ModelSet, name: str, version: str | None) -> ModelRuntime:
-    """The runtime that will serve ``name``/``version``, or Refused (404 unknown, 503 loading
-    or draining, 400 failed/unloaded with the reason)."""
+    """The runtime that will serve ``name``/``version``, or Refused: 404 unknown; 503 +
+    Retry-After while loading, draining or without queue room (by count or measured time);
+    400 with the reason for a model that failed to load or was unloaded."""
     try:
         entry = models.lookup(name, version)
     except UnknownModel as exc:
-        raise Refused(str(exc), 404) from None
+        raise Refused(str(exc), 404, body_unread=True) from None
     runtime = entry.runtime
-    if entry.state is ModelState.READY and runtime is not None and runtime.ready:
-        return runtime
     if runtime is not None and runtime.draining:
         runtime.metrics.outcome["draining"].inc()
-        raise Refused(f"model {name!r} is draining; retry elsewhere", 503, retry_after=True)
+        raise Refused(f"model {name!r} is draining; retry elsewhere", 503, True, True)
+    if (
+        entry.state is ModelState.READY
+        and runtime is not None
+        and runtime.ready
+        and runtime.batcher is not None
+    ):
+        try:
+            runtime.batcher.check_admission()
+        except RequestError as exc:
+            runtime.metrics.outcome[exc.outcome].inc()
+            raise Refused(str(exc), exc.status_code, True, True) from None
+        return runtime
     if models.draining:
-        raise Refused("server is draining; retry elsewhere", 503, retry_after=True)
+        raise Refused("server is draining; retry elsewhere", 503, True, True)
     if entry.state in (ModelState.LOADING, ModelState.UNLOADING):
-        raise Refused(f"model {name!r} is {entry.state.value.lower()}", 503, retry_after=True)
-    raise Refused(f"model {name!r} is not available: {entry.reason or entry.state.value}", 400)
+        raise Refused(f"model {name!r} is {entry.state.value.lower()}", 503, True, True)
+    raise Refused(
+        f"model {name!r} is not available: {entry.reason or entry.state.value}", 400, body_unread=True
+    )
 
 
 async def admit(
     models: ModelSet, name: str, version: str | None, decode: Decode, submit: Submit | None = None
 ) -> Admitted:
-    """Lookup, readiness, decode + validate (400s before any queue), submit, answer."""
+    """Lookup, readiness and room, decode + validate (4xx before any queue), submit, answer."""
     runtime = select(models, name, version)
     try:
         request = await decode(runtime)
         items = [runtime.make_item(i, request.priority, request.timeout_us) for i in request.items]
     except (BadRequest, ValueError) as exc:
-        runtime.metrics.outcome["bad_request"].inc()
-        raise Refused(str(exc), getattr(exc, "status", 400)) from None
+        status = getattr(exc, "status", 400)
+        runtime.metrics.outcome["queue_full" if status == 503 else "bad_request"].inc()
+        raise Refused(str(exc), status, retry_after=status == 503, body_unread=status in (413, 503)) from None
+    except RequestError as exc:  # the client left during the upload
+        runtime.metrics.outcome[exc.outcome].inc()
+        raise Refused(str(exc), exc.status_code, exc.retry_after) from None
     try:
         results = await (submit(runtime, items) if submit is not None else runtime.infer(items))
     except RequestError as exc:

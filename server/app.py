@@ -1,4 +1,4 @@
-"""The FastAPI app factory: the model set, the routers, the lifespan. Wiring only.
+"""The FastAPI app factory: the model set, the routers, the guards, the lifespan. Wiring only.
 
 Routes live in ``server/routes/`` by concern and reach the models only through the
 ``ModelSet`` and the one admission path (``server.admission``); nothing there imports this
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import types
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,14 +18,19 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from engines.registry import build_engine
-from server.metrics import ServingMetrics
+from server.admission import BodyBudget
+from server.lifecycle import IdleTrimmer
+from server.metrics import ServingMetrics, server_metrics
+from server.middleware import ConnectionHeaders
 from server.model_plan import EngineFactory, ModelPlan, ModelSource, SettingsSource
-from server.model_set import ModelSet
+from server.model_set import ModelSet, ModelSetActivity
 from server.routes.health import VERSION, health_router
 from server.routes.images import images_router
 from server.routes.inference import inference_routes
 from server.routes.repository import repository_router
 from server.runtime import ModelRuntime
+from server.schemas import ErrorBody, InferRequestBody, InferResponseBody
+from server.security import AccessControl, parse_restricted_api
 from server.settings import Settings
 from telemetry import TelemetryService
 
@@ -45,6 +51,8 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     settings = settings or Settings()
     registry = CollectorRegistry()
     telemetry = TelemetryService(settings, registry)  # same registry: one /metrics
+    body_budget = BodyBudget(settings.max_inflight_body_bytes)
+    restrictions = parse_restricted_api(settings.restricted_api)  # a bad value fails at start
 
     def make_runtime(plan: ModelPlan) -> ModelRuntime:
         metrics = ServingMetrics(plan.name, plan.settings.batcher, registry)
@@ -63,6 +71,7 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     # failure is fatal as before; a repository keeps serving the models that did load.
     strict = settings.strict or settings.model_repository is None
     models = ModelSet(model_source(settings, engine_factory), make_runtime, strict=strict)
+    trimmer = IdleTrimmer(ModelSetActivity(models), settings.idle_trim_s) if settings.tune_malloc else None  # type: ignore[arg-type]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -71,23 +80,47 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
             runtime.batcher_hooks["energy_meter"] = telemetry.meter
         try:
             await models.start()
+            if trimmer is not None:
+                trimmer.start()
             yield
         finally:
+            if trimmer is not None:
+                trimmer.stop()
             await models.stop()
             await asyncio.to_thread(telemetry.stop)
 
     app = FastAPI(title="wattserve", version=VERSION, lifespan=lifespan)
+    app.add_middleware(ConnectionHeaders, keep_alive_s=settings.keep_alive_s, draining=models.closing)
+    if restrictions or settings.api_token:
+        app.add_middleware(AccessControl, restrictions=restrictions, api_token=settings.api_token)
     app.state.settings = settings
     app.state.models = models
     app.state.telemetry = telemetry
     app.state.registry = registry
     first = models.runtimes()[:1]  # the zero-config model, for tests and tools that want it
     app.state.runtime = first[0] if first else None
-    app.state.metrics = first[0].metrics if first else None
+    # server-wide counters (refused connections) live on every ServingMetrics of the registry
+    app.state.metrics = first[0].metrics if first else types.SimpleNamespace(**server_metrics(registry))
 
     app.include_router(health_router(models, settings, registry))
     app.include_router(repository_router(models))
     app.include_router(images_router(models, settings))
     # The hot path: plain Starlette routes, first in the table.
-    app.router.routes[0:0] = inference_routes(models, settings)
+    app.router.routes[0:0] = inference_routes(models, settings, body_budget)
+    _document_infer_route(app)
     return app
+
+
+def _document_infer_route(app: FastAPI) -> None:
+    """Describe the Starlette infer route in /openapi.json: FastAPI routes with the same
+    paths, appended after it, so they are documented but never matched."""
+    errors = {code: {"model": ErrorBody} for code in (400, 401, 403, 404, 413, 415, 503, 504)}
+
+    async def infer_doc(name: str, body: InferRequestBody) -> InferResponseBody:  # pragma: no cover
+        """KServe v2 inference: JSON tensors, or the binary tensor extension
+        (Inference-Header-Content-Length). Answered by the Starlette route above."""
+        raise AssertionError("documentation only; the Starlette route answers")
+
+    for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
+        app.add_api_route(path, infer_doc, methods=["POST"], responses=errors,  # type: ignore[arg-type]
+                          response_model=InferResponseBody, summary="Infer")  # fmt: skip

@@ -76,6 +76,12 @@ class _Families:
             "wattserve_inflight_requests", "Accepted requests not yet answered.", labels, registry=r
         )
         self.ready = Gauge("wattserve_model_ready", "1 when the model serves.", labels, registry=r)
+        self.connections_refused = Counter(  # the server's, not a model's: no model label
+            "wattserve_connections_refused",
+            "Connections closed before a request reached the app (header timeout or size, cap).",
+            ("reason",),
+            registry=r,
+        )
 
 
 _FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, _Families] = weakref.WeakKeyDictionary()
@@ -86,6 +92,11 @@ def _families(registry: CollectorRegistry) -> _Families:
     if families is None:
         families = _FAMILIES[registry] = _Families(registry)
     return families
+
+
+def server_metrics(registry: CollectorRegistry) -> dict[str, Any]:
+    """The server-wide (not per-model) metrics of a registry."""
+    return {"connections_refused": _families(registry).connections_refused}
 
 
 class ServingMetrics:
@@ -99,6 +110,7 @@ class ServingMetrics:
         self.registry = registry or CollectorRegistry()
         f = _families(self.registry)
         self._requests, self._ready = f.requests, f.ready
+        self.connections_refused = f.connections_refused
         self.statistics = ModelStatistics()
         lv = (model, batcher)
         self.queue_depth = f.queue_depth.labels(*lv)

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from server.model_plan import ModelPlan, ModelSource
 from server.runtime import ModelRuntime
@@ -99,6 +100,14 @@ class ModelSet:
     def ready(self) -> bool:
         """Server readiness: start-up finished, not draining, and at least one model serves."""
         return self.started and not self.draining and any(e.state is ModelState.READY for e in self.entries())
+
+    def closing(self) -> bool:
+        """The server drains, or every model it serves does (what ``Connection: close`` follows).
+        Called on every response, so no list or sort."""
+        if self.draining:
+            return True
+        runtimes = [e.runtime for v in self._models.values() for e in v.values() if e.runtime is not None]
+        return bool(runtimes) and all(r.draining for r in runtimes)
 
     def runtimes(self) -> list[ModelRuntime]:
         return [e.runtime for e in self.entries() if e.runtime is not None]
@@ -190,3 +199,27 @@ class ModelSet:
         await asyncio.gather(*(e.runtime.stop() for e in entries if e.runtime is not None))
         for entry in entries:
             entry.state, entry.reason, entry.runtime = ModelState.UNAVAILABLE, reason, None
+
+
+class ModelSetActivity:
+    """Every model's batching activity seen as one batcher (what ``IdleTrimmer`` reads:
+    ``runtime.batcher.inflight`` and ``.last_batch_at``), so memory is trimmed only when
+    the whole server is idle."""
+
+    def __init__(self, models: ModelSet) -> None:
+        self.models = models
+
+    @property
+    def batcher(self) -> ModelSetActivity:
+        return self
+
+    def _batchers(self) -> list[Any]:
+        return [r.batcher for r in self.models.runtimes() if r.batcher is not None]
+
+    @property
+    def inflight(self) -> int:
+        return sum(b.inflight for b in self._batchers())
+
+    @property
+    def last_batch_at(self) -> float:
+        return max((b.last_batch_at for b in self._batchers()), default=0.0)

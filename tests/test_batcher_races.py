@@ -108,11 +108,12 @@ async def test_item_cancelled_between_batch_formation_and_start_does_not_strand_
     await wait_until(lambda: len(batcher.queue) == 4)
     first = items[0]
     original_take = batcher.take
+    loop = asyncio.get_running_loop()
 
-    def take_then_cancel(n: int) -> list[WorkItem]:
+    def take_then_cancel(n: int) -> list[WorkItem]:  # on the loop, or on the engine thread
         taken = original_take(n)
         if first in taken:  # the client leaves right after its batch was formed
-            asyncio.get_running_loop().call_soon(batcher.cancel, first)
+            loop.call_soon_threadsafe(batcher.cancel, first)
         return taken
 
     batcher.take = take_then_cancel  # type: ignore[method-assign]

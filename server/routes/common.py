@@ -1,4 +1,4 @@
-"""What every router needs: JSON answers, body reading with limits, the gone-client watch."""
+"""What every router needs: JSON and refusal answers, the gone-client watch, timing headers."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from starlette.responses import Response
 
 from batchers.types import Result, WorkItem
 from server.admission import Refused
-from server.codec import BadRequest
 from server.runtime import ModelRuntime
 
 WATCH_AFTER_S = 0.02  # answers slower than this get a task watching for a gone client
@@ -28,40 +27,18 @@ def error_response(message: str, status: int, retry_after: int | None = None) ->
     return json_response({"error": message}, status, headers)
 
 
-def refusal_response(refused: Refused, retry_after_s: int) -> Response:
-    return error_response(str(refused), refused.status, retry_after_s if refused.retry_after else None)
+DRAIN_UNREAD_BODY_BYTES = 64 * 1024  # a refused request's unread body up to this is read, not cut off
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing (413) anything larger than ``limit`` before reading it all."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit():
-        if int(declared) > limit:
-            raise BadRequest(f"body of {declared} bytes exceeds the {limit}-byte limit", 413)
-        return await request.body()  # the server stops at Content-Length
-    chunks: list[bytes] = []  # chunked upload: count as it arrives
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BadRequest(f"body exceeds the {limit}-byte limit", 413)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def read_upload(request: Request, limit: int) -> bytes:
-    """Image bytes from a multipart form (field 'file') or from the raw body."""
-    content_type = request.headers.get("content-type", "")
-    if not content_type.startswith("multipart/form-data"):
-        return await read_body(request, limit)
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BadRequest(f"body of {declared} bytes exceeds the {limit}-byte limit", 413)
-    form = await request.form(max_files=1, max_fields=4)
-    upload = form.get("file")
-    if upload is None or isinstance(upload, str):
-        raise BadRequest("multipart upload needs a file field named 'file'")
-    return await upload.read()
+def refusal_response(refused: Refused, retry_after_s: int, request: Request | None = None) -> Response:
+    """The error answer; a refusal that left a large (or chunked) body unread closes the
+    connection instead of draining a body nobody will use."""
+    answer = error_response(str(refused), refused.status, retry_after_s if refused.retry_after else None)
+    if refused.body_unread and request is not None:
+        declared = request.headers.get("content-length", "")
+        if refused.status == 413 or not declared.isdigit() or int(declared) > DRAIN_UNREAD_BODY_BYTES:
+            answer.headers["connection"] = "close"
+    return answer
 
 
 def watching_submit(request: Request) -> Callable[[ModelRuntime, list[WorkItem]], Awaitable[list[Result]]]:

@@ -17,13 +17,12 @@ import numpy as np
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from server.admission import Refused, admit
+from server.admission import Refused, admit, read_upload
 from server.codec import BadRequest, InferRequest
 from server.model_set import ModelSet
 from server.routes.common import (
     error_response,
     json_response,
-    read_upload,
     refusal_response,
     timing_headers,
     watching_submit,
@@ -68,7 +67,8 @@ def images_router(models: ModelSet, settings: Settings) -> APIRouter:
             if engine is None or [s.name for s in engine.inputs] != ["input"]:
                 raise BadRequest(f"model {name!r} takes tensors, not images")
             data = await read_upload(request, settings.max_body_bytes)
-            tensor = await asyncio.to_thread(preprocess_image, data, runtime.settings.model)
+            tensor = await asyncio.to_thread(preprocess_image, data, runtime.settings.model,
+                                             settings.max_image_pixels)  # fmt: skip
             expected = tuple(engine.inputs[0].shape)
             if tensor.shape != expected:
                 raise BadRequest(f"preprocessed image is {tensor.shape}, model expects {expected}")
@@ -77,7 +77,7 @@ def images_router(models: ModelSet, settings: Settings) -> APIRouter:
         try:
             done = await admit(models, name, None, decode, watching_submit(request))
         except Refused as refused:
-            return refusal_response(refused, retry_after_s)
+            return refusal_response(refused, retry_after_s, request)
         logits = next(iter(done.results[0].outputs.values()))
         classes = best_classes(logits, done.runtime.settings.model, top_k)
         return json_response({"model_name": name, "top_k": classes}, headers=timing_headers(done.results))

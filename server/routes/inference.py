@@ -12,17 +12,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from server.admission import Refused, admit
+from server.admission import BodyBudget, Refused, admit, check_content_type, reserved_body
 from server.codec import BINARY_HEADER, InferRequest, encode_infer_response, parse_infer_request
 from server.model_set import ModelSet
-from server.routes.common import read_body, refusal_response, timing_headers, watching_submit
+from server.routes.common import refusal_response, timing_headers, watching_submit
 from server.runtime import ModelRuntime
 from server.settings import Settings
 
 OFFLOAD_DECODE_BYTES = 256 * 1024  # bodies above this are decoded on a worker thread
 
 
-def inference_routes(models: ModelSet, settings: Settings) -> list[Route]:
+def inference_routes(models: ModelSet, settings: Settings, body_budget: BodyBudget) -> list[Route]:
     retry_after_s = settings.retry_after_s
 
     async def infer(request: Request) -> Response:
@@ -31,21 +31,23 @@ def inference_routes(models: ModelSet, settings: Settings) -> list[Route]:
         engines = []  # the engine the request was decoded for (an unload may clear runtime.engine)
 
         async def decode(runtime: ModelRuntime) -> InferRequest:
-            body = await read_body(request, settings.max_body_bytes)
             engine = runtime.engine
             if engine is None:
-                raise Refused(f"model {name!r} is unloading", 503, retry_after=True)
+                raise Refused(f"model {name!r} is unloading", 503, retry_after=True, body_unread=True)
             engines.append(engine)
-            args = (body, request.headers.get(BINARY_HEADER), engine.inputs, engine.outputs,
-                    runtime.request_max_batch, runtime.settings.check_values)  # fmt: skip
-            if len(body) > OFFLOAD_DECODE_BYTES:
-                return await asyncio.to_thread(parse_infer_request, *args)
-            return parse_infer_request(*args)
+            check_content_type(request)
+            async with reserved_body(request, settings.max_body_bytes, body_budget) as held:
+                body = held[0]
+                args = (body, request.headers.get(BINARY_HEADER), engine.inputs, engine.outputs,
+                        runtime.request_max_batch, runtime.settings.check_values)  # fmt: skip
+                if len(body) > OFFLOAD_DECODE_BYTES:
+                    return await asyncio.to_thread(parse_infer_request, *args)
+                return parse_infer_request(*args)
 
         try:
             done = await admit(models, name, params.get("version"), decode, watching_submit(request))
         except Refused as refused:
-            return refusal_response(refused, retry_after_s)
+            return refusal_response(refused, retry_after_s, request)
         payload, extra = encode_infer_response(name, done.request, [r.outputs for r in done.results],
                                                engines[0].outputs, done.runtime.version)  # fmt: skip
         media = "application/octet-stream" if extra else "application/json"

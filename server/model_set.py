@@ -103,11 +103,17 @@ class ModelSet:
 
     def closing(self) -> bool:
         """The server drains, or every model it serves does (what ``Connection: close`` follows).
-        Called on every response, so no list or sort."""
+        Called on every response: stops at the first model still serving, builds nothing."""
         if self.draining:
             return True
-        runtimes = [e.runtime for v in self._models.values() for e in v.values() if e.runtime is not None]
-        return bool(runtimes) and all(r.draining for r in runtimes)
+        seen = False
+        for versions in self._models.values():
+            for entry in versions.values():
+                if entry.runtime is not None:
+                    if not entry.runtime.draining:
+                        return False
+                    seen = True
+        return seen
 
     def runtimes(self) -> list[ModelRuntime]:
         return [e.runtime for e in self.entries() if e.runtime is not None]

@@ -250,6 +250,12 @@ def _read_outputs(outputs: Any, specs: Sequence[TensorSpec], request: InferReque
     request.binary_outputs = binary
 
 
+def _has_nonfinite(tensors: list[dict[str, Any]]) -> bool:
+    return any(
+        "data" in t and t["data"].dtype.kind == "f" and not np.isfinite(t["data"]).all() for t in tensors
+    )
+
+
 def encode_infer_response(
     model_name: str,
     request: InferRequest,
@@ -262,7 +268,6 @@ def encode_infer_response(
     datatypes = {s.name: s.datatype for s in output_specs}
     tensors: list[dict[str, Any]] = []
     blobs: list[bytes] = []
-    nonfinite = False  # orjson writes NaN/Inf as null; Triton writes NaN/Infinity tokens
     for name in names:
         if not request.batched:
             value = rows[0][name]
@@ -278,19 +283,17 @@ def encode_infer_response(
             blobs.append(blob)
         else:
             tensor["data"] = value.ravel()
-            if value.dtype.kind == "f" and not np.isfinite(value).all():
-                nonfinite = True
         tensors.append(tensor)
     doc: dict[str, Any] = {"model_name": model_name, "model_version": version, "outputs": tensors}
     if request.id is not None:
         doc["id"] = request.id
-    if nonfinite:
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if b"null" in header and _has_nonfinite(tensors):
+        # orjson writes NaN/Inf as null; Triton writes NaN/Infinity tokens, and so do we.
         for tensor in tensors:
             if "data" in tensor:
                 tensor["data"] = tensor["data"].tolist()
         header = json.dumps(doc, separators=(",", ":")).encode()
-    else:
-        header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return header, {}
     return header + b"".join(blobs), {BINARY_HEADER: str(len(header))}

@@ -19,7 +19,6 @@ from engines.base import Engine, warmup_sizes, zeros_batch
 from server.metrics import ServingMetrics
 from server.model_plan import EngineFactory
 from server.settings import Settings
-from server.statistics import worst
 
 log = logging.getLogger("wattserve.runtime")
 
@@ -190,7 +189,11 @@ class ModelRuntime:
             stats = self.metrics.statistics
             if outcome == "success":
                 self.metrics.request_latency.observe(elapsed)
-                stats.record_success(elapsed, worst([r.queue_time_s for r in results]),
-                                     worst([r.compute_time_s for r in results]))  # fmt: skip
+                if len(results) == 1:
+                    queue_s, compute_s = results[0].queue_time_s, results[0].compute_time_s
+                else:
+                    queue_s = max(r.queue_time_s for r in results)
+                    compute_s = max(r.compute_time_s for r in results)
+                stats.record_success(elapsed, queue_s, compute_s)
             elif outcome != "cancelled":
                 stats.record_failure(elapsed)

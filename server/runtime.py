@@ -83,7 +83,11 @@ class ModelRuntime:
                     await asyncio.to_thread(close)
             raise
         self.engine = engines[0]
-        self.batcher = build_batcher(self.settings, engines, metrics=self.metrics, **self.batcher_hooks)
+        hooks = dict(self.batcher_hooks)
+        meter_for = hooks.pop("energy_meter_for", None)  # energy follows the engine's device
+        if meter_for is not None:
+            hooks["energy_meter"] = meter_for(str(self.engine.device))
+        self.batcher = build_batcher(self.settings, engines, metrics=self.metrics, **hooks)
         self.metrics.watch(self.batcher)
         self._task = asyncio.create_task(self.batcher.run(), name=f"batcher-{self.name}")
         self.ready = True

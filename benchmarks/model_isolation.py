@@ -9,7 +9,8 @@ what does serving a repository cost the hot path? Both measured in one run.
 2. Overhead: identity served zero-config (`WATTSERVE_MODEL=identity`) vs the same identity
    alone in a repository vs in a 3-model repository (identity + an ONNX and a TorchScript
    classifier, idle: torch and ONNX Runtime loaded in the process), 16 connections,
-   alternating rounds.
+   the order reversed every other round (on a shared machine, going first in a round was
+   worth ~20% by itself).
 
     python -m benchmarks.model_isolation [--seconds 8] [--rounds 2]
 
@@ -97,8 +98,9 @@ def overhead(root: Path, seconds: float, rounds: int) -> dict:
         "three_model_repository": {"WATTSERVE_MODEL_REPOSITORY": str(repo), "WATTSERVE_TORCH_THREADS": "1"},
     }
     runs: dict[str, list[dict]] = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, env in variants.items():
+    for r in range(rounds):
+        order = list(variants.items())
+        for name, env in order if r % 2 == 0 else order[::-1]:  # position in a round matters here
             with wattserve(env) as url:
                 wrk(url + "/v2/models/identity/infer", IDENTITY_BODY, 16, 2)
                 runs[name].append(wrk(url + "/v2/models/identity/infer", IDENTITY_BODY, 16, seconds))

@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     # --- network ---
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
+    grpc_port: int = Field(
+        8001, ge=0, le=65535, description="KServe v2 gRPC port (Triton's default 8001); 0 = no gRPC."
+    )
+    grpc_host: str | None = Field(None, description="Address gRPC listens on; unset: the HTTP `host`.")
     log_level: str = Field("info", description="uvicorn/wattserve log level.")
 
     # --- model ---

@@ -7,8 +7,9 @@ what does serving a repository cost the hot path? Both measured in one run.
    queue and engine threads; what is left is CPU sharing itself (on a 2-core machine, a
    lot of it) and the one event loop.
 2. Overhead: identity served zero-config (`WATTSERVE_MODEL=identity`) vs the same identity
-   in a 3-model repository (identity + an ONNX and a TorchScript classifier, idle), 16
-   connections, alternating rounds.
+   alone in a repository vs in a 3-model repository (identity + an ONNX and a TorchScript
+   classifier, idle: torch and ONNX Runtime loaded in the process), 16 connections,
+   alternating rounds.
 
     python -m benchmarks.model_isolation [--seconds 8] [--rounds 2]
 
@@ -87,12 +88,17 @@ def isolation(root: Path, seconds: float, rounds: int) -> dict:
 def overhead(root: Path, seconds: float, rounds: int) -> dict:
     repo = make_repository(root / "three", broken=False)
     (repo / "identity" / "config.pbtxt").write_text(IDENTITY)
+    write_model(root / "one", "identity", IDENTITY)
     one = {"WATTSERVE_MODEL": "identity", "WATTSERVE_BATCHER": "dynamic", "WATTSERVE_MAX_BATCH_SIZE": "16",
            "WATTSERVE_MAX_QUEUE_DELAY_MS": "0"}  # fmt: skip
-    three = {"WATTSERVE_MODEL_REPOSITORY": str(repo), "WATTSERVE_TORCH_THREADS": "1"}
-    runs: dict[str, list[dict]] = {"one_model": [], "three_model_repository": []}
+    variants = {  # zero-config; the same identity alone in a repository; beside two torch/ORT models
+        "one_model": one,
+        "one_model_repository": {"WATTSERVE_MODEL_REPOSITORY": str(root / "one")},
+        "three_model_repository": {"WATTSERVE_MODEL_REPOSITORY": str(repo), "WATTSERVE_TORCH_THREADS": "1"},
+    }
+    runs: dict[str, list[dict]] = {name: [] for name in variants}
     for _ in range(rounds):
-        for name, env in (("one_model", one), ("three_model_repository", three)):
+        for name, env in variants.items():
             with wattserve(env) as url:
                 wrk(url + "/v2/models/identity/infer", IDENTITY_BODY, 16, 2)
                 runs[name].append(wrk(url + "/v2/models/identity/infer", IDENTITY_BODY, 16, seconds))
@@ -123,7 +129,8 @@ def main() -> None:
         per = ", ".join(f"{r['rps']:.0f} (p99 {r['p99_ms']:.2f} ms)" for r in rounds)
         print(f"{name:<36} {rps[name]:>8.0f}  {per}")
     ratio = rps["three_model_repository"] / rps["one_model"]
-    print(f"three-model repository / one model = {ratio:.2f}")
+    print(f"three-model repository / one model = {ratio:.2f}; "
+          f"one-model repository / one model = {rps['one_model_repository'] / rps['one_model']:.2f}")  # fmt: skip
     errors = sum(r["non_2xx"] for v in (*iso.values(), *ovh.values()) for r in v)
     path = save("model_isolation", {"isolation": iso, "overhead": ovh, "overhead_ratio": ratio,
                                     "non_2xx": errors, "seconds": args.seconds, "rounds": args.rounds,

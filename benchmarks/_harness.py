@@ -30,8 +30,8 @@ def free_port() -> int:
 @contextlib.contextmanager
 def process(
     cmd: list[str], env: dict[str, str], ready_url: str, timeout: float = 300, root: Path = ROOT
-) -> Iterator[None]:
-    """Run ``cmd`` until the block ends; its output goes to a log file (a pipe nobody reads
+) -> Iterator[subprocess.Popen]:
+    """Run ``cmd`` until the block ends (the block gets its Popen); its output goes to a log file (a pipe nobody reads
     would fill up and stall the server), shown if it dies. ``root``: the checkout whose code
     it runs (another one gives a before/after comparison in the same run)."""
     full_env = {**os.environ, **env, "PYTHONPATH": str(root)}
@@ -49,7 +49,7 @@ def process(
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{cmd} not ready after {timeout}s")
                 time.sleep(0.2)
-            yield
+            yield proc
         finally:
             proc.terminate()
             try:

@@ -9,8 +9,10 @@ protocol front end (framing, decode, encode) and its client.
 
 Both clients are Python asyncio in this process (aiohttp with a prebuilt body; grpc.aio with
 a prebuilt ModelInferRequest), so each side pays a comparable client cost; the server is a
-subprocess (``python -m server serve``). The machine may be shared: compare the two
-protocols as ratios within one run, never across runs.
+subprocess (``python -m server serve``) whose own CPU time per request is reported too: on a
+machine where client and server share the cores, req/s partly measures the clients, while
+server CPU per request is the protocol's cost to the server. The machine may be shared:
+compare the two protocols as ratios within one run, never across runs.
 
     python -m benchmarks.grpc_vs_http [--seconds 5] [--rounds 3] [--model-seconds 8] [--model-rounds 2]
 
@@ -23,6 +25,7 @@ import argparse
 import asyncio
 import os
 import platform
+import sys
 import time
 from collections.abc import Awaitable, Callable
 
@@ -32,7 +35,7 @@ import numpy as np
 import orjson
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from benchmarks._harness import free_port, save, wattserve
+from benchmarks._harness import free_port, process, save
 
 CLIENTS = 16
 
@@ -86,7 +89,14 @@ async def closed_loop(call: Callable[[], Awaitable[None]], seconds: float, clien
     }
 
 
-async def alternate(url: str, grpc_address: str, model: str, name: str, array: np.ndarray,
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def alternate(url: str, grpc_address: str, server_pid: int, model: str, name: str, array: np.ndarray,
                     seconds: float, rounds: int) -> dict[str, list[dict]]:  # fmt: skip
     body, headers = http_request(model, name, array)
     message = grpc_request(model, name, array)
@@ -115,10 +125,14 @@ async def alternate(url: str, grpc_address: str, model: str, name: str, array: n
             await closed_loop(call, 1.0, CLIENTS)
         for i in range(rounds):
             for proto, call in (("http", over_http), ("grpc", over_grpc)):
+                cpu_before = cpu_seconds(server_pid)
                 result = await closed_loop(call, seconds, CLIENTS)
+                cpu = cpu_seconds(server_pid) - cpu_before
+                result["server_cpu_ms_per_request"] = cpu * 1e3 / max(1, result["requests"])
                 out[proto].append(result)
                 print(f"  {model} round {i + 1} {proto:4}: {result['rps']:8.1f} req/s  p50 "
-                      f"{result['p50_ms']:.2f} ms  p99 {result['p99_ms']:.2f} ms  errors {result['errors']}")  # fmt: skip
+                      f"{result['p50_ms']:.2f} ms  p99 {result['p99_ms']:.2f} ms  server CPU "
+                      f"{result['server_cpu_ms_per_request']:.3f} ms/req  errors {result['errors']}")  # fmt: skip
     return out
 
 
@@ -127,6 +141,9 @@ def summary(rounds: list[dict]) -> dict:
         "rps_median": float(np.median([r["rps"] for r in rounds])),
         "p99_ms_median": float(np.median([r["p99_ms"] for r in rounds])),
         "p50_ms_median": float(np.median([r["p50_ms"] for r in rounds])),
+        "server_cpu_ms_per_request_median": float(
+            np.median([r["server_cpu_ms_per_request"] for r in rounds])
+        ),
         "errors": sum(r["errors"] for r in rounds),
     }
 
@@ -134,9 +151,18 @@ def summary(rounds: list[dict]) -> dict:
 def run_case(
     env: dict[str, str], model: str, name: str, array: np.ndarray, seconds: float, rounds: int
 ) -> dict:
-    grpc_port = free_port()
-    with wattserve({**env, "WATTSERVE_GRPC_PORT": str(grpc_port)}) as url:
-        raw = asyncio.run(alternate(url, f"127.0.0.1:{grpc_port}", model, name, array, seconds, rounds))
+    port, grpc_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        "WATTSERVE_LOG_LEVEL": "warning",
+        **env,
+        "WATTSERVE_PORT": str(port),
+        "WATTSERVE_GRPC_PORT": str(grpc_port),
+    }
+    with process([sys.executable, "-m", "server", "serve"], env, url + "/v2/health/ready") as server:
+        raw = asyncio.run(
+            alternate(url, f"127.0.0.1:{grpc_port}", server.pid, model, name, array, seconds, rounds)
+        )
     return {"rounds": raw, "http": summary(raw["http"]), "grpc": summary(raw["grpc"])}
 
 
@@ -172,18 +198,18 @@ def main() -> None:
         doc["mobilenet_v2"] = run_case(model_env, "mobilenet_v2", "input", image, args.model_seconds,
                                        args.model_rounds)  # fmt: skip
 
-    print("\n| case | protocol | req/s (median of rounds) | p50 ms | p99 ms | errors |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("\n| case | protocol | req/s (median of rounds) | p50 ms | p99 ms | server CPU ms/req | errors |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for case in ("identity", "mobilenet_v2"):
         if case not in doc:
             continue
         for proto in ("http", "grpc"):
             s = doc[case][proto]
             print(f"| {case} | {proto} | {s['rps_median']:.1f} | {s['p50_ms_median']:.2f} | "
-                  f"{s['p99_ms_median']:.2f} | {s['errors']} |")  # fmt: skip
+                  f"{s['p99_ms_median']:.2f} | {s['server_cpu_ms_per_request_median']:.3f} | {s['errors']} |")  # fmt: skip
         ratio = doc[case]["grpc"]["rps_median"] / doc[case]["http"]["rps_median"]
         doc[case]["grpc_over_http_rps"] = ratio
-        print(f"| {case} | grpc/http | {ratio:.2f}x | | | |")
+        print(f"| {case} | grpc/http | {ratio:.2f}x | | | | |")
     print("(machine shared with other agents: numbers are noisy; the ratio within this run is the result)")
     print(f"saved {save('grpc_vs_http', doc)}")
 

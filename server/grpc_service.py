@@ -258,6 +258,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         try:
             done = await admit(self.models, name, message.model_version or None, decode)
+            response = build_response(name, done.runtime.version, done.request,
+                                      [r.outputs for r in done.results], engines[0].outputs)  # fmt: skip
         except Refused as refused:
             if not engines and refused.status == 400:
                 # refused before decoding with a 400: the model failed to load or was
@@ -267,8 +269,6 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         except Exception as exc:  # a bug, not a refusal: the request fails alone
             log.exception("gRPC inference for %r failed", name)
             raise Failure(S.INTERNAL, f"internal error: {type(exc).__name__}") from None
-        response = build_response(name, done.runtime.version, done.request,
-                                  [r.outputs for r in done.results], engines[0].outputs)  # fmt: skip
         return response, done.results
 
     # ------------------------------------------------------------------ helpers

@@ -355,6 +355,11 @@ def test_request_metrics_carry_the_protocol(identity):
     client = tgrpc.InferenceServerClient(address)
     text_before = httpx.get(url + "/metrics").text
     client.infer("identity", [identity_input(np.zeros((1, 16), np.float32))])
+    streamed = threading.Event()
+    client.start_stream(lambda result, error: streamed.set())
+    client.async_stream_infer("identity", [identity_input(np.zeros((1, 16), np.float32))])
+    assert streamed.wait(10)
+    client.stop_stream()
     text = httpx.get(url + "/metrics").text
 
     def value(text: str, series: str) -> float:
@@ -362,7 +367,7 @@ def test_request_metrics_carry_the_protocol(identity):
         return float(lines[0].split()[-1]) if lines else 0.0
 
     grpc_ok = 'wattserve_requests_total{batcher="dynamic",model="identity",outcome="success",protocol="grpc"}'
-    assert value(text, grpc_ok) == value(text_before, grpc_ok) + 1
+    assert value(text, grpc_ok) == value(text_before, grpc_ok) + 2  # unary and streamed
     assert (
         'wattserve_request_duration_seconds_count{batcher="dynamic",model="identity",protocol="grpc"}' in text
     )
@@ -416,3 +421,27 @@ def test_sigterm_drains_grpc_work_then_stops():
         wait_for(lambda: len(answers) == 2, timeout=20)
         assert all(e is None for _, e in answers), answers
         assert proc.proc.wait(30) == 0
+
+
+def test_engine_failure_is_internal_and_fails_only_that_request(gated):
+    _, address, engine, _ = gated
+    engine.poison = 77.0
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            stub(address).ModelInfer(gated_request(77.0))
+        assert err.value.code() == grpc.StatusCode.INTERNAL
+        assert stub(address).ModelInfer(gated_request(5.0)).outputs[0].name == "y"  # still serving
+    finally:
+        engine.poison = None
+
+
+def test_stream_refusal_carries_the_request_id(gated):
+    _, address, _, _ = gated
+    requests = [gated_request(6.0, rid="ok"), _bad(shape=(1, 3)), gated_request(7.0, rid="ok-2")]
+    requests[1].id = "bad"
+    answers = {a.infer_response.id: a for a in stub(address).ModelStreamInfer(iter(requests), timeout=30)}
+    assert sorted(answers) == ["bad", "ok", "ok-2"]
+    assert "model expects [-1, 2]" in answers["bad"].error_message
+    assert not answers["ok"].error_message
+    out = np.frombuffer(answers["ok-2"].infer_response.raw_output_contents[0], np.float32)
+    np.testing.assert_array_equal(out, [14.0, -14.0])

@@ -63,8 +63,9 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
         def record_batch(batch_size: int, energy: Any) -> None:
             telemetry.record_batch(plan.name, plan.settings.batcher, batch_size, energy)
 
-        # read by runtime.start(); the meter is None without a GPU or RAPL (nothing made up)
-        runtime.batcher_hooks.update(energy_meter=telemetry.meter, on_batch=record_batch)
+        # read by runtime.start(), after telemetry started: the meter follows the engine's
+        # device (its GPU; RAPL or nothing for a CPU engine; nothing is made up)
+        runtime.batcher_hooks.update(energy_meter_for=telemetry.meter_for, on_batch=record_batch)
         return runtime
 
     # Zero-config serves one model: if it cannot load there is nothing to serve, so that
@@ -83,8 +84,6 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
         if grpc_front is not None:
             grpc_front.bind()  # a taken port fails start-up before any model loads
         await asyncio.to_thread(telemetry.start)  # NVML init and cost measurement off the loop
-        for runtime in models.runtimes():  # made before telemetry started: give them its meter
-            runtime.batcher_hooks["energy_meter"] = telemetry.meter
         try:
             await models.start()
             if grpc_front is not None:

@@ -314,6 +314,12 @@ def output_arrays(
     return out
 
 
+def _has_nonfinite(tensors: list[dict[str, Any]]) -> bool:
+    return any(
+        "data" in t and t["data"].dtype.kind == "f" and not np.isfinite(t["data"]).all() for t in tensors
+    )
+
+
 def encode_infer_response(
     model_name: str,
     request: InferRequest,
@@ -324,7 +330,6 @@ def encode_infer_response(
     """Body and extra headers (binary extension) for one answered request."""
     tensors: list[dict[str, Any]] = []
     blobs: list[bytes] = []
-    nonfinite = False  # orjson writes NaN/Inf as null; Triton writes NaN/Infinity tokens
     for name, datatype, value in output_arrays(request, rows, output_specs):
         tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
         if name in request.binary_outputs:
@@ -333,19 +338,17 @@ def encode_infer_response(
             blobs.append(blob)
         else:
             tensor["data"] = value.ravel()
-            if value.dtype.kind == "f" and not np.isfinite(value).all():
-                nonfinite = True
         tensors.append(tensor)
     doc: dict[str, Any] = {"model_name": model_name, "model_version": version, "outputs": tensors}
     if request.id is not None:
         doc["id"] = request.id
-    if nonfinite:
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if b"null" in header and _has_nonfinite(tensors):
+        # orjson writes NaN/Inf as null; Triton writes NaN/Infinity tokens, and so do we.
         for tensor in tensors:
             if "data" in tensor:
                 tensor["data"] = tensor["data"].tolist()
         header = json.dumps(doc, separators=(",", ":")).encode()
-    else:
-        header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return header, {}
     return header + b"".join(blobs), {BINARY_HEADER: str(len(header))}

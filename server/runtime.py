@@ -19,7 +19,6 @@ from engines.base import Engine, warmup_sizes, zeros_batch
 from server.metrics import ServingMetrics
 from server.model_plan import EngineFactory
 from server.settings import Settings
-from server.statistics import worst
 
 log = logging.getLogger("wattserve.runtime")
 
@@ -84,7 +83,11 @@ class ModelRuntime:
                     await asyncio.to_thread(close)
             raise
         self.engine = engines[0]
-        self.batcher = build_batcher(self.settings, engines, metrics=self.metrics, **self.batcher_hooks)
+        hooks = dict(self.batcher_hooks)
+        meter_for = hooks.pop("energy_meter_for", None)  # energy follows the engine's device
+        if meter_for is not None:
+            hooks["energy_meter"] = meter_for(str(self.engine.device))
+        self.batcher = build_batcher(self.settings, engines, metrics=self.metrics, **hooks)
         self.metrics.watch(self.batcher)
         self._task = asyncio.create_task(self.batcher.run(), name=f"batcher-{self.name}")
         self.ready = True
@@ -190,7 +193,11 @@ class ModelRuntime:
             stats = self.metrics.statistics
             if outcome == "success":
                 self.metrics.request_latency.observe(elapsed)
-                stats.record_success(elapsed, worst([r.queue_time_s for r in results]),
-                                     worst([r.compute_time_s for r in results]))  # fmt: skip
+                if len(results) == 1:
+                    queue_s, compute_s = results[0].queue_time_s, results[0].compute_time_s
+                else:
+                    queue_s = max(r.queue_time_s for r in results)
+                    compute_s = max(r.compute_time_s for r in results)
+                stats.record_success(elapsed, queue_s, compute_s)
             elif outcome != "cancelled":
                 stats.record_failure(elapsed)

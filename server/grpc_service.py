@@ -302,7 +302,10 @@ class GrpcFrontEnd:
         self.settings = settings
         self.service = InferenceService(models, settings, body_budget)
         self.restrictions = restrictions
-        self.address = f"{settings.grpc_host or settings.host}:{settings.grpc_port}"
+        host = settings.grpc_host or settings.host
+        if ":" in host and not host.startswith("["):  # an IPv6 address, e.g. "::"
+            host = f"[{host}]"
+        self.address = f"{host}:{settings.grpc_port}"
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
 

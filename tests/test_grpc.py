@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import queue
 import threading
 import time
 
@@ -445,3 +446,31 @@ def test_stream_refusal_carries_the_request_id(gated):
     assert not answers["ok"].error_message
     out = np.frombuffer(answers["ok-2"].infer_response.raw_output_contents[0], np.float32)
     np.testing.assert_array_equal(out, [14.0, -14.0])
+
+
+def test_stream_cancelled_mid_queue_costs_no_compute(gated):
+    _, address, engine, app = gated
+    engine.gate.clear()
+    engine.started.clear()
+    pending: queue.Queue = queue.Queue()
+
+    def requests():
+        while (request := pending.get()) is not None:
+            yield request
+
+    channel = grpc.insecure_channel(address)
+    call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(requests())
+    try:
+        pending.put(gated_request(61.0, rid="a"))
+        assert engine.started.wait(10)
+        pending.put(gated_request(62.0, rid="b"))
+        wait_for(lambda: app.state.runtime.batcher.queue_depth == 1)
+        call.cancel()  # the client goes away with one request computing and one queued
+        wait_for(lambda: app.state.runtime.batcher.queue_depth == 0)
+    finally:
+        engine.gate.set()
+        pending.put(None)
+    time.sleep(0.2)
+    assert 61.0 in engine.seen
+    assert 62.0 not in engine.seen  # never computed
+    channel.close()

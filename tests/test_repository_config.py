@@ -297,8 +297,8 @@ def test_tensorrt_plan_served_through_the_tensorrt_engine_on_the_double(tmp_path
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(tmp_path / "tiny.onnx"))
-    trt, _ = fake_tensorrt.install(monkeypatch)
-    record = load_or_build_plan(trt, tmp_path / "tiny.onnx", parse_profiles("1:4:8"), model="tiny",
+    fake_tensorrt.install(monkeypatch)
+    record = load_or_build_plan(tmp_path / "tiny.onnx", parse_profiles("1:4:8"), model="tiny",
                                 gpu=GpuIdentity("Fake", "9.0"), fp16=False, cache_dir=tmp_path / "cache")  # fmt: skip
     write_model(tmp_path / "repo", "trt", TRT_CONFIG, {"1/model.plan": record.path.read_bytes()})
     with threaded_server(Settings(model_repository=tmp_path / "repo", telemetry=False)) as (url, _):

@@ -396,3 +396,23 @@ def test_openapi_describes_the_infer_route(server):
     doc = httpx.get(url + "/openapi.json").json()
     op = doc["paths"]["/v2/models/{name}/infer"]["post"]
     assert "requestBody" in op
+
+
+# ---------------------------------------------------------------- drain grace (rolling restarts)
+@pytest.mark.slow
+def test_drain_grace_reports_not_ready_but_keeps_serving_then_drains():
+    from tests.servers import ServerProcess, free_port
+
+    server = ServerProcess({"WATTSERVE_MODEL": "identity", "WATTSERVE_DRAIN_GRACE_S": "3"}, free_port())
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}]}
+    try:
+        server.wait_ready()
+        server.terminate()
+        time.sleep(0.5)
+        ready = httpx.get(server.url + "/v2/health/ready", timeout=5)
+        served = httpx.post(server.url + "/v2/models/identity/infer", json=body, timeout=5)
+        assert ready.status_code == 503  # the load balancer stops sending...
+        assert served.status_code == 200  # ...while whatever still arrives is served
+        assert server.proc.wait(60) == 0  # then it drains and exits
+    finally:
+        server.stop()

@@ -416,3 +416,14 @@ def test_drain_grace_reports_not_ready_but_keeps_serving_then_drains():
         assert server.proc.wait(60) == 0  # then it drains and exits
     finally:
         server.stop()
+
+
+def test_service_rate_is_optimistic_until_a_full_batch_is_measured():
+    from batchers.service_rate import ServiceRate
+
+    rate = ServiceRate(instances=1, max_batch_size=8)
+    rate.observe(1, 0.02)  # light load: batches of one, 20 ms each
+    assert rate.wait_s(240) == pytest.approx(240 / (8 / 0.02))  # a full batch assumed as fast
+    for _ in range(50):
+        rate.observe(8, 0.08)  # overload: full batches measured, 4x slower than assumed
+    assert rate.wait_s(240) == pytest.approx(240 / (8 / 0.08), rel=0.01)

@@ -73,18 +73,29 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     strict = settings.strict or settings.model_repository is None
     models = ModelSet(model_source(settings, engine_factory), make_runtime, strict=strict)
     trimmer = IdleTrimmer(ModelSetActivity(models), settings.idle_trim_s) if settings.tune_malloc else None  # type: ignore[arg-type]
+    grpc_front = None
+    if settings.grpc_port:  # same models, admission path and batchers as HTTP; same event loop
+        from server.grpc_service import GrpcFrontEnd
+
+        grpc_front = GrpcFrontEnd(models, settings, body_budget, restrictions)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if grpc_front is not None:
+            grpc_front.bind()  # a taken port fails start-up before any model loads
         await asyncio.to_thread(telemetry.start)  # NVML init and cost measurement off the loop
         try:
             await models.start()
+            if grpc_front is not None:
+                await grpc_front.start()
             if trimmer is not None:
                 trimmer.start()
             yield
         finally:
             if trimmer is not None:
                 trimmer.stop()
+            if grpc_front is not None:  # after a SIGTERM drain nothing is in flight: quick
+                await grpc_front.stop(settings.drain_timeout_s)
             await models.stop()
             await asyncio.to_thread(telemetry.stop)
 
@@ -96,6 +107,7 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     app.state.models = models
     app.state.telemetry = telemetry
     app.state.registry = registry
+    app.state.grpc = grpc_front  # its bound port: app.state.grpc.port
     first = models.runtimes()[:1]  # the zero-config model, for tests and tools that want it
     app.state.runtime = first[0] if first else None
     # server-wide counters (refused connections) live on every ServingMetrics of the registry

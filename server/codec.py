@@ -105,34 +105,77 @@ def _parse_infer_request(
         if name in arrays:
             raise BadRequest(f"input {name!r} given twice")
         spec = by_name[name]
-        shape, batched = _check_shape(raw.get("shape"), spec, max_batch_size)
-        datatype = raw.get("datatype")
-        if datatype != spec.datatype:
-            raise BadRequest(f"input {name!r} has datatype {datatype!r}; model expects {spec.datatype}")
+        shape, batched = check_tensor_header(raw.get("shape"), raw.get("datatype"), spec, max_batch_size)
         params = raw.get("parameters") or {}
         if not isinstance(params, dict):
             raise BadRequest(f"input {name!r}: parameters must be an object")
-        count = math.prod(shape)
         if "binary_data_size" in params:
             size = params["binary_data_size"]
             if not _is_int(size) or size < 0 or offset + size > len(binary):
                 raise BadRequest(f"input {name!r}: binary_data_size {size!r} beyond the body")
-            chunk = binary[offset : offset + size]
+            array = tensor_from_bytes(binary[offset : offset + size], spec, shape)
             offset += size
-            if size != count * spec.dtype.itemsize:
-                raise BadRequest(
-                    f"input {name!r}: {size} bytes for shape {shape} of {datatype} "
-                    f"({count * spec.dtype.itemsize} expected)"
-                )
-            array = np.frombuffer(chunk, dtype=spec.dtype).reshape(shape)
         else:
-            array = _from_json_data(raw.get("data"), spec, shape, count)
-        if check_values and array.dtype.kind == "f" and not np.isfinite(array).all():
-            raise BadRequest(f"input {name!r} contains NaN or Inf, which this model's value check refuses")
+            array = tensor_from_values(raw.get("data"), spec, shape)
+        if check_values:
+            check_finite(name, array)
         arrays[name] = array
         batched_flags.add(batched)
     if offset != len(binary):
         raise BadRequest(f"{len(binary) - offset} unread bytes after the binary tensors")
+    return assemble_request(_request_id(doc), arrays, batched_flags, by_name, doc.get("parameters"),
+                            doc.get("outputs"), output_specs)  # fmt: skip
+
+
+# ---------------------------------------------------------------- checks shared by every front end
+# HTTP (JSON or binary) and gRPC (raw or typed contents) decode through these, so a request
+# means the same and is refused with the same message whichever protocol carried it.
+
+
+def check_tensor_header(
+    shape: Any, datatype: Any, spec: TensorSpec, max_batch_size: int
+) -> tuple[list[int], bool]:
+    """Shape (with or without the batch axis, batch within 1..max) and datatype of one input.
+    Returns the shape and whether it carries the batch axis."""
+    shape, batched = _check_shape(shape, spec, max_batch_size)
+    if datatype != spec.datatype:
+        raise BadRequest(f"input {spec.name!r} has datatype {datatype!r}; model expects {spec.datatype}")
+    return shape, batched
+
+
+def tensor_from_bytes(chunk: bytes, spec: TensorSpec, shape: list[int]) -> np.ndarray:
+    """An input's raw little-endian bytes (binary extension, gRPC raw contents), size-checked."""
+    expected = math.prod(shape) * spec.dtype.itemsize
+    if len(chunk) != expected:
+        raise BadRequest(
+            f"input {spec.name!r}: {len(chunk)} bytes for shape {shape} of {spec.datatype} "
+            f"({expected} expected)"
+        )
+    return np.frombuffer(chunk, dtype=spec.dtype).reshape(shape)
+
+
+def tensor_from_values(data: Any, spec: TensorSpec, shape: list[int]) -> np.ndarray:
+    """An input given as a (nested) sequence of numbers: JSON data, gRPC typed contents."""
+    return _from_json_data(data, spec, shape, math.prod(shape))
+
+
+def check_finite(name: str, array: np.ndarray) -> None:
+    """The value check a model may ask for (``check_values``): no NaN or Inf in float inputs."""
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise BadRequest(f"input {name!r} contains NaN or Inf, which this model's value check refuses")
+
+
+def assemble_request(
+    request_id: str | None,
+    arrays: dict[str, np.ndarray],
+    batched_flags: set[bool],
+    by_name: dict[str, TensorSpec],
+    parameters: Any,
+    outputs: Any,
+    output_specs: Sequence[TensorSpec],
+) -> InferRequest:
+    """Checked inputs -> one InferRequest: every input present, one batch size, rows split,
+    parameters (priority, timeout in µs) and requested outputs read as the protocol says."""
     missing = sorted(set(by_name) - set(arrays))
     if missing:
         raise BadRequest(f"missing input(s) {missing}")
@@ -144,9 +187,9 @@ def _parse_infer_request(
         raise BadRequest(f"inputs disagree on the batch size: {sorted(sizes)}")
     rows = sizes.pop()
     items = [{k: v[i] for k, v in arrays.items()} for i in range(rows)] if batched else [arrays]
-    request = InferRequest(id=_request_id(doc), items=items, batched=batched)
-    _read_parameters(doc.get("parameters"), request)
-    _read_outputs(doc.get("outputs"), output_specs, request)
+    request = InferRequest(id=request_id, items=items, batched=batched)
+    _read_parameters(parameters, request)
+    _read_outputs(outputs, output_specs, request)
     return request
 
 
@@ -250,6 +293,27 @@ def _read_outputs(outputs: Any, specs: Sequence[TensorSpec], request: InferReque
     request.binary_outputs = binary
 
 
+def output_arrays(
+    request: InferRequest, rows: list[dict[str, np.ndarray]], output_specs: Sequence[TensorSpec]
+) -> list[tuple[str, str, np.ndarray]]:
+    """(name, datatype, contiguous array) of each requested output, rows stacked back into
+    the request's own batch (none when the request carried no batch axis)."""
+    names = request.outputs or [s.name for s in output_specs]
+    datatypes = {s.name: s.datatype for s in output_specs}
+    out = []
+    for name in names:
+        if not request.batched:
+            value = rows[0][name]
+        elif len(rows) == 1:
+            value = rows[0][name][np.newaxis]  # a view: no copy for the common single row
+        else:
+            value = np.stack([r[name] for r in rows])
+        out.append(
+            (name, datatypes[name], np.ascontiguousarray(value, dtype=DATATYPE_TO_NUMPY[datatypes[name]]))
+        )
+    return out
+
+
 def _has_nonfinite(tensors: list[dict[str, Any]]) -> bool:
     return any(
         "data" in t and t["data"].dtype.kind == "f" and not np.isfinite(t["data"]).all() for t in tensors
@@ -264,19 +328,10 @@ def encode_infer_response(
     version: str = "1",
 ) -> tuple[bytes, dict[str, str]]:
     """Body and extra headers (binary extension) for one answered request."""
-    names = request.outputs or [s.name for s in output_specs]
-    datatypes = {s.name: s.datatype for s in output_specs}
     tensors: list[dict[str, Any]] = []
     blobs: list[bytes] = []
-    for name in names:
-        if not request.batched:
-            value = rows[0][name]
-        elif len(rows) == 1:
-            value = rows[0][name][np.newaxis]  # a view: no copy for the common single row
-        else:
-            value = np.stack([r[name] for r in rows])
-        value = np.ascontiguousarray(value, dtype=DATATYPE_TO_NUMPY[datatypes[name]])
-        tensor: dict[str, Any] = {"name": name, "datatype": datatypes[name], "shape": list(value.shape)}
+    for name, datatype, value in output_arrays(request, rows, output_specs):
+        tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
         if name in request.binary_outputs:
             blob = value.tobytes()
             tensor["parameters"] = {"binary_data_size": len(blob)}

@@ -8,6 +8,7 @@ lock and an add, not a label lookup.
 from __future__ import annotations
 
 import weakref
+from contextvars import ContextVar
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -29,6 +30,13 @@ OUTCOMES = (
     "error",  # 500, the engine failed this request's batch
 )
 
+PROTOCOLS = ("http", "grpc")
+
+# The front end that carries the request being handled. A gRPC handler sets it in its own
+# task; HTTP leaves the default. The one admission path and the runtime count requests
+# without knowing the protocol, and the ``protocol`` label still says which one it was.
+request_protocol: ContextVar[str] = ContextVar("wattserve_request_protocol", default="http")
+
 
 class _Families:
     """The metric families of one registry, declared once however many models it serves."""
@@ -36,12 +44,13 @@ class _Families:
     def __init__(self, r: CollectorRegistry) -> None:
         labels = ("model", "batcher")
         self.requests = Counter(
-            "wattserve_requests", "Inference requests by outcome.", (*labels, "outcome"), registry=r
-        )
+            "wattserve_requests", "Inference requests by protocol and outcome.",
+            (*labels, "protocol", "outcome"), registry=r,
+        )  # fmt: skip
         self.request_latency = Histogram(
             "wattserve_request_duration_seconds",
-            "Time from request arrival to response, successful requests.",
-            labels, buckets=LATENCY_BUCKETS, registry=r,
+            "Time from request arrival to response, successful requests, by protocol.",
+            (*labels, "protocol"), buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.queue_time = Histogram(
             "wattserve_queue_duration_seconds",
@@ -116,16 +125,31 @@ class ServingMetrics:
         self.queue_depth = f.queue_depth.labels(*lv)
         self.inflight = f.inflight.labels(*lv)
         self.ready = f.ready.labels(*lv)
-        self.request_latency = f.request_latency.labels(*lv)
+        self._latency = {p: f.request_latency.labels(*lv, p) for p in PROTOCOLS}
         self.queue_time = f.queue_time.labels(*lv)
         self.compute_time = f.compute_time.labels(*lv)
         self.batch_size = f.batch_size.labels(*lv)
         self.inferences = f.inferences.labels(*lv)
         self.executions = f.executions.labels(*lv)
         self.padded_slots = f.padded.labels(*lv)
-        self.outcome = {o: self._requests.labels(*lv, o) for o in OUTCOMES}
-        for child in self.outcome.values():  # so rate() queries have a series from the start
-            child.inc(0)
+        self._outcomes = {p: {o: self._requests.labels(*lv, p, o) for o in OUTCOMES} for p in PROTOCOLS}
+        for children in self._outcomes.values():  # so rate() queries have a series from the start
+            for child in children.values():
+                child.inc(0)
+
+    @property
+    def outcome(self) -> dict[str, Any]:
+        """Request counters by outcome, for the protocol of the request being handled."""
+        return self._outcomes[request_protocol.get()]
+
+    @property
+    def request_latency(self) -> Any:
+        """The latency histogram of the protocol of the request being handled."""
+        return self._latency[request_protocol.get()]
+
+    def count(self, outcome: str) -> int:
+        """Requests with ``outcome`` over every protocol (Triton's statistics count them all)."""
+        return int(sum(children[outcome]._value.get() for children in self._outcomes.values()))
 
     def watch(self, batcher: Any) -> None:
         """Queue depth and in-flight count are read from the batcher at scrape time, so the

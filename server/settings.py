@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     # --- network ---
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
+    grpc_port: int = Field(
+        8001, ge=0, le=65535, description="KServe v2 gRPC port (Triton's default 8001); 0 = no gRPC."
+    )
+    grpc_host: str | None = Field(None, description="Address gRPC listens on; unset: the HTTP `host`.")
     log_level: str = Field("info", description="uvicorn/wattserve log level.")
 
     # --- model ---
@@ -161,6 +165,12 @@ class Settings(BaseSettings):
     )
     retry_after_s: int = Field(1, ge=0, description="Retry-After value sent with 503s.")
     drain_timeout_s: float = Field(30.0, ge=0, description="On SIGTERM, longest wait for accepted work.")
+    drain_grace_s: float = Field(
+        0.0,
+        ge=0,
+        description="On SIGTERM, report not ready at once but keep accepting requests this long "
+        "before draining, so a load balancer's health check stops sending first (e.g. 2-3 checks).",
+    )
     warmup: bool = Field(True, description="Run every batch size once before reporting ready.")
     gil_switch_interval_ms: float = Field(
         0.5,

@@ -42,7 +42,7 @@ def health_router(models: ModelSet, settings: Settings, registry: CollectorRegis
     # before /v2/models/{name}, which would take "stats" for a model name
     @router.get("/v2/models/stats")
     async def all_stats() -> Response:
-        return json_response({"model_stats": [_stats(r) for r in models.runtimes()]})
+        return json_response({"model_stats": [stats_doc(r) for r in models.runtimes()]})
 
     async def model_stats(name: str, version: str | None = None) -> Response:
         try:
@@ -51,24 +51,14 @@ def health_router(models: ModelSet, settings: Settings, registry: CollectorRegis
             return error_response(str(exc), 404)
         if entry.runtime is None:
             return error_response(f"model {name!r} is not available: {entry.reason}", 400)
-        return json_response({"model_stats": [_stats(entry.runtime)]})
+        return json_response({"model_stats": [stats_doc(entry.runtime)]})
 
     async def model_metadata(name: str, version: str | None = None) -> Response:
         try:
-            runtime = _serving(models, name, version)
+            runtime = serving_runtime(models, name, version)
         except Refused as refused:
             return refusal_response(refused, retry_after_s)
-        engine = runtime.engine
-        assert engine is not None
-        batched = runtime.batching
-        versions = [e.version for e in models.entries() if e.name == name and e.state is ModelState.READY]
-        return json_response({
-            "name": name,
-            "versions": versions,
-            "platform": runtime.platform or engine.platform,
-            "inputs": [s.metadata(batched) for s in engine.inputs],
-            "outputs": [s.metadata(batched) for s in engine.outputs],
-        })  # fmt: skip
+        return json_response(metadata_doc(models, runtime))
 
     async def model_ready(name: str, version: str | None = None) -> Response:
         try:
@@ -86,7 +76,7 @@ def health_router(models: ModelSet, settings: Settings, registry: CollectorRegis
     async def model_config(name: str, version: str | None = None) -> Response:
         """Triton's model-configuration extension: the configuration as served."""
         try:
-            runtime = _serving(models, name, version)
+            runtime = serving_runtime(models, name, version)
         except Refused as refused:
             return refusal_response(refused, retry_after_s)
         return json_response(triton_config(runtime))
@@ -104,7 +94,7 @@ def health_router(models: ModelSet, settings: Settings, registry: CollectorRegis
     return router
 
 
-def _serving(models: ModelSet, name: str, version: str | None) -> ModelRuntime:
+def serving_runtime(models: ModelSet, name: str, version: str | None) -> ModelRuntime:
     """A loaded runtime (metadata needs its engine), ready or not."""
     try:
         entry = models.lookup(name, version)
@@ -115,8 +105,24 @@ def _serving(models: ModelSet, name: str, version: str | None) -> ModelRuntime:
     return select(models, name, version)  # raises the refusal that says why
 
 
-def _stats(runtime: ModelRuntime) -> dict[str, Any]:
-    rejected = int(runtime.metrics.outcome["bad_request"]._value.get())
+def metadata_doc(models: ModelSet, runtime: ModelRuntime) -> dict[str, Any]:
+    """KServe v2 model metadata (HTTP's JSON, and the fields of gRPC's ModelMetadataResponse)."""
+    engine = runtime.engine
+    assert engine is not None
+    batched = runtime.batching
+    name = runtime.name
+    versions = [e.version for e in models.entries() if e.name == name and e.state is ModelState.READY]
+    return {
+        "name": name,
+        "versions": versions,
+        "platform": runtime.platform or engine.platform,
+        "inputs": [s.metadata(batched) for s in engine.inputs],
+        "outputs": [s.metadata(batched) for s in engine.outputs],
+    }
+
+
+def stats_doc(runtime: ModelRuntime) -> dict[str, Any]:
+    rejected = runtime.metrics.count("bad_request")
     return runtime.metrics.statistics.triton(runtime.name, runtime.version, rejected)
 
 

@@ -332,6 +332,7 @@ class RequestBatcher(Batcher):
             self.metrics.observe_batch(n, compute_s, outcome.padded)
         if self.on_batch is not None:
             self.on_batch(n, outcome.energy)
+        self.batch_finished(batch, outcome)
         share = outcome.energy.joules / n if outcome.energy is not None else None
         for item, out in zip(batch, outcome.per_item, strict=True):
             if item.state is not ItemState.RUNNING:
@@ -351,7 +352,11 @@ class RequestBatcher(Batcher):
                 )
             )
 
-    # ------------------------------------------------------------------ policy hook
+    # ------------------------------------------------------------------ policy hooks
+    def batch_finished(self, batch: list[WorkItem], outcome: BatchOutcome) -> None:
+        """Called on the event loop once per executed batch, before its items are answered:
+        policies that learn from what a batch cost (adaptive, aimd) override it."""
+
     @abstractmethod
     async def form_batch(self) -> list[WorkItem] | None:
         """Wait until the policy wants to dispatch; return the batch, or None to stop.

@@ -138,16 +138,20 @@ class AdaptiveBatcher(RequestBatcher):
         return self._view
 
     def batch_finished(self, batch: list[WorkItem], outcome: BatchOutcome) -> None:
+        try:
+            self._learn(batch, outcome)
+        except Exception:  # learning must never cost a request its answer
+            log.exception("adaptive: cost model update failed; batch answered as usual")
+
+    def _learn(self, batch: list[WorkItem], outcome: BatchOutcome) -> None:
         now = monotonic()
         if not any(isinstance(out, BaseException) for out in outcome.per_item):
             joules = getattr(outcome.energy, "joules", None)
             size = len(batch) + outcome.padded
             self.costs.observe(size, outcome.finished - outcome.started, joules)
             # hand-off to the engine thread and back: part of every request's wait, not the model's
-            handoff = (outcome.started - (batch[0].dispatched_at or outcome.started)) + (
-                now - outcome.finished
-            )
-            self.costs.observe_overhead(max(handoff, 0.0))
+            dispatched = batch[0].dispatched_at or outcome.started
+            self.costs.observe_overhead(max((outcome.started - dispatched) + (now - outcome.finished), 0.0))
             self._view = None
         slo = self.objective.slo_s
         for item in batch:

@@ -21,7 +21,10 @@ Each time an engine instance is free and requests are queued: dispatch ``n`` now
 
 ``budget`` = objective - headroom (time outside the batcher: HTTP, network); ``margin`` is
 the cost model's percentile of prediction error, so the objective's percentile survives
-the error of the model itself.
+the error of the model itself. The margin used is capped at a quarter of the budget: a
+larger one says the machine cannot hold the objective anyway (stalls longer than the
+compute), and planning for it would only shrink batches, cut throughput and lengthen the
+queue, which makes every request later.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 MIN_WAIT_S = 0.0002  # a shorter wait costs more in wake-ups than it can gain
+MAX_MARGIN_SHARE = 0.25  # of the budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +62,10 @@ class CostView:
     def max_batch_size(self) -> int:
         return len(self.seconds) - 1
 
+    def held_back(self, objective: Objective) -> float:
+        """The margin the decision plans with (capped; see the module docstring)."""
+        return min(self.margin_s, MAX_MARGIN_SHARE * objective.budget_s)
+
 
 @dataclass(frozen=True, slots=True)
 class QueueState:
@@ -77,7 +85,7 @@ class Decision:
 
 def allowed_cap(cost: CostView, objective: Objective) -> int:
     """Largest batch whose compute fits half the budget (at least 1)."""
-    half = (objective.budget_s - cost.margin_s) / 2
+    half = (objective.budget_s - cost.held_back(objective)) / 2
     cap = 1
     for b in range(1, cost.max_batch_size + 1):
         if cost.seconds[b] <= half:
@@ -102,7 +110,7 @@ def decide(queue: QueueState, cost: CostView, arrival_rate: float, objective: Ob
     cap = allowed_cap(cost, objective)
     if arrival_rate * seconds[cap] >= cap:
         return Decision(now_n, 0.0, now_n, "overload")
-    slack = objective.budget_s - cost.margin_s - queue.oldest_age_s  # for wait + compute
+    slack = objective.budget_s - cost.held_back(objective) - queue.oldest_age_s  # wait + compute
     if slack <= seconds[now_n] or arrival_rate <= 0:
         return Decision(now_n, 0.0, now_n, "deadline")
     value = cost.joules if cost.joules is not None else seconds
@@ -129,9 +137,10 @@ def doomed(ages_s: Sequence[float], cost: CostView, objective: Objective, instan
     full = cost.max_batch_size
     per_batch = cost.seconds[full]
     first = cost.seconds[min(len(ages_s), full)]  # the first batch may be a partial one
+    margin = cost.held_back(objective)
     out = []
     for i, age in enumerate(ages_s):
         rounds = i // (full * instances)
-        if age + first + rounds * per_batch + cost.margin_s > objective.budget_s:
+        if age + first + rounds * per_batch + margin > objective.budget_s:
             out.append(i)
     return out

@@ -65,7 +65,7 @@ class AimdBatcher(RequestBatcher):
                 return None
             await self.wait_for_change()
 
-    def batch_finished(self, batch: list[WorkItem], outcome: BatchOutcome) -> None:
+    def batch_finished(self, batch: list[WorkItem], outcome: BatchOutcome) -> None:  # cannot raise
         self.limit = next_limit(self.limit, outcome.finished - outcome.started, self.config)
         now = monotonic()
         for item in batch:

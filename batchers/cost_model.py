@@ -10,9 +10,9 @@ Learned, and kept current from every executed batch:
   batch's observed/predicted ratio: a change that hits every size (a slower clock, a
   neighbour on the GPU) moves all of them at once.
 - Each update's ratio is clipped to [1/3, 3]: one stall (a GC pause, a page-fault storm)
-  nudges the model instead of rewriting it. The unclipped errors are kept apart: ``margin``
-  is their ``percentile``-th quantile, what the policy holds back so that the objective's
-  percentile survives prediction error.
+  nudges the model instead of rewriting it. The unclipped errors (plus each batch's
+  hand-off time) are kept apart: ``margin`` is their ``percentile``-th quantile, what the
+  policy holds back so that the objective's percentile survives prediction error.
 - Predictions are made non-decreasing in ``b`` (a running maximum): a smaller batch never
   costs more than a larger one, which the policy relies on when it dispatches fewer
   requests than it waited for.
@@ -39,7 +39,7 @@ class CostModel:
         percentile: float = 99.0,
         size_alpha: float = 0.3,
         scale_alpha: float = 0.1,
-        error_window: int = 256,
+        error_window: int = 512,
         memory: float = 64.0,
     ) -> None:
         self.max_batch_size = max_batch_size
@@ -52,8 +52,7 @@ class CostModel:
         self._seen: dict[int, int] = {}  # size -> self.observations when last updated
         self.memory = memory
         self._joules: dict[int, float] = {}  # size -> joules per batch (EWMA), measured sizes only
-        self._errors: deque[float] = deque(maxlen=error_window)  # observed - predicted, seconds
-        self._overhead: deque[float] = deque(maxlen=error_window)  # hand-off seconds per batch
+        self._errors: deque[float] = deque(maxlen=error_window)  # observed - predicted + hand-off
         self._curve: np.ndarray | None = None  # cached predictions, index = size
         self._margin: float | None = None  # cached
         self.observations = 0
@@ -139,26 +138,25 @@ class CostModel:
         slope = max((weights * (sizes - mean_b) * (values - mean_v)).sum() / var, 0.0)
         return float(mean_v - slope * mean_b), float(slope)
 
-    def observe_overhead(self, seconds: float) -> None:
-        """Time a batch spent outside the model that every request in it waits through
-        (hand-off to the engine thread and back)."""
-        if seconds >= 0 and math.isfinite(seconds):
-            self._overhead.append(seconds)
-            self._margin = None
-
     def _freshness(self, size: int) -> float:
         return max(math.exp(-(self.observations - self._seen[size]) / self.memory), 0.05)
 
+    def observe_overhead(self, seconds: float) -> None:
+        """Time the last observed batch spent outside the model that every request in it
+        waits through (hand-off to the engine thread and back): added to that batch's
+        prediction error, so the margin covers the two together."""
+        if seconds >= 0 and math.isfinite(seconds) and self._errors:
+            self._errors[-1] += seconds
+            self._margin = None
+
     def margin(self) -> float:
-        """Seconds held back: the percentile of prediction error (observed - predicted)
-        plus the percentile of hand-off overhead."""
+        """Seconds held back: the percentile of (observed - predicted + hand-off) over the
+        recent batches, 0 until there are a few."""
         if self._margin is None:
-            error = overhead = 0.0
+            error = 0.0
             if len(self._errors) >= 8:
                 error = max(float(np.percentile(np.fromiter(self._errors, float), self.percentile)), 0.0)
-            if self._overhead:
-                overhead = float(np.percentile(np.fromiter(self._overhead, float), self.percentile))
-            self._margin = error + overhead
+            self._margin = error
         return self._margin
 
     def joules(self, size: int) -> float | None:

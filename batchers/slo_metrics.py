@@ -21,7 +21,7 @@ class SloCounts:
     rejected: int = 0
 
 
-@dataclass
+@dataclass(eq=False)  # a registry keys collectors by identity
 class SloCollector:
     model: str
     batcher: str

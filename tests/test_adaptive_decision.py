@@ -204,7 +204,7 @@ def test_arrival_rate_sees_a_burst_at_once_and_steadies_on_the_long_window():
         t += 0.001
         m.arrived(t)
     assert m.rate(t) == pytest.approx(1000, rel=0.15)
-    short, long_ = m.rates(t)
+    _, long_ = m.rates(t)
     assert long_ < 200
     quiet = t + 1.0  # a second of silence: too few in the short window, the long one speaks
     assert m.rate(quiet) == pytest.approx(m.rates(quiet)[1])

@@ -8,13 +8,15 @@ Each time an engine instance is free and requests are queued: dispatch ``n`` now
    up with the arrival rate, whatever is queued goes at once (up to the maximum). The
    queue refills during each batch, so batches come out full: work-conserving is what
    maximizes throughput there.
-3. Otherwise, among the batch sizes ``k`` the queue can grow to while the oldest request
-   still meets the objective (its age + expected time for ``k - queued`` more arrivals +
-   predicted compute of ``k`` + margin <= budget), pick the one that serves the most
-   requests per engine-second (per joule where measured). If that is the size queued now,
-   dispatch; else wait for it, at most until the moment the oldest request must go.
-   Because predicted cost is non-decreasing in size, dispatching fewer requests at that
-   moment still meets the objective: the policy never waits past it.
+3. Otherwise, if some bigger batch (up to ``cap``) would serve more requests per
+   engine-second (per joule where measured) and still fits the oldest request's slack,
+   wait: at most until the last moment the batch expected by then could still go
+   (age + wait + predicted compute of ``queued + rate * wait`` + margin = budget, and
+   never past the moment for ``queued + 1``). Waiting costs no engine time, only latency
+   the objective allows; each arrival re-decides. The arrival
+   model says whether waiting is worth it at all: if one more request within that time
+   is less than ``MIN_CHANCE`` likely, the queue goes now. Whatever is dispatched when the
+   wait ends still meets the objective (predicted cost is non-decreasing in size).
 4. ``cap``: a request that arrives just after a batch starts waits for that batch and then
    for its own, so waiting is only for batches whose compute fits in half the budget.
    (Batches larger than ``cap`` still go when that many are already queued.)
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 
 MIN_WAIT_S = 0.0002  # a shorter wait costs more in wake-ups than it can gain
 MAX_MARGIN_SHARE = 0.25  # of the budget
+MIN_CHANCE = 0.05  # wait only if at least this likely to bring one more request
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,22 +114,31 @@ def decide(queue: QueueState, cost: CostView, arrival_rate: float, objective: Ob
     if arrival_rate * seconds[cap] >= cap:
         return Decision(now_n, 0.0, now_n, "overload")
     slack = objective.budget_s - cost.held_back(objective) - queue.oldest_age_s  # wait + compute
-    if slack <= seconds[now_n] or arrival_rate <= 0:
-        return Decision(now_n, 0.0, now_n, "deadline")
+    if seconds[now_n] > slack:  # late already: all of it goes (holding some back for a
+        return Decision(now_n, 0.0, now_n, "deadline")  # later batch makes the next one late too)
+    if now_n >= cap:
+        return Decision(now_n, 0.0, now_n, "cap")
     value = cost.joules if cost.joules is not None else seconds
-    best, best_eff = now_n, now_n / value[now_n] if value[now_n] > 0 else math.inf
-    for k in range(now_n + 1, max(cap, now_n) + 1):
-        if (k - queued) / arrival_rate + seconds[k] > slack:
-            break  # both terms grow with k: no larger k fits either
-        eff = k / value[k] if value[k] > 0 else math.inf
-        if eff > best_eff * (1 + 1e-9):
-            best, best_eff = k, eff
-    if best == now_n:
+    here = now_n / value[now_n] if value[now_n] > 0 else math.inf
+    bigger = [k for k in range(now_n + 1, cap + 1) if seconds[k] <= slack]
+    if not bigger or max(k / value[k] if value[k] > 0 else math.inf for k in bigger) <= here * (1 + 1e-9):
         return Decision(now_n, 0.0, now_n, "efficient now")
-    wait = slack - seconds[best]
+    # Plan the wait for the batch expected at its end, not just one more request: wait w
+    # with slack = w + compute(queued + arrivals expected in w). At low rates that is
+    # nearly the whole slack; near capacity it is short, so the engine does not idle while
+    # a batch too big to serve the next arrivals in time builds up.
+    planned = now_n + 1
+    wait = slack - seconds[planned]  # the longest wait after which one more still fits
+    for _ in range(8):  # fixed point; ``wait`` only shrinks
+        expected = min(cap, now_n + max(1, math.ceil(arrival_rate * max(wait, 0.0))))
+        if expected <= planned:
+            break
+        planned, wait = expected, slack - seconds[expected]
     if wait < MIN_WAIT_S:
         return Decision(now_n, 0.0, now_n, "deadline")
-    return Decision(0, wait, best, "wait")
+    if arrival_rate <= 0 or -math.expm1(-arrival_rate * wait) < MIN_CHANCE:
+        return Decision(now_n, 0.0, now_n, "nobody coming")
+    return Decision(0, wait, planned, "wait")
 
 
 def doomed(ages_s: Sequence[float], cost: CostView, objective: Objective, instances: int = 1) -> list[int]:

@@ -57,10 +57,16 @@ def simulate(rate: float, seconds: float, view: CostView, objective: Objective, 
 def test_waits_when_slack_allows_and_the_batch_grows():
     d = decide(QueueState(queued=1, oldest_age_s=0.0), VIEW, arrival_rate=400, objective=OBJ)
     assert d.dispatch == 0 and d.target > 1
-    # the wait ends when the oldest request must go for the target batch to still make it
+    # the wait ends at the last moment the batch expected by then can still go
     assert d.wait_s == pytest.approx(OBJ.budget_s - VIEW.margin_s - GPU_LIKE[d.target])
+    assert d.wait_s <= OBJ.budget_s - VIEW.margin_s - GPU_LIKE[2]
     # and the bigger batch is cheaper per request: that is why it waits
     assert GPU_LIKE[d.target] / d.target < GPU_LIKE[1]
+
+
+def test_does_not_hold_a_request_when_nobody_is_coming():
+    d = decide(QueueState(1, 0.0), VIEW, arrival_rate=0.5, objective=OBJ)  # one every 2 s
+    assert d.dispatch == 1 and d.reason == "nobody coming"
 
 
 def test_more_slack_or_more_traffic_means_a_bigger_target():
@@ -74,13 +80,13 @@ def test_more_slack_or_more_traffic_means_a_bigger_target():
 def test_dispatches_when_waiting_would_miss_the_objective():
     # oldest has waited so long that only the compute of what is queued still fits
     age = OBJ.budget_s - VIEW.margin_s - GPU_LIKE[3] - 0.0001
-    d = decide(QueueState(3, age), VIEW, 1000, OBJ)
+    d = decide(QueueState(3, age), VIEW, 300, OBJ)
     assert d.dispatch == 3
 
 
 def test_never_waits_past_the_objective():
-    """Whatever the queue, age and rate: if it waits, then at the end of the wait even the
-    target batch (and so any smaller one) still finishes within the budget."""
+    """Whatever the queue, age and rate: if it waits, then at the end of the wait the queue
+    plus one more request still finishes within the budget."""
     rng = np.random.default_rng(1)
     for _ in range(5000):
         q = int(rng.integers(1, MAX))
@@ -89,7 +95,8 @@ def test_never_waits_past_the_objective():
         d = decide(QueueState(q, age), VIEW, rate, OBJ)
         if d.dispatch == 0:
             assert d.target > q
-            assert age + d.wait_s + GPU_LIKE[d.target] + VIEW.margin_s <= OBJ.budget_s + 1e-12
+            # even one more request, arriving at the very end of the wait, still fits
+            assert age + d.wait_s + GPU_LIKE[q + 1] + VIEW.margin_s <= OBJ.budget_s + 1e-12
             assert GPU_LIKE[d.target] <= (OBJ.budget_s - VIEW.margin_s) / 2 + 1e-12  # the cap
         else:
             assert d.dispatch == min(q, MAX)

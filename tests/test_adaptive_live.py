@@ -50,9 +50,11 @@ def test_adaptive_answers_every_request_with_its_own_output_and_exposes_its_mode
         assert all(
             lb["model"] == "identity" for lb, _ in samples(server.url, "wattserve_adaptive_batch_seconds")
         )
-        # the engine sleeps 10 ms + 0.5 ms/item: the learned curve starts there and rises
+        # the engine sleeps 10 ms + 0.5 ms/item (14 ms at 8), never less: nor does the model
+        # (a busy machine may make small batches as slow as big ones, so only >= is sure)
         assert predicted[1] >= 0.0095
-        assert predicted[8] > predicted[1]
+        assert predicted[8] >= 0.0135
+        assert all(predicted[b] <= predicted[b + 1] for b in range(1, 8))
         slo = {lb["result"]: v for lb, v in samples(server.url, "wattserve_slo_requests_total")}
         assert slo["met"] + slo["missed"] == 240 and slo["rejected"] == 0
 

@@ -96,7 +96,10 @@ class AdaptiveBatcher(RequestBatcher):
 
     async def run(self) -> None:
         if self.config.calibrate and getattr(self.engine, "warmup", None) is None:
-            await self._calibrate()  # engines with their own warm-up have no zeros request
+            try:  # engines with their own warm-up have no zeros request: they learn online
+                await self._calibrate()
+            except Exception:
+                log.exception("adaptive: timing the batch sizes failed; learning from traffic only")
         await super().run()
 
     async def form_batch(self) -> list[WorkItem] | None:

@@ -94,6 +94,12 @@ class AdaptiveBatcher(RequestBatcher):
         self.arrivals.arrived(item.arrival)  # offered load, whether or not it is accepted
         return await super().submit(item)
 
+    def ready_size(self, queued: int) -> int | None:
+        """Engine thread, between batches: a full batch goes at once (every other case needs
+        the decision, which runs on the event loop)."""
+        full = self.config.max_batch_size
+        return full if queued >= full else None
+
     async def run(self) -> None:
         if self.config.calibrate and getattr(self.engine, "warmup", None) is None:
             try:  # engines with their own warm-up have no zeros request: they learn online
@@ -140,25 +146,27 @@ class AdaptiveBatcher(RequestBatcher):
             )
         return self._view
 
-    def batch_finished(self, batch: list[WorkItem], outcome: BatchOutcome) -> None:
+    def batch_finished(self, outcome: BatchOutcome) -> None:
         try:
-            self._learn(batch, outcome)
+            self._learn(outcome)
         except Exception:  # learning must never cost a request its answer
             log.exception("adaptive: cost model update failed; batch answered as usual")
 
-    def _learn(self, batch: list[WorkItem], outcome: BatchOutcome) -> None:
+    def _learn(self, outcome: BatchOutcome) -> None:
         now = monotonic()
+        batch = outcome.items
         if not any(isinstance(out, BaseException) for out in outcome.per_item):
             joules = getattr(outcome.energy, "joules", None)
             size = len(batch) + outcome.padded
             self.costs.observe(size, outcome.finished - outcome.started, joules)
-            # hand-off to the engine thread and back: part of every request's wait, not the model's
+            # taken from the queue -> engine start, and engine end -> answers: every
+            # request in the batch waits through both, so they belong in the margin
             dispatched = batch[0].dispatched_at or outcome.started
             self.costs.observe_overhead(max((outcome.started - dispatched) + (now - outcome.finished), 0.0))
             self._view = None
         slo = self.objective.slo_s
         for item in batch:
-            if item.state is ItemState.RUNNING:
+            if item.state is ItemState.RUNNING:  # not answered yet (deadline, client gone)
                 if now - item.arrival <= slo:
                     self.slo.met += 1
                 else:
@@ -187,9 +195,9 @@ class AdaptiveBatcher(RequestBatcher):
         )
         for i in positions:
             item = items[i]
-            if self.queue.remove(item):
+            if self._unqueue(item):
                 self.slo.rejected += 1
-                self._answer_error(item, SloUnreachable("cannot meet the latency objective now; retry later"))
+                item.finish(error=SloUnreachable("cannot meet the latency objective now; retry later"))
         return bool(positions)
 
     # ------------------------------------------------------------------ metrics

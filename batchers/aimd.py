@@ -57,6 +57,10 @@ class AimdBatcher(RequestBatcher):
                 )
             )
 
+    def ready_size(self, queued: int) -> int | None:
+        """Engine thread, between batches: like continuous, up to the current limit."""
+        return min(queued, self.limit) or None
+
     async def form_batch(self) -> list[WorkItem] | None:
         while True:
             if len(self.queue):
@@ -65,10 +69,10 @@ class AimdBatcher(RequestBatcher):
                 return None
             await self.wait_for_change()
 
-    def batch_finished(self, batch: list[WorkItem], outcome: BatchOutcome) -> None:  # cannot raise
+    def batch_finished(self, outcome: BatchOutcome) -> None:  # cannot raise
         self.limit = next_limit(self.limit, outcome.finished - outcome.started, self.config)
         now = monotonic()
-        for item in batch:
+        for item in outcome.items:
             if item.state is ItemState.RUNNING:
                 if now - item.arrival <= self.config.slo_s:
                     self.slo.met += 1

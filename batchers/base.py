@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from batchers.queue import PriorityFifo
+from batchers.service_rate import ServiceRate
 from batchers.types import (
     BatchFailed,
     ClientGone,
@@ -41,10 +42,11 @@ log = logging.getLogger("wattserve.batcher")
 
 
 class EnergyMeter:
-    """What the batcher needs of telemetry: energy over one batch's execution window.
+    """What the batcher needs of telemetry: the moments one batch ran on its device.
 
     ``begin``/``end`` run on the engine thread right around the model call. ``end`` returns
-    an object with ``.joules`` or None when nothing is measurable (never a made-up figure).
+    an object handed to ``on_batch``; if it has a ``.joules`` figure already, each request's
+    result carries its share, otherwise (telemetry's window attribution) none does.
     """
 
     def begin(self) -> Any: ...
@@ -54,12 +56,14 @@ class EnergyMeter:
 
 @dataclass(slots=True)
 class BatchOutcome:
-    """What a worker thread hands back: per-item outputs or exceptions, and the window."""
+    """What a worker thread hands back: the items it computed, per-item outputs or
+    exceptions (same order), and the window."""
 
+    items: list[WorkItem]
     per_item: list[dict[str, np.ndarray] | BaseException]
     started: float
     finished: float
-    energy: Any  # BatchEnergy-like (has .joules) or None
+    energy: Any  # what the meter's end() returned (telemetry: a BatchSpan), or None
     padded: int
 
 
@@ -68,6 +72,7 @@ class BatcherConfig:
     max_batch_size: int = 8
     max_queue_size: int = 256
     priority_levels: int = 1
+    max_queue_wait_s: float = 0.0  # refuse when the queue holds more work than this; 0 = off
 
 
 def padded_size(n: int, batch_sizes: Sequence[int] | None) -> int:
@@ -119,6 +124,8 @@ class Batcher(ABC):
         self.energy_meter = energy_meter
         self.on_batch = on_batch
         self.queue = PriorityFifo(config.priority_levels)
+        self.service_rate = ServiceRate(len(engines))
+        self.last_batch_at = monotonic()  # read by the idle memory trimmer
         self.closing = False
         self.inflight = 0
         self._waiter: asyncio.Future[None] | None = None
@@ -128,10 +135,7 @@ class Batcher(ABC):
     # ------------------------------------------------------------------ public contract
     async def submit(self, item: WorkItem) -> Result:
         """The only way in: queue ``item`` and wait for its one answer."""
-        if self.closing:
-            raise Draining("server is draining; not accepting new requests")
-        if len(self.queue) >= self.config.max_queue_size:
-            raise QueueFull(f"queue full ({self.config.max_queue_size} requests waiting)")
+        self.check_admission()
         if not 1 <= item.priority <= self.config.priority_levels:
             raise ValueError(f"priority level {item.priority} outside 1..{self.config.priority_levels}")
         if item.deadline is not None and item.deadline <= monotonic():
@@ -149,12 +153,26 @@ class Batcher(ABC):
         try:
             return await future
         except asyncio.CancelledError:
-            self._abandon(item)  # client went away: never computed if still queued
+            self._abandon(item)  # its waiter is gone: never computed if still queued
             raise
         finally:
             if timer is not None:
                 timer.cancel()
             self.inflight -= 1
+
+    def check_admission(self, rows: int = 1) -> None:
+        """Raise the refusal ``submit`` would give now, so a route can refuse a request
+        before reading its body: draining, queue full by count, or by time."""
+        if self.closing:
+            raise Draining("server is draining; not accepting new requests")
+        queued = len(self.queue)
+        if queued + rows > self.config.max_queue_size:
+            raise QueueFull(f"queue full ({self.config.max_queue_size} requests waiting)")
+        bound = self.config.max_queue_wait_s
+        if bound > 0 and queued:
+            wait = self.service_rate.wait_s(queued + rows)
+            if wait > bound:
+                raise QueueFull(f"queue holds about {wait:.1f} s of work (bound {bound:g} s)")
 
     @abstractmethod
     async def run(self) -> None:
@@ -175,14 +193,12 @@ class Batcher(ABC):
             log.error("drain timed out after %ss; failing what is left", timeout)
             for item in list(self.queue):
                 self.queue.remove(item)
-                self._answer_error(item, Draining("server stopped before this request ran"))
+                item.finish(error=Draining("server stopped before this request ran"))
 
     def cancel(self, item: WorkItem) -> None:
         """The client went away: answer ``item`` now; never computed if still queued."""
-        if item.state is not ItemState.DONE:
-            self._abandon(item)
-            if item.future is not None and not item.future.done():
-                item.future.set_exception(ClientGone("client disconnected"))
+        self._unqueue(item)
+        item.finish(error=ClientGone("client disconnected"))
 
     def close(self) -> None:
         """Release engine threads and engines (after drain)."""
@@ -210,7 +226,14 @@ class Batcher(ABC):
                 handle.cancel()
 
     def take(self, n: int) -> list[WorkItem]:
-        return self.queue.pop(n)
+        """Up to ``n`` queued items, moved to running at once: from here on a cancel or a
+        deadline answers them without ever sending them back to the queue."""
+        now = monotonic()
+        taken = [item for item in self.queue.pop(n) if item.start(now)]
+        if self.metrics is not None:
+            for item in taken:
+                self.metrics.queue_time.observe(now - item.arrival)
+        return taken
 
     # ------------------------------------------------------------------ internals
     def _queue_changed(self) -> None:
@@ -219,26 +242,36 @@ class Batcher(ABC):
             waiter.set_result(None)
 
     def _expire(self, item: WorkItem) -> None:
-        if item.state is ItemState.QUEUED:
-            self.queue.remove(item)
-            self._queue_changed()
-            self._answer_error(item, DeadlineExceeded("deadline passed while queued; not computed"))
-        elif item.state is ItemState.RUNNING:
-            self._answer_error(item, DeadlineExceeded("deadline passed during compute"))
+        if self._unqueue(item):
+            item.finish(error=DeadlineExceeded("deadline passed while queued; not computed"))
+        else:
+            item.finish(
+                error=DeadlineExceeded("deadline passed during compute (or after dispatch); result discarded")
+            )
 
-    def _abandon(self, item: WorkItem) -> None:
+    def _unqueue(self, item: WorkItem) -> bool:
+        """Take ``item`` out of the queue if it is still there (True if it was)."""
         if item.state is ItemState.QUEUED and self.queue.remove(item):
             self._queue_changed()
+            return True
+        return False
+
+    def _abandon(self, item: WorkItem) -> None:
+        """Its waiter is gone (cancelled): never compute it, never answer it."""
+        self._unqueue(item)
         item.state = ItemState.DONE
 
     def _answer_error(self, item: WorkItem, exc: BaseException) -> None:
-        item.state = ItemState.DONE
-        if item.future is not None and not item.future.done():
-            item.future.set_exception(exc)
+        item.finish(error=exc)
 
     def run_batch(self, engine: Engine, items: Sequence[WorkItem]) -> BatchOutcome:
         """Worker thread: stack, run, split. On failure retry items one by one, so one
         bad request fails alone rather than taking its neighbours with it."""
+        # Items answered after the batch was formed (deadline, client gone) are not computed.
+        items = [item for item in items if item.state is ItemState.RUNNING]
+        if not items:
+            now = monotonic()
+            return BatchOutcome([], [], now, now, None, 0)
         meter = self.energy_meter
         started = monotonic()
         mark = meter.begin() if meter is not None else None
@@ -258,7 +291,7 @@ class Batcher(ABC):
                 energy = meter.end(mark)
         finished = monotonic()
         padded = padded_size(len(items), getattr(engine, "batch_sizes", None)) - len(items)
-        return BatchOutcome(per_item, started, finished, energy, padded)
+        return BatchOutcome(list(items), per_item, started, finished, energy, padded)
 
     @staticmethod
     def _run_alone(engine: Engine, item: WorkItem) -> dict[str, np.ndarray] | BaseException:
@@ -271,19 +304,31 @@ class Batcher(ABC):
 class RequestBatcher(Batcher):
     """Request-level policies: a batch is formed, computed whole, and answered whole.
 
-    Subclasses implement only ``form_batch``; the loop waits for a free engine instance,
-    asks the policy for a batch and hands it to that instance's thread.
+    Subclasses implement ``form_batch`` (wait until the policy wants to dispatch) and may
+    implement ``ready_size`` (what the policy dispatches at once, without waiting).
+
+    Pipelining: when an engine thread finishes a batch it asks ``ready_size`` itself, at
+    that moment, over what is queued then; if the policy would dispatch at once, the
+    thread takes that batch and starts it with no round trip through the event loop,
+    while the loop scatters the answers of the batch just finished. Only when the policy
+    would wait (a timer, a partial static batch) does the instance go back to the loop,
+    which runs ``form_batch``. So every policy's semantics hold: the batch is formed at the
+    moment the instance is free, from the queue as it is then, priorities first.
     """
 
     def __init__(self, engines: Sequence[Engine], config: BatcherConfig, **hooks: Any) -> None:
         super().__init__(engines, config, **hooks)
         self._free: asyncio.Queue[EngineInstance] | None = None  # idle engine instances
-        self._tasks: set[asyncio.Task[None]] = set()  # batches in flight
+        self._busy = 0  # instances running a chain of batches
+        self._all_idle: asyncio.Event | None = None
+        self.pipeline = True  # engine threads take the next ready batch themselves
 
     async def run(self) -> None:
         """The batching loop; started by the server's lifespan, ends after ``drain``."""
         self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
+        self._all_idle = asyncio.Event()
+        self._all_idle.set()
         self._free = asyncio.Queue()
         for inst in self.instances:
             self._free.put_nowait(inst)
@@ -295,57 +340,102 @@ class RequestBatcher(Batcher):
                     self._free.put_nowait(instance)
                     break
                 self._dispatch(instance, batch)
-            if self._tasks:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._all_idle.wait()
         finally:
             self._stopped.set()
 
+    def ready_size(self, queued: int) -> int | None:
+        """The batch size the policy dispatches at once with ``queued`` items waiting, or
+        None if it would wait. Called on an engine thread under the queue's lock; must
+        only read. The default never dispatches from the thread (no pipelining)."""
+        return None
+
     def _dispatch(self, instance: EngineInstance, batch: list[WorkItem]) -> None:
-        task = asyncio.create_task(self._execute(instance, batch))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _execute(self, instance: EngineInstance, batch: list[WorkItem]) -> None:
-        loop = self._loop or asyncio.get_running_loop()
-        now = monotonic()
-        for item in batch:
-            item.state = ItemState.RUNNING
-            item.dispatched_at = now
-            if self.metrics is not None:
-                self.metrics.queue_time.observe(now - item.arrival)
+        """Start ``batch`` on the instance's thread; the thread chains ready batches."""
+        self._busy += 1
+        assert self._all_idle is not None
+        self._all_idle.clear()
         try:
-            outcome = await loop.run_in_executor(instance.executor, self.run_batch, instance.engine, batch)
-        except BaseException as exc:  # the worker itself broke: fail this batch only
-            log.exception("batch of %d failed outside the engine", len(batch))
-            for item in batch:
-                self._answer_error(item, BatchFailed(f"batch failed: {exc}"))
-            return
-        finally:
-            assert self._free is not None
-            self._free.put_nowait(instance)
-        self._scatter(batch, outcome)
+            instance.executor.submit(self._work, instance, batch)
+        except RuntimeError as exc:  # executor shut down: fail this batch only
+            self._finished(instance, batch, None, exc, False)
 
-    def _scatter(self, batch: list[WorkItem], outcome: BatchOutcome) -> None:
-        n = len(batch)
+    def _work(self, instance: EngineInstance, batch: list[WorkItem]) -> None:
+        """Engine thread: run ``batch``, then every batch the policy would dispatch at once,
+        posting each outcome to the loop as it finishes."""
+        loop = self._loop
+        assert loop is not None
+        while batch:
+            outcome: BatchOutcome | None = None
+            error: BaseException | None = None
+            try:
+                outcome = self.run_batch(instance.engine, batch)
+            except BaseException as exc:  # the worker itself broke: fail this batch only
+                error = exc
+            following = self._take_ready() if self.pipeline and error is None else []
+            try:
+                loop.call_soon_threadsafe(self._finished, instance, batch, outcome, error, bool(following))
+            except RuntimeError:  # the loop is closed: the server stopped, nobody waits
+                log.debug("batch of %d finished after the event loop closed", len(batch))
+                return
+            batch = following
+
+    def _take_ready(self) -> list[WorkItem]:
+        """Engine thread: the batch the policy dispatches right now, if any."""
+        with self.queue.lock:
+            size = self.ready_size(len(self.queue))
+            return self.take(size) if size else []
+
+    def _finished(
+        self, instance: EngineInstance, batch: list[WorkItem], outcome: BatchOutcome | None,
+        error: BaseException | None, continuing: bool,
+    ) -> None:  # fmt: skip
+        """Loop side of a finished batch: answer it; free the instance unless its thread
+        already started the next batch."""
+        try:
+            if outcome is None:
+                log.error("batch of %d failed outside the engine: %r", len(batch), error)
+                for item in batch:
+                    item.finish(error=BatchFailed(f"batch failed: {error}"))
+            else:
+                self._scatter(outcome)
+        finally:
+            if not continuing:
+                self._busy -= 1
+                assert self._free is not None and self._all_idle is not None
+                self._free.put_nowait(instance)
+                if self._busy == 0:
+                    self._all_idle.set()
+
+    def _scatter(self, outcome: BatchOutcome) -> None:
+        """Answer every computed item from its own row. One item's trouble (answered
+        meanwhile, a failing callback) never keeps the rest of the batch from answers."""
+        n = len(outcome.items)
+        if n == 0:
+            return  # every item was answered (deadline, client gone) before compute began
         compute_s = outcome.finished - outcome.started
-        if self.metrics is not None:
-            self.metrics.observe_batch(n, compute_s, outcome.padded)
-        if self.on_batch is not None:
-            self.on_batch(n, outcome.energy)
-        self.batch_finished(batch, outcome)
-        share = outcome.energy.joules / n if outcome.energy is not None else None
-        for item, out in zip(batch, outcome.per_item, strict=True):
-            if item.state is not ItemState.RUNNING:
-                continue  # answered already (deadline) or abandoned; result discarded
+        self.service_rate.observe(n, compute_s)
+        self.last_batch_at = outcome.finished
+        try:
+            if self.metrics is not None:
+                self.metrics.observe_batch(n, compute_s, outcome.padded)
+            if self.on_batch is not None:
+                self.on_batch(n, outcome.energy)
+            self.batch_finished(outcome)
+        except Exception:
+            log.exception("batch observer failed; answering the batch anyway")
+        # telemetry's BatchSpan has no .joules: its figure is final only after the next
+        # counter step, so it goes to metrics, not to this response (docs/telemetry.md)
+        joules = getattr(outcome.energy, "joules", None)
+        share = joules / n if joules is not None else None
+        for item, out in zip(outcome.items, outcome.per_item, strict=True):
             if isinstance(out, BaseException):
-                self._answer_error(item, BatchFailed(f"inference failed: {out}"))
+                item.finish(error=BatchFailed(f"inference failed: {out}"))
                 continue
-            item.state = ItemState.DONE
-            assert item.future is not None and item.dispatched_at is not None
-            item.future.set_result(
+            item.finish(
                 Result(
                     outputs=out,
-                    queue_time_s=item.dispatched_at - item.arrival,
+                    queue_time_s=outcome.started - item.arrival,
                     compute_time_s=compute_s,
                     batch_size=n,
                     energy_j=share,
@@ -353,9 +443,10 @@ class RequestBatcher(Batcher):
             )
 
     # ------------------------------------------------------------------ policy hooks
-    def batch_finished(self, batch: list[WorkItem], outcome: BatchOutcome) -> None:
-        """Called on the event loop once per executed batch, before its items are answered:
-        policies that learn from what a batch cost (adaptive, aimd) override it."""
+    def batch_finished(self, outcome: BatchOutcome) -> None:
+        """Called on the event loop once per executed batch (``outcome.items``), before its
+        items are answered: policies that learn from what a batch cost (adaptive, aimd)
+        override it."""
 
     @abstractmethod
     async def form_batch(self) -> list[WorkItem] | None:

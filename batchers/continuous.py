@@ -14,6 +14,9 @@ from batchers.types import WorkItem
 class ContinuousBatcher(RequestBatcher):
     name = "continuous"
 
+    def ready_size(self, queued: int) -> int | None:
+        return min(queued, self.config.max_batch_size) or None
+
     async def form_batch(self) -> list[WorkItem] | None:
         while True:
             if len(self.queue):

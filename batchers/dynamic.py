@@ -42,6 +42,9 @@ class DynamicBatcher(RequestBatcher):
         self._preferred = preferred
         self._cap = cap
 
+    def ready_size(self, queued: int) -> int | None:
+        return self.size_now(queued)
+
     def size_now(self, queued: int) -> int | None:
         """Batch size to dispatch immediately, or None to keep waiting."""
         if queued >= self._cap:

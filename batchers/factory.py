@@ -22,6 +22,7 @@ def build_batcher(settings: Any, engines: Sequence[Engine], **hooks: Any) -> Bat
         "max_batch_size": settings.max_batch_size,
         "max_queue_size": settings.max_queue_size,
         "priority_levels": settings.priority_levels,
+        "max_queue_wait_s": settings.max_queue_wait_s,
     }
     step_engine = isinstance(engines[0], StepEngine)
     if step_engine and hooks.get("metrics") is not None:

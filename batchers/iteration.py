@@ -129,8 +129,7 @@ class IterationBatcher(Batcher):
                 slot.running = [r for r in slot.running if r.item.state is ItemState.RUNNING]
                 if not slot.running and not await self._wait_for_work():
                     return  # draining, nothing queued, nothing running
-                admitted = self.take(self.config.max_batch_size - len(slot.running))
-                self._admit(admitted)
+                admitted = self.take(self.config.max_batch_size - len(slot.running))  # -> running
                 slot.admitting = admitted
                 self._set_running_gauge()
                 if not slot.running and not admitted:
@@ -160,14 +159,6 @@ class IterationBatcher(Batcher):
             self._changed.clear()
             await self._changed.wait()
         return True
-
-    def _admit(self, items: list[WorkItem]) -> None:
-        now = monotonic()
-        for item in items:
-            item.state = ItemState.RUNNING
-            item.dispatched_at = now
-            if self.metrics is not None:
-                self.metrics.queue_time.observe(now - item.arrival)
 
     # ------------------------------------------------------------------ worker thread
     def iterate(self, engine: StepEngine, running: list[Running], admitted: list[WorkItem]) -> Iteration:
@@ -228,7 +219,9 @@ class IterationBatcher(Batcher):
             self.metrics.executions.inc()
         if self.on_batch is not None:
             self.on_batch(n, it.energy)
-        share = it.energy.joules / n if it.energy is not None else None
+        self.last_batch_at = it.finished
+        joules = getattr(it.energy, "joules", None)  # None: final later, in metrics only
+        share = joules / n if joules is not None else None
         keep: list[Running] = []
         for i, r in enumerate(it.active):
             r.steps += 1
@@ -250,13 +243,12 @@ class IterationBatcher(Batcher):
 
     def _answer(self, r: Running, outputs: dict[str, np.ndarray], now: float) -> None:
         item = r.item
-        item.state = ItemState.DONE
-        assert item.future is not None and item.dispatched_at is not None
+        assert item.dispatched_at is not None
         if self.metrics is not None:
             self.metrics.inferences.inc()
         if self.iteration_metrics is not None:
             self.iteration_metrics.time_to_result.observe(now - item.arrival)
-        item.future.set_result(
+        item.finish(
             Result(
                 outputs=outputs,
                 queue_time_s=item.dispatched_at - item.arrival,

@@ -12,6 +12,10 @@ class StaticBatcher(RequestBatcher):
 
     name = "static"
 
+    def ready_size(self, queued: int) -> int | None:
+        n = self.config.max_batch_size
+        return n if queued >= n else None
+
     async def form_batch(self) -> list[WorkItem] | None:
         n = self.config.max_batch_size
         while True:

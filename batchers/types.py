@@ -11,8 +11,13 @@ import numpy as np
 
 
 class ItemState(enum.Enum):
-    QUEUED = "queued"
-    RUNNING = "running"
+    """queued -> running -> done; cancel and expiry go to done from either earlier state.
+
+    Only ``WorkItem.start`` and ``WorkItem.finish`` move an item, so no path can move a
+    finished item back or answer it twice."""
+
+    QUEUED = "queued"  # in the batcher's queue
+    RUNNING = "running"  # taken into a batch (staged or computing)
     DONE = "done"  # answered (result or error); nothing may answer it again
 
 
@@ -27,6 +32,31 @@ class WorkItem:
     future: asyncio.Future[Result] | None = None
     state: ItemState = ItemState.QUEUED
     dispatched_at: float | None = None
+
+    def start(self, now: float) -> bool:
+        """queued -> running, when a batch takes it. False if it was answered meanwhile."""
+        if self.state is not ItemState.QUEUED:
+            return False
+        self.state = ItemState.RUNNING
+        self.dispatched_at = now
+        return True
+
+    def finish(self, result: Result | None = None, error: BaseException | None = None) -> bool:
+        """-> done, with exactly one answer. False (and nothing sent) if it was done already.
+
+        The future may be gone already (its waiter cancelled: the client left); the item
+        is still done, so nothing computes or answers it later."""
+        if self.state is ItemState.DONE:
+            return False
+        self.state = ItemState.DONE
+        future = self.future
+        if future is None or future.done():
+            return False
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+        return True
 
 
 @dataclass(slots=True)

@@ -28,12 +28,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def process(cmd: list[str], env: dict[str, str], ready_url: str, timeout: float = 300) -> Iterator[None]:
+def process(
+    cmd: list[str], env: dict[str, str], ready_url: str, timeout: float = 300, root: Path = ROOT
+) -> Iterator[None]:
     """Run ``cmd`` until the block ends; its output goes to a log file (a pipe nobody reads
-    would fill up and stall the server), shown if it dies."""
-    full_env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+    would fill up and stall the server), shown if it dies. ``root``: the checkout whose code
+    it runs (another one gives a before/after comparison in the same run)."""
+    full_env = {**os.environ, **env, "PYTHONPATH": str(root)}
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, env=full_env, cwd=root, stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + timeout
             while True:
@@ -56,11 +59,11 @@ def process(cmd: list[str], env: dict[str, str], ready_url: str, timeout: float 
 
 
 @contextlib.contextmanager
-def wattserve(env: dict[str, str]) -> Iterator[str]:
+def wattserve(env: dict[str, str], root: Path = ROOT) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {"WATTSERVE_LOG_LEVEL": "warning", **env, "WATTSERVE_PORT": str(port)}
-    with process([sys.executable, "-m", "server", "serve"], env, url + "/v2/health/ready"):
+    with process([sys.executable, "-m", "server", "serve"], env, url + "/v2/health/ready", root=root):
         yield url
 
 

@@ -20,15 +20,21 @@ from starlette.routing import Route
 
 from batchers.types import RequestError, Result, WorkItem
 from engines.registry import build_engine
+from server.admission import BodyBudget, check_content_type, read_upload, reserved_body
 from server.codec import BINARY_HEADER, BadRequest, encode_infer_response, parse_infer_request
+from server.lifecycle import IdleTrimmer
 from server.metrics import ServingMetrics
+from server.middleware import ConnectionHeaders
 from server.runtime import EngineFactory, ModelRuntime
+from server.schemas import ErrorBody, InferRequestBody, InferResponseBody
+from server.security import AccessControl, parse_restricted_api
 from server.settings import Settings
 from telemetry import TelemetryService
 
 log = logging.getLogger("wattserve.server")
 
 OFFLOAD_DECODE_BYTES = 256 * 1024  # bodies above this are decoded on a worker thread
+DRAIN_UNREAD_BODY_BYTES = 64 * 1024  # a refused request's unread body up to this is read, not cut off
 WATCH_AFTER_S = 0.02  # answers slower than this get a task watching for a gone client
 VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data", "schedule_policy", "model_configuration", "classification"]
@@ -50,6 +56,9 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     metrics = ServingMetrics(settings.model, settings.batcher)
     telemetry = TelemetryService(settings, metrics.registry)  # same registry: one /metrics
     runtime = ModelRuntime(settings, engine_factory, metrics)
+    body_budget = BodyBudget(settings.max_inflight_body_bytes)
+    restrictions = parse_restricted_api(settings.restricted_api)  # a bad value fails at start
+    trimmer = IdleTrimmer(runtime, settings.idle_trim_s) if settings.tune_malloc else None
 
     def record_batch(batch_size: int, energy: Any) -> None:
         telemetry.record_batch(settings.model, settings.batcher, batch_size, energy)
@@ -57,16 +66,25 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(telemetry.start)  # NVML init and cost measurement off the loop
-        # meter is None without a GPU or RAPL: then nothing is measured and nothing is made up
-        runtime.batcher_hooks.update(energy_meter=telemetry.meter, on_batch=record_batch)
+        # the meter follows the engine's device (its GPU; RAPL or nothing for a CPU engine)
+        runtime.batcher_hooks.update(energy_meter_for=telemetry.meter_for, on_batch=record_batch)
         try:
             await runtime.start()
+            if trimmer is not None:
+                trimmer.start()
             yield
         finally:
+            if trimmer is not None:
+                trimmer.stop()
             await runtime.stop()
             await asyncio.to_thread(telemetry.stop)
 
     app = FastAPI(title="wattserve", version=VERSION, lifespan=lifespan)
+    app.add_middleware(
+        ConnectionHeaders, keep_alive_s=settings.keep_alive_s, draining=lambda: runtime.draining
+    )
+    if restrictions or settings.api_token:
+        app.add_middleware(AccessControl, restrictions=restrictions, api_token=settings.api_token)
     app.state.settings = settings
     app.state.runtime = runtime
     app.state.telemetry = telemetry
@@ -133,22 +151,32 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
         if (missing := model_or_404(name, version)) is not None:
             metrics.outcome["bad_request"].inc()
             return missing
-        if (refused := _refuse_if_not_serving(runtime, settings)) is not None:
+        if (refused := _refuse_if_not_serving(runtime, settings, request)) is not None:
             return refused
         engine = runtime.engine
         assert engine is not None
-        try:
-            body = await read_body(request, settings.max_body_bytes)
-            header_length = request.headers.get(BINARY_HEADER)
-            args = (body, header_length, engine.inputs, engine.outputs, settings.max_batch_size)
-            if len(body) > OFFLOAD_DECODE_BYTES:
-                parsed = await asyncio.to_thread(parse_infer_request, *args)
-            else:
-                parsed = parse_infer_request(*args)
+        try:  # everything that can refuse the request is decided before its body is read
+            check_content_type(request)
+            async with reserved_body(request, settings.max_body_bytes, body_budget) as held:
+                body = held[0]
+                header_length = request.headers.get(BINARY_HEADER)
+                args = (body, header_length, engine.inputs, engine.outputs, settings.max_batch_size)
+                if len(body) > OFFLOAD_DECODE_BYTES:
+                    parsed = await asyncio.to_thread(parse_infer_request, *args)
+                else:
+                    parsed = parse_infer_request(*args)
+                del body, held, args  # the parsed arrays are what stays in memory
             items = [runtime.make_item(i, parsed.priority, parsed.timeout_us) for i in parsed.items]
         except (BadRequest, ValueError) as exc:
-            metrics.outcome["bad_request"].inc()
-            return error_response(str(exc), getattr(exc, "status", 400))
+            status = getattr(exc, "status", 400)
+            metrics.outcome["queue_full" if status == 503 else "bad_request"].inc()
+            answer = error_response(str(exc), status, settings.retry_after_s if status == 503 else None)
+            if status in (413, 503):  # refused before its body was read: do not drain it
+                answer.headers["connection"] = "close"
+            return answer
+        except RequestError as exc:  # the client left during the upload
+            metrics.outcome[exc.outcome].inc()
+            return error_response(str(exc), exc.status_code)
         outcome = await answer_or_disconnect(request, runtime, items)
         if isinstance(outcome, Response):
             return outcome
@@ -160,6 +188,7 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     # machinery cost ~100 us a request here, more than the identity model's whole budget.
     for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
         app.router.routes.insert(0, Route(path, infer, methods=["POST"]))
+    _document_infer_route(app)
 
     @app.post("/v2/models/{name}/classify")
     async def classify(name: str, request: Request, top_k: int = 5) -> Response:
@@ -173,13 +202,13 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
         if engine is None or [s.name for s in engine.inputs] != ["input"]:
             metrics.outcome["bad_request"].inc()
             return error_response(f"model {name!r} takes tensors, not images", 400)
-        if (refused := _refuse_if_not_serving(runtime, settings)) is not None:
+        if (refused := _refuse_if_not_serving(runtime, settings, request)) is not None:
             return refused
         if not 1 <= top_k <= 1000:
             return error_response("top_k must be within 1..1000", 400)
         try:
             data = await read_upload(request, settings.max_body_bytes)
-            tensor = await asyncio.to_thread(preprocess_image, data, name)
+            tensor = await asyncio.to_thread(preprocess_image, data, name, settings.max_image_pixels)
             expected = tuple(engine.inputs[0].shape)
             if tensor.shape != expected:
                 raise BadRequest(f"preprocessed image is {tensor.shape}, model expects {expected}")
@@ -187,6 +216,9 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
         except BadRequest as exc:
             metrics.outcome["bad_request"].inc()
             return error_response(str(exc), exc.status)
+        except RequestError as exc:  # the client left during the upload
+            metrics.outcome[exc.outcome].inc()
+            return error_response(str(exc), exc.status_code)
         outcome = await answer_or_disconnect(request, runtime, [item])
         if isinstance(outcome, Response):
             return outcome
@@ -206,45 +238,29 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     return app
 
 
-def _refuse_if_not_serving(runtime: ModelRuntime, settings: Settings) -> Response | None:
+def _refuse_if_not_serving(
+    runtime: ModelRuntime, settings: Settings, request: Request | None = None
+) -> Response | None:
+    """Draining, not ready, or no room in the queue (by count or by time): answered before
+    the body is read, so a refused request costs the server almost nothing. A large unread
+    body is not drained either: the answer closes the connection."""
+    refusal: Response | None = None
     if runtime.draining:
         runtime.metrics.outcome["draining"].inc()
-        return error_response("server is draining; retry elsewhere", 503, settings.retry_after_s)
-    if not runtime.ready:
-        return error_response("model is not ready yet", 503, settings.retry_after_s)
-    return None
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing (413) anything larger than ``limit`` before reading it all."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit():
-        if int(declared) > limit:
-            raise BadRequest(f"body of {declared} bytes exceeds the {limit}-byte limit", 413)
-        return await request.body()  # the server stops at Content-Length
-    chunks: list[bytes] = []  # chunked upload: count as it arrives
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BadRequest(f"body exceeds the {limit}-byte limit", 413)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def read_upload(request: Request, limit: int) -> bytes:
-    """Image bytes from a multipart form (field 'file') or from the raw body."""
-    content_type = request.headers.get("content-type", "")
-    if not content_type.startswith("multipart/form-data"):
-        return await read_body(request, limit)
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BadRequest(f"body of {declared} bytes exceeds the {limit}-byte limit", 413)
-    form = await request.form(max_files=1, max_fields=4)
-    upload = form.get("file")
-    if upload is None or isinstance(upload, str):
-        raise BadRequest("multipart upload needs a file field named 'file'")
-    return await upload.read()
+        refusal = error_response("server is draining; retry elsewhere", 503, settings.retry_after_s)
+    elif not runtime.ready or runtime.batcher is None:
+        refusal = error_response("model is not ready yet", 503, settings.retry_after_s)
+    else:
+        try:
+            runtime.batcher.check_admission()
+        except RequestError as exc:
+            runtime.metrics.outcome[exc.outcome].inc()
+            refusal = error_response(str(exc), exc.status_code, settings.retry_after_s)
+    if refusal is not None and request is not None:
+        declared = request.headers.get("content-length", "")
+        if not declared.isdigit() or int(declared) > DRAIN_UNREAD_BODY_BYTES:
+            refusal.headers["connection"] = "close"
+    return refusal
 
 
 async def answer_or_disconnect(
@@ -332,3 +348,18 @@ def _triton_config(settings: Settings, engine: Any) -> dict[str, Any]:
             },
         }
     return config
+
+
+def _document_infer_route(app: FastAPI) -> None:
+    """Describe the Starlette infer route in /openapi.json: FastAPI routes with the same
+    paths, appended after it, so they are documented but never matched."""
+    errors = {code: {"model": ErrorBody} for code in (400, 401, 403, 404, 413, 415, 503, 504)}
+
+    async def infer_doc(name: str, body: InferRequestBody) -> InferResponseBody:  # pragma: no cover
+        """KServe v2 inference: JSON tensors, or the binary tensor extension
+        (Inference-Header-Content-Length). Answered by the Starlette route above."""
+        raise AssertionError("documentation only; the Starlette route answers")
+
+    for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
+        app.add_api_route(path, infer_doc, methods=["POST"], responses=errors,  # type: ignore[arg-type]
+                          response_model=InferResponseBody, summary="Infer")  # fmt: skip

@@ -11,10 +11,8 @@ from server.settings import Settings
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from server.app import create_app
-    from server.lifecycle import DrainingServer, tune_malloc
+    from server.lifecycle import DrainingServer, tune_malloc, uvicorn_config
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     settings = Settings(**overrides)
@@ -25,17 +23,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tune_malloc()
     sys.setswitchinterval(settings.gil_switch_interval_ms / 1000.0)
     app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=False,  # per-request logging costs more than the identity model's work
-        loop="auto",  # uvloop where installed
-        http="auto",  # httptools where installed
-        timeout_graceful_shutdown=settings.drain_timeout_s,
-    )
-    DrainingServer(config, app.state.runtime).run()
+    DrainingServer(uvicorn_config(app, settings), app.state.runtime).run()
     return 0
 
 

@@ -60,7 +60,23 @@ def parse_infer_request(
     output_specs: Sequence[TensorSpec],
     max_batch_size: int,
 ) -> InferRequest:
-    """Decode and validate one KServe v2 infer request for a model with ``specs`` inputs."""
+    """Decode and validate one KServe v2 infer request for a model with ``specs`` inputs.
+
+    Every malformed body is a BadRequest (400): a value of the wrong JSON type anywhere
+    that the checks below did not foresee is still the client's fault, never a 500."""
+    try:
+        return _parse_infer_request(body, header_length, specs, output_specs, max_batch_size)
+    except (TypeError, AttributeError, KeyError, IndexError) as exc:
+        raise BadRequest(f"malformed inference request: {exc}") from None
+
+
+def _parse_infer_request(
+    body: bytes,
+    header_length: str | None,
+    specs: Sequence[TensorSpec],
+    output_specs: Sequence[TensorSpec],
+    max_batch_size: int,
+) -> InferRequest:
     json_part, binary = split_binary_body(body, header_length)
     try:
         doc = orjson.loads(json_part)
@@ -80,7 +96,7 @@ def parse_infer_request(
         if not isinstance(raw, dict):
             raise BadRequest("each input must be an object with name, shape, datatype")
         name = raw.get("name")
-        if name not in by_name:
+        if not isinstance(name, str) or name not in by_name:
             raise BadRequest(f"unknown input {name!r}; expected {sorted(by_name)}")
         if name in arrays:
             raise BadRequest(f"input {name!r} given twice")
@@ -95,7 +111,7 @@ def parse_infer_request(
         count = math.prod(shape)
         if "binary_data_size" in params:
             size = params["binary_data_size"]
-            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+            if not _is_int(size) or size < 0 or offset + size > len(binary):
                 raise BadRequest(f"input {name!r}: binary_data_size {size!r} beyond the body")
             chunk = binary[offset : offset + size]
             offset += size
@@ -130,6 +146,11 @@ def parse_infer_request(
     return request
 
 
+def _is_int(value: Any) -> bool:
+    """A JSON integer: JSON's true/false are not sizes, dims or priorities."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _request_id(doc: dict[str, Any]) -> str | None:
     rid = doc.get("id")
     if rid is not None and not isinstance(rid, str):
@@ -138,7 +159,7 @@ def _request_id(doc: dict[str, Any]) -> str | None:
 
 
 def _check_shape(shape: Any, spec: TensorSpec, max_batch_size: int) -> tuple[list[int], bool]:
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
         raise BadRequest(f"input {spec.name!r}: shape must be a list of non-negative integers")
     item = list(spec.shape)
     if shape == item:
@@ -170,12 +191,12 @@ def _read_parameters(params: Any, request: InferRequest) -> None:
         raise BadRequest("'parameters' must be an object")
     if "priority" in params:
         p = params["priority"]
-        if not isinstance(p, int) or isinstance(p, bool) or p < 0:
+        if not _is_int(p) or p < 0:
             raise BadRequest("parameter 'priority' must be a non-negative integer")
         request.priority = p
     if "timeout" in params:  # Triton: microseconds
         t = params["timeout"]
-        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+        if not _is_int(t) or t < 0:
             raise BadRequest("parameter 'timeout' must be a non-negative integer (microseconds)")
         request.timeout_us = t or None
     if params.get("binary_data_output") is True:
@@ -194,10 +215,13 @@ def _read_outputs(outputs: Any, specs: Sequence[TensorSpec], request: InferReque
     binary = set(known) if "*" in request.binary_outputs else set()
     for out in outputs:
         name = out.get("name") if isinstance(out, dict) else None
-        if name not in known:
+        if not isinstance(name, str) or name not in known:
             raise BadRequest(f"unknown output {name!r}; model has {sorted(known)}")
         names.append(name)
-        wants = (out.get("parameters") or {}).get("binary_data")
+        out_params = out.get("parameters") or {}
+        if not isinstance(out_params, dict):
+            raise BadRequest(f"output {name!r}: parameters must be an object")
+        wants = out_params.get("binary_data")
         if wants is True:
             binary.add(name)
         elif wants is False:

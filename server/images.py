@@ -23,9 +23,14 @@ def categories(model_name: str) -> list[str]:
     return _preset(model_name)[1]
 
 
-def preprocess_image(data: bytes, model_name: str) -> np.ndarray:
+DECODE_AT_LEAST = 512  # JPEGs are decoded at the smallest 1/2^k scale that keeps this many pixels a side
+
+
+def preprocess_image(data: bytes, model_name: str, max_pixels: int = 25_000_000) -> np.ndarray:
     """Decode a JPEG/PNG and apply the model's resize/crop/normalize; FP32 [3, H, W].
 
+    The decoded size is checked from the header before any pixel is decoded (a 186 KB PNG
+    can decode to 8000x8000, 1.5 GB), and JPEGs are decoded already scaled down.
     Blocking (decode + resize): call it off the event loop.
     """
     from PIL import Image, UnidentifiedImageError
@@ -34,9 +39,16 @@ def preprocess_image(data: bytes, model_name: str) -> np.ndarray:
     if not data:
         raise BadRequest("empty image upload")
     try:
-        image = Image.open(io.BytesIO(data))
+        image = Image.open(io.BytesIO(data))  # reads the header only
+        width, height = image.size
+        if width * height > max_pixels:
+            raise BadRequest(f"image of {width}x{height} pixels exceeds the {max_pixels}-pixel limit", 413)
+        if image.format == "JPEG":
+            image.draft("RGB", (DECODE_AT_LEAST, DECODE_AT_LEAST))
         image.load()
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
+    except BadRequest:
+        raise
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
         raise BadRequest(f"unreadable image: {exc}") from None
     transform, _ = _preset(model_name)
     tensor = transform(pil_to_tensor(image.convert("RGB")))

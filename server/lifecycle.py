@@ -7,11 +7,14 @@ import ctypes
 import ctypes.util
 import logging
 import signal
+import time
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
 from server.runtime import ModelRuntime
+from server.settings import Settings
 
 log = logging.getLogger("wattserve.lifecycle")
 
@@ -55,6 +58,55 @@ def tune_malloc() -> bool:
     return ok
 
 
+def malloc_trim() -> bool:
+    """Hand free heap pages back to the OS (glibc); False where there is no malloc_trim."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        return bool(ctypes.CDLL(name).malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
+class IdleTrimmer:
+    """After ``idle_s`` without a batch, give freed memory back once (``malloc_trim``).
+
+    ``tune_malloc`` turns glibc's own trimming off so that batches do not page-fault their
+    working set again; without this, the memory of an overload spike is kept for good.
+    Trimming only when idle keeps both: no faults under load, memory back after it."""
+
+    def __init__(self, runtime: ModelRuntime, idle_s: float, poll_s: float = 1.0) -> None:
+        self.runtime = runtime
+        self.idle_s = idle_s
+        self.poll_s = min(poll_s, idle_s) if idle_s > 0 else poll_s
+        self.trims = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.idle_s > 0 and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._watch(), name="idle-trimmer")
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _watch(self) -> None:
+        trimmed_after = -1.0  # the last batch time that a trim already followed
+        while True:
+            await asyncio.sleep(self.poll_s)
+            batcher = self.runtime.batcher
+            if batcher is None or batcher.inflight:
+                continue
+            last = batcher.last_batch_at
+            if last != trimmed_after and time.monotonic() - last >= self.idle_s:
+                trimmed_after = last
+                if await asyncio.to_thread(malloc_trim):
+                    self.trims += 1
+                    log.debug("idle for %.0fs: freed memory returned to the OS", self.idle_s)
+
+
 class DrainingServer(uvicorn.Server):
     """uvicorn, but the first SIGTERM/SIGINT drains the model before the server stops.
 
@@ -89,3 +141,45 @@ class DrainingServer(uvicorn.Server):
         finally:
             log.info("drained; shutting down")
             self.should_exit = True
+
+
+def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Config:
+    """The one uvicorn configuration of a wattserve server (the CLI's and the tests')."""
+    options: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": settings.log_level,
+        "access_log": False,  # per-request logging costs more than the identity model's work
+        "loop": "auto",  # uvloop where installed
+        "http": http_protocol(settings, getattr(app.state, "metrics", None)),
+        "timeout_keep_alive": settings.keep_alive_s,
+        "timeout_graceful_shutdown": settings.drain_timeout_s,
+        "h11_max_incomplete_event_size": settings.max_header_bytes,
+        "lifespan": "on",
+    }
+    options.update(overrides)
+    return uvicorn.Config(app, **options)
+
+
+def http_protocol(settings: Settings, metrics: Any) -> type | str:
+    """uvicorn's httptools protocol with the header deadline, header size and connection
+    caps (server.http_protocol); plain h11 (with its own header cap) without httptools."""
+    from server.http_protocol import GuardLimits, guarded_protocol, raise_open_file_limit
+
+    soft, _hard = raise_open_file_limit()
+    max_connections = min(settings.max_connections, max(16, soft - 64))  # fds for files, threads
+    if max_connections < settings.max_connections:
+        log.warning("open-file limit %d caps connections at %d (max_connections=%d)",
+                    soft, max_connections, settings.max_connections)  # fmt: skip
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return "h11"
+    limits = GuardLimits(
+        header_timeout_s=settings.header_timeout_s,
+        max_header_bytes=settings.max_header_bytes,
+        max_connections=max_connections,
+        retry_after_s=settings.retry_after_s,
+        counter=getattr(metrics, "connections_refused", None),
+    )
+    return guarded_protocol(limits)

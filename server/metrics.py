@@ -81,6 +81,12 @@ class ServingMetrics:
             "wattserve_inflight_requests", "Accepted requests not yet answered.", labels, registry=r
         )
         self._ready = Gauge("wattserve_model_ready", "1 when the model serves.", labels, registry=r)
+        self.connections_refused = Counter(
+            "wattserve_connections_refused",
+            "Connections closed before a request reached the app (header timeout or size, cap).",
+            ("reason",),
+            registry=r,
+        )
 
         lv = (model, batcher)
         self.queue_depth = self._queue_depth.labels(*lv)

@@ -53,7 +53,11 @@ class ModelRuntime:
         self.engine = engines[0]
         if self.settings.warmup:
             await asyncio.gather(*(asyncio.to_thread(self._warm, e) for e in engines))
-        self.batcher = build_batcher(self.settings, engines, metrics=self.metrics, **self.batcher_hooks)
+        hooks = dict(self.batcher_hooks)
+        meter_for = hooks.pop("energy_meter_for", None)  # energy follows the engine's device
+        if meter_for is not None:
+            hooks["energy_meter"] = meter_for(str(self.engine.device))
+        self.batcher = build_batcher(self.settings, engines, metrics=self.metrics, **hooks)
         self.metrics.watch(self.batcher)
         self._task = asyncio.create_task(self.batcher.run(), name="batcher")
         self.ready = True

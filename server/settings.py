@@ -127,6 +127,47 @@ class Settings(BaseSettings):
 
     # --- limits and lifecycle ---
     max_body_bytes: int = Field(64 * 1024 * 1024, description="Largest request body (413 beyond).")
+    max_inflight_body_bytes: int = Field(
+        512 * 1024 * 1024,
+        ge=1,
+        description="Request-body bytes being read or parsed at once, all requests together; "
+        "beyond it new requests get 503 + Retry-After before their body is read.",
+    )
+    max_queue_wait_s: float = Field(
+        3.0,
+        ge=0,
+        description="Refuse (503 + Retry-After) a request when the queue already holds more "
+        "than this many seconds of work at the measured service rate; 0 = count bound only.",
+    )
+    max_header_bytes: int = Field(64 * 1024, ge=1024, description="Largest request header (431 beyond).")
+    header_timeout_s: float = Field(
+        5.0, gt=0, description="A connection must send a complete request header within this (else closed)."
+    )
+    keep_alive_s: int = Field(5, ge=1, description="Idle keep-alive connections close after this.")
+    max_connections: int = Field(
+        4096, ge=1, description="Open connections at most (also capped by the open-file limit); 503 beyond."
+    )
+    max_image_pixels: int = Field(
+        25_000_000, ge=1, description="Largest decoded image (width x height) the image route accepts."
+    )
+    idle_trim_s: float = Field(
+        5.0,
+        ge=0,
+        description="With tune_malloc, give freed memory back to the OS after this long without "
+        "a batch (0 = never).",
+    )
+
+    # --- security ---
+    api_token: str | None = Field(
+        None,
+        description="If set, inference routes need 'Authorization: Bearer <token>' (401 otherwise).",
+    )
+    restricted_api: str | None = Field(
+        None,
+        description="Triton's --http-restricted-api: 'API[,API...]:HEADER=VALUE', several separated "
+        "by ';'. APIs: health, metadata, inference, model-config, model-repository, statistics. "
+        "Requests to a restricted API need that header (403 otherwise).",
+    )
     retry_after_s: int = Field(1, ge=0, description="Retry-After value sent with 503s.")
     drain_timeout_s: float = Field(30.0, ge=0, description="On SIGTERM, longest wait for accepted work.")
     warmup: bool = Field(True, description="Run every batch size once before reporting ready.")

@@ -18,6 +18,7 @@ import httpx
 import uvicorn
 
 from server.app import create_app
+from server.lifecycle import uvicorn_config
 from server.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,8 +36,7 @@ def threaded_server(settings: Settings, engine_factory=None) -> Iterator[tuple[s
     kwargs = {"engine_factory": engine_factory} if engine_factory else {}
     app = create_app(settings, **kwargs)
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                            access_log=False, lifespan="on")  # fmt: skip
+    config = uvicorn_config(app, settings, host="127.0.0.1", port=port, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -1,0 +1,193 @@
+"""Connection-level guards uvicorn's HTTP protocol lacks: a deadline for the request
+header, a cap on header bytes, and a cap on open connections.
+
+Without them a client that opens sockets and sends nothing (or a header byte a second)
+holds a descriptor forever, and 1,100 such sockets exhausted a 1,024-descriptor limit so
+that normal requests were reset with nothing logged; a single 100 MB header was read whole.
+These guards act before the app sees anything, so each refusal costs a few bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger("wattserve.http")
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """Soft RLIMIT_NOFILE up to the hard limit (every connection is a descriptor).
+
+    Returns the (soft, hard) limits now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d to %d: %s", soft, target, exc)
+    return soft, hard
+
+
+class _RateLimitedLog:
+    """One warning per ``period_s`` per kind, with the count since the last one."""
+
+    def __init__(self, period_s: float = 10.0) -> None:
+        self.period_s = period_s
+        self._last: dict[str, float] = {}
+        self._count: dict[str, int] = {}
+
+    def warn(self, kind: str, message: str) -> None:
+        self._count[kind] = self._count.get(kind, 0) + 1
+        now = time.monotonic()
+        if now - self._last.get(kind, -1e9) >= self.period_s:
+            log.warning("%s (%d since the last report)", message, self._count[kind])
+            self._last[kind] = now
+            self._count[kind] = 0
+
+
+class GuardLimits:
+    """The guards' settings, shared by every connection of one server."""
+
+    def __init__(
+        self,
+        header_timeout_s: float,
+        max_header_bytes: int,
+        max_connections: int,
+        retry_after_s: int,
+        counter: Any = None,  # prometheus Counter with an ``outcome``-like label, or None
+    ) -> None:
+        self.header_timeout_s = header_timeout_s
+        self.max_header_bytes = max_header_bytes
+        self.max_connections = max_connections
+        self.retry_after_s = retry_after_s
+        self.counter = counter
+        self.log = _RateLimitedLog()
+
+    def count(self, reason: str) -> None:
+        if self.counter is not None:
+            self.counter.labels(reason=reason).inc()
+
+
+def guarded_protocol(limits: GuardLimits) -> type[HttpToolsProtocol]:
+    """An HttpToolsProtocol subclass bound to ``limits`` (uvicorn takes a class)."""
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        _header_timer: asyncio.TimerHandle | None = None
+        _header_bytes = 0
+        _in_header = True  # from connection start (and after each response) to headers complete
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                limits.log.warn("connections", f"connection cap {limits.max_connections} reached; refusing")
+                limits.count("connection_cap")
+                self._refuse(503)
+                return
+            self._arm_header_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_header_timer()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._in_header:
+                self._header_bytes += len(data)
+                if self._header_bytes > limits.max_header_bytes + _BODY_SLACK:
+                    limits.log.warn("header", f"request header over {limits.max_header_bytes} bytes; 431")
+                    limits.count("header_too_large")
+                    self._refuse(431)
+                    return
+            super().data_received(data)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._in_header = True
+            if self._header_timer is None:
+                self._arm_header_timer()
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._header_bytes_parsed = getattr(self, "_header_bytes_parsed", 0) + len(name) + len(value)
+            if self._header_bytes_parsed > limits.max_header_bytes:
+                limits.log.warn("header", f"request header over {limits.max_header_bytes} bytes; 431")
+                limits.count("header_too_large")
+                self._refuse(431)
+                return
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self._in_header = False
+            self._header_bytes = 0
+            self._header_bytes_parsed = 0
+            self._cancel_header_timer()
+            if self.transport.is_closing():
+                return
+            super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            if self.cycle is None or self.transport.is_closing():
+                return  # refused above: nothing reads this body
+            super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            if self.cycle is None or self.transport.is_closing():
+                return
+            super().on_message_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._in_header = True  # the next request's header counts from here
+            self._header_bytes = 0
+
+        # -------------------------------------------------------------- helpers
+        def _arm_header_timer(self) -> None:
+            self._cancel_header_timer()
+            self._header_timer = self.loop.call_later(limits.header_timeout_s, self._header_timed_out)
+
+        def _cancel_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _header_timed_out(self) -> None:
+            self._header_timer = None
+            if self.transport.is_closing() or not self._in_header:
+                return
+            if self.cycle is not None and not self.cycle.response_complete:
+                return  # a request is being answered (pipelined next header may wait for it)
+            limits.count("header_timeout")
+            log.debug("no complete request header within %.1fs; closing", limits.header_timeout_s)
+            # An idle keep-alive connection gets uvicorn's own keep-alive timeout; a
+            # connection that began a header and stalled gets a 408.
+            self._refuse(408 if self._header_bytes else None)
+
+        def _refuse(self, status: int | None) -> None:
+            self._cancel_header_timer()
+            if status is not None and not self.transport.is_closing():
+                body = b'{"error":"' + _REASONS[status].lower() + b'"}'
+                head = [
+                    b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status]),
+                    b"content-type: application/json\r\n",
+                    b"content-length: %d\r\n" % len(body),
+                    b"connection: close\r\n",
+                ]
+                if status == 503:
+                    head.append(b"retry-after: %d\r\n" % limits.retry_after_s)
+                self.transport.write(b"".join(head) + b"\r\n" + body)
+            self.transport.close()
+
+    return GuardedHttpToolsProtocol
+
+
+# Bytes a client may send past the header in the same packets (the start of its body) before
+# the header's own size is known to be too large: the parsed check in on_header is exact; this
+# raw one only stops a header that never ends.
+_BODY_SLACK = 512 * 1024

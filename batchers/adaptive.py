@@ -98,6 +98,8 @@ class AdaptiveBatcher(RequestBatcher):
         """Engine thread, between batches: a full batch goes at once (every other case needs
         the decision, which runs on the event loop)."""
         full = self.config.max_batch_size
+        if self.config.reject_late:  # shedding runs on the loop, before every batch
+            return None
         return full if queued >= full else None
 
     async def run(self) -> None:
@@ -182,7 +184,10 @@ class AdaptiveBatcher(RequestBatcher):
                 await loop.run_in_executor(inst.executor, _time_sizes, inst.engine, sizes)
             ).items():
                 timings.setdefault(size, []).append(seconds)
-        self.costs.seed({size: float(np.median(ts)) for size, ts in timings.items()})
+        seeded = {size: float(np.median(ts)) for size, ts in timings.items()}
+        self.costs.seed(seeded)
+        for size, seconds in seeded.items():  # so the admission's time bound knows big batches
+            self.service_rate.observe(size, seconds)  # from the start, not only batch 1's rate
         self._view = None
         snap = self.costs.snapshot()
         log.info("adaptive: cost model seeded from %s: %.2f ms + %.3f ms/item",

@@ -124,7 +124,7 @@ class Batcher(ABC):
         self.energy_meter = energy_meter
         self.on_batch = on_batch
         self.queue = PriorityFifo(config.priority_levels)
-        self.service_rate = ServiceRate(len(engines))
+        self.service_rate = ServiceRate(len(engines), config.max_batch_size)
         self.last_batch_at = monotonic()  # read by the idle memory trimmer
         self.closing = False
         self.inflight = 0

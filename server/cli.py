@@ -25,7 +25,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tune_malloc()
     sys.setswitchinterval(settings.gil_switch_interval_ms / 1000.0)
     app = create_app(settings)
-    DrainingServer(uvicorn_config(app, settings), app.state.models).run()
+    DrainingServer(uvicorn_config(app, settings), app.state.models, settings.drain_grace_s).run()
     return 0
 
 

@@ -59,9 +59,9 @@ def tune_malloc() -> bool:
 
 
 class Drainable(Protocol):
-    """What SIGTERM drains: the model set (every model), or one runtime."""
+    """What SIGTERM drains: the model set (every model)."""
 
-    async def drain(self) -> None: ...
+    async def drain(self, grace_s: float = 0.0) -> None: ...
 
 
 def malloc_trim() -> bool:
@@ -120,9 +120,10 @@ class DrainingServer(uvicorn.Server):
     answered, then uvicorn shuts down as usual. A second signal forces exit.
     """
 
-    def __init__(self, config: uvicorn.Config, runtime: Drainable) -> None:
+    def __init__(self, config: uvicorn.Config, runtime: Drainable, drain_grace_s: float = 0.0) -> None:
         super().__init__(config)
         self.runtime = runtime
+        self.drain_grace_s = drain_grace_s
         self._drain_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -143,7 +144,7 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain_then_exit(self) -> None:
         try:
-            await self.runtime.drain()
+            await self.runtime.drain(self.drain_grace_s)
         finally:
             log.info("drained; shutting down")
             self.should_exit = True

@@ -58,6 +58,7 @@ class ModelSet:
         self.make_runtime = make_runtime
         self.strict = strict
         self.draining = False
+        self.leaving = False  # SIGTERM seen: not ready, still accepting (drain grace)
         self.started = False
         self._models: dict[str, dict[str, ModelEntry]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -99,7 +100,12 @@ class ModelSet:
     @property
     def ready(self) -> bool:
         """Server readiness: start-up finished, not draining, and at least one model serves."""
-        return self.started and not self.draining and any(e.state is ModelState.READY for e in self.entries())
+        return (
+            self.started
+            and not self.draining
+            and not self.leaving
+            and any(e.state is ModelState.READY for e in self.entries())
+        )
 
     def closing(self) -> bool:
         """The server drains, or every model it serves does (what ``Connection: close`` follows).
@@ -152,8 +158,16 @@ class ModelSet:
         async with self._lock(name):
             await self._stop_entries(name, reason="unloaded")
 
-    async def drain(self) -> None:
-        """SIGTERM: every model stops accepting and answers what it accepted."""
+    async def drain(self, grace_s: float = 0.0) -> None:
+        """SIGTERM: every model stops accepting and answers what it accepted.
+
+        With ``grace_s``, readiness goes false at once but requests are still accepted for
+        that long first, so a load balancer health-checking /v2/health/ready stops sending
+        before the server starts refusing (no 503 window during a rolling restart)."""
+        if grace_s > 0 and not self.draining:
+            self.leaving = True
+            log.info("not ready; still accepting for %.1fs before draining", grace_s)
+            await asyncio.sleep(grace_s)
         self.draining = True
         await asyncio.gather(*(r.drain() for r in self.runtimes()))
 

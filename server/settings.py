@@ -194,6 +194,12 @@ class Settings(BaseSettings):
     )
     retry_after_s: int = Field(1, ge=0, description="Retry-After value sent with 503s.")
     drain_timeout_s: float = Field(30.0, ge=0, description="On SIGTERM, longest wait for accepted work.")
+    drain_grace_s: float = Field(
+        0.0,
+        ge=0,
+        description="On SIGTERM, report not ready at once but keep accepting requests this long "
+        "before draining, so a load balancer's health check stops sending first (e.g. 2-3 checks).",
+    )
     warmup: bool = Field(True, description="Run every batch size once before reporting ready.")
     gil_switch_interval_ms: float = Field(
         0.5,

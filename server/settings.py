@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-BatcherName = Literal["static", "dynamic", "continuous"]
+BatcherName = Literal["static", "dynamic", "continuous", "adaptive", "aimd"]
 EngineName = Literal["torch", "onnxruntime", "tensorrt"]
 
 
@@ -66,6 +66,12 @@ class Settings(BaseSettings):
     identity_delay_ms: float = Field(
         0.0, ge=0, description="identity: compute time per batch (Triton's execute_delay_ms)."
     )
+    identity_delay_per_item_ms: float = Field(
+        0.0,
+        ge=0,
+        description="identity: compute time per request in a batch, added to identity_delay_ms "
+        "(10 + 0.5/item gives a GPU-like cost curve).",
+    )
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (CPU).")
     onnx_path: Path | None = Field(
         None, description="ONNX file for the onnxruntime/tensorrt engines (exported if unset)."
@@ -88,7 +94,11 @@ class Settings(BaseSettings):
     diffusion_default_steps: int = Field(20, ge=1, description="Steps when a request names none.")
 
     # --- batching ---
-    batcher: BatcherName = Field("dynamic", description="static, dynamic or continuous.")
+    batcher: BatcherName = Field(
+        "dynamic",
+        description="static, dynamic, continuous, adaptive (meets slo_ms at the fewest "
+        "engine-seconds per request) or aimd (Clipper's baseline).",
+    )
     max_batch_size: int = Field(8, ge=1, le=1024, description="Largest batch formed (static: N).")
     max_queue_delay_ms: float = Field(
         5.0, ge=0, description="dynamic: longest the oldest request waits for a batch to fill."
@@ -99,6 +109,25 @@ class Settings(BaseSettings):
     )
     batch_sizes_only: bool = Field(
         False, description="dynamic: form only the engine's own batch sizes (its buckets/profiles)."
+    )
+    slo_ms: float = Field(
+        100.0,
+        gt=0,
+        description="adaptive/aimd: the latency objective, request arrival to answer, in ms.",
+    )
+    slo_percentile: float = Field(
+        99.0, gt=0, lt=100, description="adaptive/aimd: the objective holds for this percentile."
+    )
+    slo_headroom_ms: float | None = Field(
+        None,
+        ge=0,
+        description="adaptive: time outside the batcher (HTTP, network) kept out of the plan; "
+        "unset: 10% of slo_ms.",
+    )
+    slo_reject: bool = Field(
+        False,
+        description="adaptive: answer 503 + Retry-After at once for requests that cannot meet "
+        "slo_ms anyway (default: serve them late and count the miss).",
     )
     max_queue_size: int = Field(
         256, ge=1, description="Queued requests at most; beyond it 503 + Retry-After."

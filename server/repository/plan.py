@@ -43,6 +43,7 @@ MODEL_PARAMETERS = {
     "identity_delay_ms", "torch_threads", "cuda_graphs", "engine_batch_sizes", "batch_sizes_only",
     "trt_profiles", "onnx_path", "diffusion_model", "diffusion_scheduler", "diffusion_default_steps",
     "check_values", "warmup",
+    "identity_delay_per_item_ms", "slo_ms", "slo_percentile", "slo_headroom_ms", "slo_reject",
 }  # fmt: skip
 BUILTIN_KEY = "builtin"
 

@@ -61,11 +61,14 @@ class Windows:
     search_steps: int
 
 
+# Sized for a shared 2-core machine where mobilenet_v2 capacity is ~10-30 req/s: a full run
+# takes about 20 minutes. A p99 from a few hundred queries rests on a handful of requests;
+# raise --search-queries / --point-queries on a quiet machine with time to spare.
 FULL = Windows(
-    warmup_s=3, duration_s=20, point_queries=600, search_queries=1000, search_tolerance=0.08, search_steps=8
+    warmup_s=2, duration_s=15, point_queries=200, search_queries=300, search_tolerance=0.15, search_steps=6
 )
 QUICK = Windows(
-    warmup_s=1, duration_s=4, point_queries=100, search_queries=150, search_tolerance=0.25, search_steps=5
+    warmup_s=1, duration_s=4, point_queries=40, search_queries=60, search_tolerance=0.3, search_steps=4
 )
 
 
@@ -191,13 +194,16 @@ def triton_batch_stats(before: str | None, after: str | None, model: str) -> dic
         from prometheus_client.parser import text_string_to_metric_families
 
         found: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.labels.get("model") != model:
-                    continue
-                for name in ("nv_inference_count", "nv_inference_exec_count"):
-                    if sample.name in (name, name + "_total"):
-                        found[name] = found.get(name, 0.0) + sample.value
+        try:
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.labels.get("model") != model:
+                        continue
+                    for name in ("nv_inference_count", "nv_inference_exec_count"):
+                        if sample.name in (name, name + "_total"):
+                            found[name] = found.get(name, 0.0) + sample.value
+        except ValueError:  # text the parser refuses: no batch figures, never a crashed run
+            return None
         return found
 
     a, b = counts(before), counts(after)
@@ -340,6 +346,7 @@ async def measure(
         )
         limits = SearchLimits(
             start_rate=args.search_start,
+            min_rate=args.min_rate if args.min_rate is not None else args.search_start / 8,
             tolerance=win.search_tolerance,
             max_steps=win.search_steps,
             min_queries=win.search_queries,
@@ -398,6 +405,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="fixed rates as fractions of each capacity (default 0.25,0.5,0.75,1)",
     )
     p.add_argument("--search-start", type=float, default=16.0, help="first rate the search tries")
+    p.add_argument(
+        "--min-rate", type=float, default=None, help="lowest rate the search tries (default start / 8)"
+    )
+    p.add_argument("--search-queries", type=int, default=None, help="queries per search step")
+    p.add_argument("--point-queries", type=int, default=None, help="queries per fixed-rate run (at least)")
     p.add_argument("--torch-threads", type=int, default=None, help="both servers; unset: wattserve's default")
     p.add_argument("--max-lag-ms", type=float, default=25.0, help="generator lag that invalidates a run")
     p.add_argument("--request-timeout", type=float, default=30.0)
@@ -412,6 +424,10 @@ def main(argv: list[str] | None = None) -> None:
     if not Path(args.triton_python).exists():
         raise SystemExit(f"{args.triton_python} not found; build the Triton venv with scripts/triton_venv.sh")
     win = QUICK if args.quick else FULL
+    if args.search_queries:
+        win = dataclasses.replace(win, search_queries=args.search_queries)
+    if args.point_queries:
+        win = dataclasses.replace(win, point_queries=args.point_queries)
     knobs = default_knobs(args.model, args.torch_threads)
     from loadgen.runner import run_async
 

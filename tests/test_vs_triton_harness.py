@@ -191,3 +191,8 @@ def test_measure_wiring_against_two_v2_servers(capsys):
 
 async def measure_doc(args, win, url_a: str, url_b: str) -> dict:
     return await vt.measure(args, win, {"wattserve": url_a, "triton": url_b}, f"{url_b}/metrics")
+
+
+def test_triton_batch_stats_survive_unparseable_metrics():
+    good = TRITON_METRICS.format(inf=1, exe=1)
+    assert vt.triton_batch_stats(good, "{{{ not metrics", "mobilenet_v2")["avg_batch_size"] is None

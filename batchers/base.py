@@ -42,10 +42,11 @@ log = logging.getLogger("wattserve.batcher")
 
 
 class EnergyMeter:
-    """What the batcher needs of telemetry: energy over one batch's execution window.
+    """What the batcher needs of telemetry: the moments one batch ran on its device.
 
     ``begin``/``end`` run on the engine thread right around the model call. ``end`` returns
-    an object with ``.joules`` or None when nothing is measurable (never a made-up figure).
+    an object handed to ``on_batch``; if it has a ``.joules`` figure already, each request's
+    result carries its share, otherwise (telemetry's window attribution) none does.
     """
 
     def begin(self) -> Any: ...
@@ -62,7 +63,7 @@ class BatchOutcome:
     per_item: list[dict[str, np.ndarray] | BaseException]
     started: float
     finished: float
-    energy: Any  # BatchEnergy-like (has .joules) or None
+    energy: Any  # what the meter's end() returned (telemetry: a BatchSpan), or None
     padded: int
 
 
@@ -123,7 +124,7 @@ class Batcher(ABC):
         self.energy_meter = energy_meter
         self.on_batch = on_batch
         self.queue = PriorityFifo(config.priority_levels)
-        self.service_rate = ServiceRate(len(engines))
+        self.service_rate = ServiceRate(len(engines), config.max_batch_size)
         self.last_batch_at = monotonic()  # read by the idle memory trimmer
         self.closing = False
         self.inflight = 0
@@ -422,7 +423,10 @@ class RequestBatcher(Batcher):
                 self.on_batch(n, outcome.energy)
         except Exception:
             log.exception("batch observer failed; answering the batch anyway")
-        share = outcome.energy.joules / n if outcome.energy is not None else None
+        # telemetry's BatchSpan has no .joules: its figure is final only after the next
+        # counter step, so it goes to metrics, not to this response (docs/telemetry.md)
+        joules = getattr(outcome.energy, "joules", None)
+        share = joules / n if joules is not None else None
         for item, out in zip(outcome.items, outcome.per_item, strict=True):
             if isinstance(out, BaseException):
                 item.finish(error=BatchFailed(f"inference failed: {out}"))

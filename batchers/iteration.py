@@ -220,7 +220,8 @@ class IterationBatcher(Batcher):
         if self.on_batch is not None:
             self.on_batch(n, it.energy)
         self.last_batch_at = it.finished
-        share = it.energy.joules / n if it.energy is not None else None
+        joules = getattr(it.energy, "joules", None)  # None: final later, in metrics only
+        share = joules / n if joules is not None else None
         keep: list[Running] = []
         for i, r in enumerate(it.active):
             r.steps += 1

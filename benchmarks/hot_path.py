@@ -85,9 +85,9 @@ def engine_only(seconds: float) -> dict:
     return {"batch1_p50_ms": statistics.median(times) * 1e3, "batch8_img_s": rate8}
 
 
-def mobilenet_served(root: Path, seconds: float) -> dict:
+def mobilenet_served(root: Path, seconds: float, extra_env: dict[str, str] | None = None) -> dict:
     env = {"WATTSERVE_MODEL": "mobilenet_v2", "WATTSERVE_BATCHER": "dynamic", "WATTSERVE_MAX_BATCH_SIZE": "8",
-           "WATTSERVE_MAX_QUEUE_SIZE": "1024"}  # fmt: skip
+           "WATTSERVE_MAX_QUEUE_SIZE": "1024", **(extra_env or {})}  # fmt: skip
     body, headers = binary_request()
     with wattserve(env, root=root) as url:
         target = url + "/v2/models/mobilenet_v2/infer"
@@ -110,15 +110,27 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip-mobilenet", action="store_true")
+    parser.add_argument(
+        "--variant", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE]",
+        help="also serve mobilenet_v2 from this checkout with these env vars (same-run A/B), "
+        "e.g. threads1:WATTSERVE_TORCH_THREADS=1 or passive:OMP_WAIT_POLICY=PASSIVE",
+    )  # fmt: skip
     args = parser.parse_args()
     roots = {"after": ROOT} | ({"before": args.before.resolve()} if args.before else {})
+    variants = {
+        v.split(":", 1)[0]: dict(kv.split("=", 1) for kv in v.split(":", 1)[1].split(","))
+        for v in args.variant
+    }
     results: dict[str, dict[str, list[dict]]] = {label: {"p2_prime": [], "mobilenet": []} for label in roots}
+    by_variant: dict[str, list[dict]] = {name: [] for name in variants}
     engine: list[dict] = []
     for _ in range(args.rounds):
         for label, root in roots.items():  # alternating: the machine's drift hits both alike
             results[label]["p2_prime"].append(p2_prime(root, args.seconds))
             if not args.skip_mobilenet:
                 results[label]["mobilenet"].append(mobilenet_served(root, args.seconds))
+        for name, env in variants.items():
+            by_variant[name].append(mobilenet_served(ROOT, args.seconds, env))
         if not args.skip_mobilenet:
             engine.append(engine_only(args.seconds))
 
@@ -149,8 +161,13 @@ def main() -> None:
             print(
                 f"{label:>6}: batch-1 served compute / engine = {b1:.2f}; P2 served / engine img/s = {p2:.2f}"
             )
+    for name, rows in by_variant.items():
+        b1 = mean(rows, "batch1_compute_p50_ms")
+        sat = mean(rows, "saturated_img_s")
+        print(f"variant {name} {variants[name]}: batch-1 compute p50 {b1:.2f} ms, saturated {sat:.1f} img/s, "
+              f"p99 {mean(rows, 'p99_ms'):.0f} ms")  # fmt: skip
     doc = {"machine": platform.platform(), "args": {k: str(v) for k, v in vars(args).items()},
-           "runs": results, "engine_only": engine, "summary": summary}  # fmt: skip
+           "runs": results, "variants": by_variant, "engine_only": engine, "summary": summary}  # fmt: skip
     print(f"\nwrote {save('hot_path', doc)}")
 
 

@@ -1,7 +1,10 @@
 """wattserve's own overhead: identity model + dynamic batcher (default 5 ms delay, and 0 ms) vs a bare FastAPI endpoint
 doing the same work, 16 connections, measured side by side (alternating) in one run.
 
-    python -m benchmarks.serving_overhead [--seconds 10] [--rounds 2]
+    python -m benchmarks.serving_overhead [--seconds 10] [--rounds 2] [--before PATH]
+
+With ``--before PATH`` (an older checkout) the wattserve variants also run from that tree,
+in the same rounds, so a refactor's cost is a same-run ratio.
 
 Prints a table and writes results/serving_overhead.json. Needs wrk.
 """
@@ -12,10 +15,11 @@ import argparse
 import platform
 import statistics
 import sys
+from pathlib import Path
 
 import orjson
 
-from benchmarks._harness import free_port, process, save, wattserve, wrk
+from benchmarks._harness import ROOT, free_port, process, save, wattserve, wrk
 
 BODY = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
                                  "data": [float(i) for i in range(16)]}]})  # fmt: skip
@@ -26,11 +30,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--before", type=Path, default=None, help="an older checkout, run in the same rounds")
     args = parser.parse_args()
-    variants = {  # the dynamic batcher with its default delay, and with none
+    base = {  # the dynamic batcher with its default delay, and with none
         "wattserve_dynamic": {"WATTSERVE_MAX_QUEUE_DELAY_MS": "5"},
         "wattserve_dynamic_delay0": {"WATTSERVE_MAX_QUEUE_DELAY_MS": "0"},
     }
+    roots = {"": ROOT} | ({"_before": args.before.resolve()} if args.before else {})
+    variants = {name + suffix: (env, root) for suffix, root in roots.items() for name, env in base.items()}
     runs: dict[str, list[dict]] = {"bare_fastapi": [], **{name: [] for name in variants}}
     for _ in range(args.rounds):
         port = free_port()
@@ -42,10 +49,10 @@ def main() -> None:
             runs["bare_fastapi"].append(
                 wrk(url + "/v2/models/identity/infer", BODY, args.connections, args.seconds)
             )
-        for name, extra in variants.items():
+        for name, (extra, root) in variants.items():
             env = {"WATTSERVE_MODEL": "identity", "WATTSERVE_BATCHER": "dynamic",
                    "WATTSERVE_MAX_BATCH_SIZE": "16", **extra}  # fmt: skip
-            with wattserve(env) as url:
+            with wattserve(env, root=root) as url:
                 wrk(url + "/v2/models/identity/infer", BODY, args.connections, 2)
                 runs[name].append(
                     wrk(url + "/v2/models/identity/infer", BODY, args.connections, args.seconds)

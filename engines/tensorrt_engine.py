@@ -10,10 +10,21 @@ the profile whose range holds the batch (padding up to the next profile's min wh
 falls in a gap), set the input shape, copy in, ``execute_async_v3`` on a pycuda stream, copy
 back, slice off padding.
 
-Written against the TensorRT 10 Python API and pycuda; neither runs on the machine this was
-written on (no GPU), so everything here that does not touch TensorRT is tested there, and the
-TensorRT/pycuda calls are exercised by ``scripts/gpu_check.sh`` on a GPU. int8 is not offered:
-it needs calibration data we do not have (random weights), and faking it would be dishonest.
+CUDA ownership: every pycuda/TensorRT call of one engine (plan build, deserialize, infer,
+release) runs on one thread the engine owns, with the configured GPU's primary context pushed
+there for the engine's life. So the plan is built on ``cuda:N`` (TensorRT builds on the
+current device), and the stream, buffers and contexts are freed on the thread whose context
+they belong to, whichever thread calls ``infer`` or ``close``.
+
+Pinned to TensorRT 10 (``tensorrt-cu12>=10,<11``): TensorRT 11 removed ``BuilderFlag.FP16``
+(fp16 comes from the ONNX graph's types there), which this build path relies on. In TensorRT
+10's Python API ``set_optimization_profile_async`` raises on failure (and returns True).
+``scripts/typecheck_tensorrt.sh`` checks this module against the published TensorRT 10.13
+type stubs (tensorrt-stubs); that and the test doubles are the only checks possible here:
+TensorRT and pycuda cannot be installed or run in this workplace (no GPU, and TensorRT's
+libraries come from a host outside the reachable registries), so the real calls are exercised
+only by ``scripts/gpu_check.sh`` on a machine that has them. int8 is not offered: it needs
+calibration data we do not have (random weights), and faking it would be dishonest.
 """
 
 from __future__ import annotations
@@ -24,9 +35,11 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,28 +58,40 @@ from engines.profiles import (
     select_profile,
 )
 
+if TYPE_CHECKING:  # the published stubs (tensorrt-stubs); at run time the real module or a double
+    import tensorrt
+
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKSPACE_BYTES = 2 << 30
+TENSORRT_MAJOR = 10  # what this module is written for (pyproject: tensorrt-cu12>=10,<11)
 INSTALL_HINT = (
-    "install the 'tensorrt' extra (pip install 'wattserve[tensorrt]': tensorrt>=10 and pycuda) "
-    "on a machine with an NVIDIA GPU and driver"
+    "install the 'tensorrt' extra (pip install 'wattserve[tensorrt]': tensorrt-cu12>=10,<11 and "
+    "pycuda) on a machine with an NVIDIA GPU and driver"
 )
 
 
 # --------------------------------------------------------------------------- availability
 
 
-def import_tensorrt():
-    """The ``tensorrt`` module, or EngineUnavailable saying it is missing."""
+def import_tensorrt() -> Any:
+    """The ``tensorrt`` module (TensorRT 10), or EngineUnavailable saying what is wrong."""
     try:
         import tensorrt
     except ImportError as exc:
         raise EngineUnavailable(f"TensorRT is not installed ({exc}); {INSTALL_HINT}") from exc
+    version = getattr(tensorrt, "__version__", None)
+    if version is None:  # e.g. a stubs-only folder imported as a namespace package
+        raise EngineUnavailable(f"'tensorrt' here is not TensorRT (no __version__); {INSTALL_HINT}")
+    if int(str(version).split(".")[0]) != TENSORRT_MAJOR:
+        raise EngineUnavailable(
+            f"TensorRT {version} found; this engine is written for TensorRT {TENSORRT_MAJOR} "
+            f"(tensorrt-cu12>=10,<11: TensorRT 11 has no BuilderFlag.FP16)"
+        )
     return tensorrt
 
 
-def import_pycuda():
+def import_pycuda() -> Any:
     """``pycuda.driver``, initialised, with at least one GPU; else EngineUnavailable."""
     try:
         import pycuda.driver as cuda
@@ -98,10 +123,15 @@ class GpuIdentity:
     compute_capability: str
 
 
-def gpu_identity(cuda, index: int) -> GpuIdentity:
+def gpu_identity(cuda: Any, index: int) -> GpuIdentity:
     dev = cuda.Device(index)
     major, minor = dev.compute_capability()
     return GpuIdentity(dev.name(), f"{major}.{minor}")
+
+
+def dims(shape: Any) -> tuple[int, ...]:
+    """A TensorRT ``Dims`` (indexable, sized; typed as not iterable) as a tuple of ints."""
+    return tuple(int(shape[i]) for i in range(len(shape)))
 
 
 def precision_name(fp16: bool) -> str:
@@ -124,7 +154,6 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def build_plan(
-    trt,
     onnx_path: Path,
     profiles: Sequence[BatchProfile],
     *,
@@ -137,13 +166,15 @@ def build_plan(
     Every network input whose axis 0 is dynamic gets ``(min|opt|max, *item_shape)``. The
     timing cache is read from ``timing_cache`` when it exists and written back after the
     build, so later builds (other profiles, other models with the same layers) skip timing.
+    Builds on the current CUDA device: TensorRTEngine calls it on its own thread, with the
+    configured GPU's context current.
     """
+    import_tensorrt()  # TensorRT 10, or a clear EngineUnavailable
+    import tensorrt as trt
+
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
-    flags = 0
-    if int(trt.__version__.split(".")[0]) < 10:  # explicit batch is implied from 10 on
-        flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
-    network = builder.create_network(flags)
+    network = builder.create_network(0)  # explicit batch is the only mode from TensorRT 10 on
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
@@ -152,17 +183,12 @@ def build_plan(
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
     if fp16:
-        if not hasattr(trt.BuilderFlag, "FP16"):
-            raise EngineUnavailable(
-                f"TensorRT {trt.__version__} has no BuilderFlag.FP16 (strong typing only); "
-                "build fp32 or export an fp16 ONNX graph"
-            )
         config.set_flag(trt.BuilderFlag.FP16)
 
-    dynamic_inputs = []
+    dynamic_inputs: list[tuple[str, tuple[int, ...]]] = []
     for i in range(network.num_inputs):
         tensor = network.get_input(i)
-        shape = tuple(tensor.shape)
+        shape = dims(tensor.shape)
         if shape[0] != -1:
             continue
         if any(d < 0 for d in shape[1:]):
@@ -173,14 +199,15 @@ def build_plan(
     for p in profiles:
         profile = builder.create_optimization_profile()
         for name, item in dynamic_inputs:
-            profile.set_shape(name, (p.min, *item), (p.opt, *item), (p.max, *item))
+            lo, opt, hi = (trt.Dims([b, *item]) for b in (p.min, p.opt, p.max))
+            profile.set_shape(name, lo, opt, hi)
         config.add_optimization_profile(profile)
 
     cache_bytes = timing_cache.read_bytes() if timing_cache and timing_cache.exists() else b""
     cache = config.create_timing_cache(cache_bytes)
     config.set_timing_cache(cache, ignore_mismatch=False)
 
-    plan = builder.build_serialized_network(network, config)
+    plan: tensorrt.IHostMemory | None = builder.build_serialized_network(network, config)
     if plan is None:
         raise EngineError(f"TensorRT failed to build {onnx_path} ({format_profiles(profiles)})")
     if timing_cache is not None:
@@ -205,7 +232,6 @@ def timing_cache_path(cache_dir: Path, gpu: GpuIdentity, trt_version: str) -> Pa
 
 
 def load_or_build_plan(
-    trt,
     onnx_path: Path,
     profiles: Sequence[BatchProfile],
     *,
@@ -215,7 +241,11 @@ def load_or_build_plan(
     cache_dir: Path,
     workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
 ) -> PlanRecord:
-    """The cached plan for exactly these inputs, building (and caching) it on a miss."""
+    """The cached plan for exactly these inputs, building (and caching) it on a miss.
+
+    A build happens on the current CUDA device: call it where that is the GPU named by
+    ``gpu`` (TensorRTEngine.from_settings does, on the engine's own thread)."""
+    trt = import_tensorrt()
     fields = {
         "onnx_sha256": file_sha256(onnx_path),
         "gpu": gpu.name,
@@ -237,7 +267,6 @@ def load_or_build_plan(
         return PlanRecord(path, key, False, 0.0, fields)
     start = time.perf_counter()
     plan = build_plan(
-        trt,
         onnx_path,
         profiles,
         fp16=fp16,
@@ -258,48 +287,80 @@ def load_or_build_plan(
 class TensorRTEngine:
     """A deserialized TensorRT plan with one execution context per optimization profile.
 
-    Blocking and single-threaded like every engine; the CUDA context is pushed around each
-    call, so the worker thread that calls ``infer`` need not be the one that built it.
+    Blocking like every engine. Every CUDA call runs on the engine's own thread (``_owner``),
+    where the configured GPU's primary context stays pushed from construction to ``close``:
+    the plan is built and deserialized on that GPU, and the stream, buffers and contexts are
+    released by the thread that owns them, whichever thread calls ``infer`` or ``close``.
     """
 
     platform = "tensorrt"
 
     def __init__(
         self,
-        plan: bytes,
+        plan: bytes | None,
         *,
         name: str,
         device_index: int = 0,
         expected_profiles: Sequence[BatchProfile] | None = None,
+        build: Callable[[], PlanRecord] | None = None,
     ) -> None:
         trt = import_tensorrt()
         cuda = import_pycuda()
         self._trt, self._cuda = trt, cuda
         self.name = name
         self.device = f"cuda:{device_index}"
+        self.plan: PlanRecord | None = None
+        self._ctx: Any = None
+        self._owner: ThreadPoolExecutor | None = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"tensorrt-{name}-cuda{device_index}"
+        )
+        try:
+            self._on_owner(self._open, plan, device_index, expected_profiles, build)
+        except BaseException:
+            self._owner.shutdown(wait=True)
+            self._owner = None
+            raise
+
+    def _on_owner(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._owner is None:
+            raise EngineError(f"{self.name}: engine is closed")
+        return self._owner.submit(fn, *args).result()
+
+    def _open(
+        self,
+        plan: bytes | None,
+        device_index: int,
+        expected: Sequence[BatchProfile] | None,
+        build: Callable[[], PlanRecord] | None,
+    ) -> None:
+        """Owner thread: make the GPU's context current here, build if asked, deserialize."""
+        cuda = self._cuda
         self._ctx = cuda.Device(device_index).retain_primary_context()
         self._ctx.push()
         try:
-            self._setup(plan, expected_profiles)
+            if build is not None:
+                self.plan = build()
+                plan = self.plan.path.read_bytes()
+            if plan is None:
+                raise EngineUnavailable("no plan given and nothing to build it from")
+            self._setup(plan, expected)
         except BaseException:
-            self._release()
-            cuda.Context.pop()
-            self._ctx.detach()
-            self._ctx = None
+            self._release_on_owner()
             raise
-        cuda.Context.pop()
 
     def _setup(self, plan: bytes, expected: Sequence[BatchProfile] | None) -> None:
-        trt, cuda = self._trt, self._cuda
+        import tensorrt as trt  # checked by import_tensorrt(); typed by the stubs
+
+        cuda = self._cuda
         self._logger = trt.Logger(trt.Logger.WARNING)
-        self._runtime = trt.Runtime(self._logger)
-        self._engine = self._runtime.deserialize_cuda_engine(plan)
-        if self._engine is None:
+        self._runtime: tensorrt.Runtime | None = trt.Runtime(self._logger)
+        engine: tensorrt.ICudaEngine | None = self._runtime.deserialize_cuda_engine(plan)
+        if engine is None:
             raise EngineUnavailable(
                 "TensorRT could not deserialize the plan (built by another TensorRT version or "
                 "for another GPU?); delete it from the cache to rebuild"
             )
-        engine = self._engine
+        self._engine: tensorrt.ICudaEngine | None = engine
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         modes = {n: engine.get_tensor_mode(n) for n in names}
         in_names = [n for n in names if modes[n] == trt.TensorIOMode.INPUT]
@@ -325,7 +386,7 @@ class TensorRTEngine:
 
         def spec(n: str, allow_nonfinite: bool = False) -> TensorSpec:
             dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(n)))
-            shape = tuple(int(d) for d in engine.get_tensor_shape(n))
+            shape = dims(engine.get_tensor_shape(n))
             if any(d < 0 for d in shape[1:]):
                 raise EngineUnavailable(f"tensor {n} has dynamic non-batch dims {shape}")
             return TensorSpec(n, shape[1:], NUMPY_TO_DATATYPE[dtype], allow_nonfinite=allow_nonfinite)
@@ -337,32 +398,36 @@ class TensorRTEngine:
         # contexts run one at a time on one stream, so sharing is safe. Pinned host staging
         # buffers make the copies truly asynchronous.
         self._stream = cuda.Stream()
-        self._device_buffers = {}
-        self._host_buffers = {}
+        self._device_buffers: dict[str, Any] = {}
+        self._host_buffers: dict[str, np.ndarray] = {}
         for s in (*self.inputs, *self.outputs):
             count = self.max_batch_size * s.element_count
             self._host_buffers[s.name] = cuda.pagelocked_empty(count, s.dtype)
             self._device_buffers[s.name] = cuda.mem_alloc(max(1, count * s.dtype.itemsize))
 
-        self._contexts = []
+        self._contexts: list[tensorrt.IExecutionContext] = []
         for index in range(len(self.profiles)):
-            context = engine.create_execution_context()
+            context: tensorrt.IExecutionContext | None = engine.create_execution_context()
             if context is None:
                 raise EngineUnavailable(f"could not create an execution context for profile {index}")
-            if not context.set_optimization_profile_async(index, self._stream.handle):
+            self._contexts.append(context)  # released with the others if a later step fails
+            try:  # TensorRT 10 raises on failure (its binding turns False into RuntimeError)
+                selected = context.set_optimization_profile_async(index, self._stream.handle)
+            except Exception as exc:
+                raise EngineUnavailable(f"could not select optimization profile {index}: {exc}") from exc
+            if selected is False:
                 raise EngineUnavailable(f"could not select optimization profile {index}")
             for name, buf in self._device_buffers.items():
                 if not context.set_tensor_address(name, int(buf)):
                     raise EngineUnavailable(f"could not bind tensor {name}")
-            self._contexts.append(context)
         self._stream.synchronize()
 
     @classmethod
-    def from_settings(cls, settings) -> TensorRTEngine:
-        """Export ONNX if needed, load or build the plan for these settings, deserialize it."""
+    def from_settings(cls, settings: Any) -> TensorRTEngine:
+        """Export ONNX if needed; load or build the plan on ``settings.device``; deserialize it."""
         from engines.onnx_export import ensure_onnx
 
-        trt = import_tensorrt()
+        import_tensorrt()
         cuda = import_pycuda()
         index = cuda_device_index(settings.device)
         profiles = parse_profiles(settings.trt_profiles)
@@ -371,23 +436,19 @@ class TensorRTEngine:
                 f"max_batch_size {settings.max_batch_size} exceeds the TensorRT profiles' "
                 f"largest batch {profiles_max_batch(profiles)} ({settings.trt_profiles})"
             )
-        record = load_or_build_plan(
-            trt,
-            ensure_onnx(settings),
-            profiles,
-            model=settings.model,
-            gpu=gpu_identity(cuda, index),
-            fp16=settings.fp16,
-            cache_dir=settings.cache_dir,
-        )
-        engine = cls(
-            record.path.read_bytes(),
-            name=settings.model,
-            device_index=index,
-            expected_profiles=profiles,
-        )
-        engine.plan = record
-        return engine
+        onnx_path = ensure_onnx(settings)
+
+        def build() -> PlanRecord:  # on the engine's thread, cuda:index current
+            return load_or_build_plan(
+                onnx_path,
+                profiles,
+                model=settings.model,
+                gpu=gpu_identity(cuda, index),
+                fp16=settings.fp16,
+                cache_dir=settings.cache_dir,
+            )
+
+        return cls(None, name=settings.model, device_index=index, expected_profiles=profiles, build=build)
 
     def padded_size(self, batch_size: int) -> int:
         """The size this batch runs at: itself, or the next profile's min when in a gap."""
@@ -404,57 +465,69 @@ class TensorRTEngine:
             raise EngineError(f"{self.name}: missing inputs {missing}")
         if run > n:
             batch = pad_batch(batch, run)
+        return self._on_owner(self._run, batch, index, n)
+
+    def _run(self, batch: Batch, index: int, n: int) -> dict[str, np.ndarray]:
+        """Owner thread (its context current): copy in, execute, copy out, slice."""
         cuda = self._cuda
         context = self._contexts[index]
-        self._ctx.push()
-        try:
-            for s in self.inputs:
-                arr = np.ascontiguousarray(batch[s.name], dtype=s.dtype)
-                if arr.shape[1:] != s.shape:
-                    raise EngineError(f"{self.name}: {s.name} items are {arr.shape[1:]}, not {s.shape}")
-                host = self._host_buffers[s.name][: arr.size]
-                host[:] = arr.reshape(-1)
-                cuda.memcpy_htod_async(self._device_buffers[s.name], host, self._stream)
-                if not context.set_input_shape(s.name, arr.shape):
-                    raise EngineError(f"{self.name}: shape {arr.shape} rejected by profile {index}")
-            if not context.execute_async_v3(self._stream.handle):
-                raise EngineError(f"{self.name}: TensorRT execution failed (profile {index})")
-            shapes = {}
-            for s in self.outputs:
-                shape = tuple(int(d) for d in context.get_tensor_shape(s.name))
-                count = int(np.prod(shape))
-                shapes[s.name] = shape
-                cuda.memcpy_dtoh_async(
-                    self._host_buffers[s.name][:count], self._device_buffers[s.name], self._stream
-                )
-            self._stream.synchronize()
-        finally:
-            cuda.Context.pop()
+        for s in self.inputs:
+            arr = np.ascontiguousarray(batch[s.name], dtype=s.dtype)
+            if arr.shape[1:] != s.shape:
+                raise EngineError(f"{self.name}: {s.name} items are {arr.shape[1:]}, not {s.shape}")
+            host = self._host_buffers[s.name][: arr.size]
+            host[:] = arr.reshape(-1)
+            cuda.memcpy_htod_async(self._device_buffers[s.name], host, self._stream)
+            if not context.set_input_shape(s.name, arr.shape):
+                raise EngineError(f"{self.name}: shape {arr.shape} rejected by profile {index}")
+        if not context.execute_async_v3(self._stream.handle):
+            raise EngineError(f"{self.name}: TensorRT execution failed (profile {index})")
+        shapes = {}
+        for s in self.outputs:
+            shape = dims(context.get_tensor_shape(s.name))
+            count = int(np.prod(shape))
+            shapes[s.name] = shape
+            cuda.memcpy_dtoh_async(
+                self._host_buffers[s.name][:count], self._device_buffers[s.name], self._stream
+            )
+        self._stream.synchronize()
         out = {}
         for name, shape in shapes.items():
             count = int(np.prod(shape))
             out[name] = self._host_buffers[name][:count].reshape(shape)[:n].copy()
         return out
 
-    def _release(self) -> None:
-        for buf in getattr(self, "_device_buffers", {}).values():
-            buf.free()
-        self._device_buffers = {}
-        self._host_buffers = {}  # pinned memory: dropped while the CUDA context is current
-        self._contexts = []
-        self._engine = None
-        self._runtime = None
+    def _release_on_owner(self) -> None:
+        """Owner thread: free everything CUDA while this thread's context is current, then pop
+        and release the context. TensorRT objects go contexts -> engine -> runtime."""
+        try:
+            if hasattr(self, "_stream"):
+                self._stream.synchronize()
+            for buf in getattr(self, "_device_buffers", {}).values():
+                buf.free()
+            for host in getattr(self, "_host_buffers", {}).values():
+                base = getattr(host, "base", None)
+                if base is not None and hasattr(base, "free"):
+                    base.free()  # pinned memory, freed in its context
+            self._device_buffers, self._host_buffers = {}, {}
+            self._contexts = []
+            self._engine = None
+            self._runtime = None
+            self.__dict__.pop("_stream", None)  # pycuda frees the stream here, in its context
+        finally:
+            if self._ctx is not None:
+                self._cuda.Context.pop()
+                self._ctx.detach()
+                self._ctx = None
 
     def close(self) -> None:
-        if self._ctx is None:
+        if self._owner is None:
             return
-        self._ctx.push()
         try:
-            self._release()
+            self._on_owner(self._release_on_owner)
         finally:
-            self._cuda.Context.pop()
-            self._ctx.detach()
-            self._ctx = None
+            self._owner.shutdown(wait=True)
+            self._owner = None
 
 
 # --------------------------------------------------------------------------- CLI
@@ -482,23 +555,33 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from engines.onnx_export import ensure_onnx
-    from server.settings import Settings
+    from types import SimpleNamespace
 
-    trt = import_tensorrt()
+    from engines.onnx_export import ensure_onnx
+
+    import_tensorrt()
     cuda = import_pycuda()
+    index = cuda_device_index(args.device)
     profiles = parse_profiles(args.profiles)
-    settings = Settings(model=args.model, seed=args.seed, onnx_path=args.onnx, cache_dir=args.cache_dir)
-    record = load_or_build_plan(
-        trt,
-        ensure_onnx(settings),
-        profiles,
-        model=args.model,
-        gpu=gpu_identity(cuda, cuda_device_index(args.device)),
-        fp16=args.fp16,
-        cache_dir=args.cache_dir,
-        workspace_bytes=args.workspace_mib << 20,
+    settings = SimpleNamespace(
+        model=args.model, seed=args.seed, onnx_path=args.onnx, cache_dir=args.cache_dir, weights=None
     )
+    onnx_path = ensure_onnx(settings)
+    context = cuda.Device(index).retain_primary_context()
+    context.push()  # TensorRT builds on the current device: make it the one asked for
+    try:
+        record = load_or_build_plan(
+            onnx_path,
+            profiles,
+            model=args.model,
+            gpu=gpu_identity(cuda, index),
+            fp16=args.fp16,
+            cache_dir=args.cache_dir,
+            workspace_bytes=args.workspace_mib << 20,
+        )
+    finally:
+        cuda.Context.pop()
+        context.detach()
     what = f"built in {record.build_seconds:.1f}s" if record.built else "found in cache"
     print(f"TensorRT plan {record.path} ({what}); key {record.key}")
     print(json.dumps(record.fields, indent=2))

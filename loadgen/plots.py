@@ -236,3 +236,41 @@ def _save(fig: plt.Figure, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def energy_latency_per_config(rows: Sequence[dict], path: Path) -> Plot:
+    """J/inference vs p95 latency, one panel per model, one line per batching configuration
+    through its workloads (ordered by latency): which configuration buys latency with energy.
+
+    ``rows`` are plain records (``model``, ``batching``, ``workload``, ``p95_ms``,
+    ``energy_per_inference_j``), e.g. from a study's results.json, so a report can be redrawn
+    without the runs in memory (scripts/gpu_report.py)."""
+    usable = [r for r in rows if r.get("energy_per_inference_j") is not None and r.get("p95_ms") is not None]
+    if not usable:
+        return None, (
+            "energy vs latency per configuration skipped: no run has an energy per inference "
+            "(the server measured no GPU or RAPL energy)"
+        )
+    models = sorted({r["model"] for r in usable})
+    configs = sorted({r["batching"] for r in usable})
+    colors = {c: f"C{i % 10}" for i, c in enumerate(configs)}
+    fig, axes = _grid(len(models))
+    for ax, model in zip(axes, models, strict=True):
+        for config in configs:
+            pts = sorted(
+                (r["p95_ms"], r["energy_per_inference_j"], r.get("workload", ""))
+                for r in usable
+                if r["model"] == model and r["batching"] == config
+            )
+            if not pts:
+                continue
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", color=colors[config], label=config)
+            for x, y, workload in pts:
+                ax.annotate(workload, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        ax.set_title(model)
+        ax.set_xlabel("p95 latency (ms)")
+        ax.set_ylabel("energy per inference (J)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("energy per inference vs p95 latency, per batching configuration")
+    return _save(fig, path), None

@@ -1,40 +1,95 @@
 #!/usr/bin/env bash
-# The one prepared GPU check (run it in one call on a lent GPU machine):
-# records the environment, then builds/captures every engine, checks outputs against torch
-# and times each per batch size (scripts/gpu_engines_check.py), then measures energy
-# (scripts/gpu_energy_check.py: NVML counter vs integrated power, J/inference, idle power). Results go to $OUT (the
-# device tool's output folder) or results/gpu. Exit codes: 0 all good, 1 an engine
-# disagreed or failed, 2 no CUDA device. Extra arguments go to gpu_engines_check.py, e.g.
-#   scripts/gpu_check.sh --models mobilenet_v2 --precisions fp16
+# The one prepared GPU check: run it in one call on a lent GPU machine (H200: < 10 minutes).
+#
+#   scripts/gpu_check.sh                       # every engine; fails loudly where one is absent
+#   GPU_ENGINES=torch,cuda-graphs scripts/gpu_check.sh   # only what that machine has
+#
+# Steps (each one's log and JSON under results/gpu, the summary also in $OUT):
+#   1. environment (date, host, nvidia-smi, library versions)
+#   2. preflight: is every requested engine's library here? (absent = NOT CHECKED, never a pass)
+#   3. engines: torch eager fp32 (TF32) / fp16, CUDA graphs, ORT CUDA, TensorRT vs a TF32-off
+#      torch reference, per batch size (scripts/gpu_engines_check.py)
+#   4. energy: NVML counter vs integrated power, J/inference (scripts/gpu_energy_check.py)
+#   5. live server with NVML telemetry + the study studies/gpu-thesis.toml, rates scaled to the
+#      capacity the SLO search measures (scripts/gpu_study.py; needs the wheel kit's packages)
+#   6. report: docs/gpu-results.md and gpu_results.json written from the above (scripts/gpu_report.py)
+#
+# Exit status: the first non-zero of the steps: 1 a check failed, 2 no CUDA, 3 something
+# requested was not checked (an absent engine library, the server packages missing). 0 only
+# when everything requested ran and passed. GPU_STUDY=0 skips step 5 on purpose (reported).
+# GPU_QUICK=1 shrinks every step (for a rerun inside the device budget).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT_DIR="${OUT:-results/gpu}"
-mkdir -p "$OUT_DIR"
+RESULTS="${GPU_RESULTS:-results/gpu}"
+SUMMARY="${OUT:-$RESULTS}"
+mkdir -p "$RESULTS" "$SUMMARY"
 PY="${PYTHON:-python3}"
 if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
+ENGINES="${GPU_ENGINES:-torch,cuda-graphs,onnxruntime-cuda,tensorrt}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+LOG="$SUMMARY/gpu_check.log"
+: >"$LOG"
+status=0
+record() {  # record STATUS NAME: keep the first non-zero status
+  echo "$2 exit status: $1" | tee -a "$LOG"
+  if [ "$status" -eq 0 ] && [ "$1" -ne 0 ]; then status=$1; fi
+}
+if [ "${GPU_QUICK:-0}" = 1 ]; then
+  ENGINE_ARGS=(--batch-sizes 1,8 --min-iters 5 --min-seconds 0.1)
+  ENERGY_ARGS=(--batch-sizes 8 --seconds-per-size 3)
+  STUDY_ARGS=(--quick)
+else
+  STUDY_ARGS=()
+  ENGINE_ARGS=(--batch-sizes 1,8,32 --min-iters 10 --min-seconds 0.2)
+  ENERGY_ARGS=(--batch-sizes 1,32 --seconds-per-size 6)
+fi
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "host: $(hostname)"
+  echo "engines requested: $ENGINES"
   nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit --format=csv 2>&1 || echo "nvidia-smi: not available"
   "$PY" - <<'PYEOF'
 import importlib
-for mod in ("torch", "torchvision", "onnx", "onnxscript", "onnxruntime", "tensorrt", "pycuda.driver"):
+for mod in ("torch", "torchvision", "onnx", "onnxruntime", "tensorrt", "pycuda.driver", "pynvml",
+            "prometheus_client", "fastapi", "uvicorn", "pydantic", "pydantic_settings", "orjson", "hdrh"):
     try:
         m = importlib.import_module(mod)
         print(f"{mod}: {getattr(m, '__version__', 'imported')}")
     except Exception as exc:
         print(f"{mod}: NOT importable ({exc})")
 PYEOF
-} 2>&1 | tee "$OUT_DIR/environment.txt"
+} 2>&1 | tee "$RESULTS/environment.txt" | tee -a "$LOG"
 
-PYTHONPATH=. "$PY" scripts/gpu_engines_check.py --out-dir "$OUT_DIR" "$@" 2>&1 | tee "$OUT_DIR/gpu_engines_check.log"
-status=${PIPESTATUS[0]}
-echo "gpu_engines_check exit status: $status" | tee -a "$OUT_DIR/gpu_engines_check.log"
+"$PY" scripts/gpu_engines_check.py --preflight --engines "$ENGINES" --out-dir "$RESULTS" 2>&1 | tee -a "$LOG"
+record "${PIPESTATUS[0]}" preflight
 
-# Energy (issue 3): counter vs integrated power, J/inference per batch size, idle power.
-PYTHONPATH=. "$PY" scripts/gpu_energy_check.py --out "$OUT_DIR/gpu_energy.json" 2>&1 | tee "$OUT_DIR/gpu_energy.txt"
-energy_status=${PIPESTATUS[0]}
-echo "gpu_energy_check exit status: $energy_status" | tee -a "$OUT_DIR/gpu_energy.txt"
-[ "$status" -ne 0 ] && exit "$status"
-exit "$energy_status"
+"$PY" scripts/gpu_engines_check.py --engines "$ENGINES" --out-dir "$RESULTS" "${ENGINE_ARGS[@]}" "$@" 2>&1 \
+  | tee "$RESULTS/gpu_engines_check.log" | tee -a "$LOG"
+engines_status=${PIPESTATUS[0]}
+record "$engines_status" gpu_engines_check
+if [ "$engines_status" -eq 2 ]; then
+  echo "no CUDA device: energy, server and study not run" | tee -a "$LOG"
+  exit "$status"
+fi
+
+"$PY" scripts/gpu_energy_check.py --out "$RESULTS/gpu_energy.json" --fp16 "${ENERGY_ARGS[@]}" 2>&1 \
+  | tee "$RESULTS/gpu_energy.txt" | tee -a "$LOG"
+record "${PIPESTATUS[0]}" gpu_energy_check
+
+if [ "${GPU_STUDY:-1}" = 1 ]; then
+  if "$PY" -c "import fastapi, uvicorn, pydantic_settings, orjson, hdrh, aiohttp" 2>/dev/null; then
+    "$PY" scripts/gpu_study.py --results "$RESULTS" "${STUDY_ARGS[@]}" 2>&1 | tee "$RESULTS/gpu_study.log" | tee -a "$LOG"
+    record "${PIPESTATUS[0]}" gpu_study
+  else
+    echo "NOT CHECKED: live server and study: server packages missing (install the wheel kit: scripts/gpu_kit.sh)" | tee -a "$LOG"
+    record 3 gpu_study
+  fi
+else
+  echo "NOT RUN (GPU_STUDY=0): live server and study" | tee -a "$LOG"
+fi
+
+"$PY" scripts/gpu_report.py --results "$RESULTS" --doc docs/gpu-results.md --summary "$SUMMARY" 2>&1 | tee -a "$LOG"
+record "${PIPESTATUS[0]}" gpu_report
+echo "gpu_check exit status: $status" | tee -a "$LOG"
+exit "$status"

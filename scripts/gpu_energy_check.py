@@ -285,7 +285,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     service.start()
     report["service"] = service.describe()
     print(f"wattserve telemetry: {report['service']}")
-    meter = service.meter
+    meter = service.meter_for(str(device))  # that GPU's counter only
     runs = []
     try:
         for size in args.batch_sizes:
@@ -327,7 +327,8 @@ def run_size(
             model(host.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last))
         if on_cuda:
             torch.cuda.synchronize(device)
-        meter_joules, meter_batches, batches = 0.0, 0, 0
+        spans: list[Any] = []
+        batches = 0
         with PowerSampler(gpu, interval) as sampler:
             time.sleep(2 * interval)
             t0, wall0 = time.monotonic(), time.time()
@@ -339,11 +340,13 @@ def run_size(
                 service.record_batch("resnet50", "gpu_energy_check", size, energy)
                 batches += 1
                 if energy is not None:
-                    meter_joules += energy.joules
-                    meter_batches += 1
+                    spans.append(energy)
             t1, wall1 = time.monotonic(), time.time()
             time.sleep(2 * interval)
         inside = window(sampler.samples, t0, t1)
+    # a batch's figure is final once the counter stepped after it ended (the poller sees it)
+    final = [s for s in spans if s.wait(timeout=2.0) and s.attributed_joules is not None]
+    meter_joules, meter_batches = sum(s.attributed_joules for s in final), len(final)
     row: dict[str, Any] = {"batch_size": size, "batches": batches, "inferences": batches * size}
     row.update(compare_energy(inside))
     duration = t1 - t0

@@ -10,8 +10,14 @@ What it does, per model (default mobilenet_v2 and resnet50):
      fp16), build time, a second load to show the plan cache hit; then, if ``pycuda`` also
      imports, the TensorRTEngine runtime checked and timed per batch size (else says so).
 
+``--engines`` names what to check (default: all four of torch, cuda-graphs,
+onnxruntime-cuda, tensorrt). A requested engine whose library is absent is reported as
+NOT CHECKED, never as a pass, and makes the exit status non-zero.
+
 Prints a table and writes gpu_engines_check.json to --out-dir (default: $OUT, else
-results/gpu). Exit 2 without CUDA, 1 if any engine disagrees with the reference, else 0.
+results/gpu). Exit 1 if any engine disagrees with the reference or fails, 2 without CUDA,
+3 if a requested engine could not be checked, else 0. Needs torch, torchvision, numpy (and
+onnx/onnxruntime/tensorrt/pycuda for those engines) but no server package (no pydantic).
 Run it through scripts/gpu_check.sh, which records the environment first.
 """
 
@@ -34,6 +40,40 @@ sys.path.insert(0, str(ROOT))
 # max|engine - reference| / max|reference| allowed. TF32 and fp16 change low-order bits;
 # a wrong binding, profile or slice gives errors of order 1.
 TOLERANCE = {"fp32": 2e-2, "fp16": 1e-1}
+ENGINES = ("torch", "cuda-graphs", "onnxruntime-cuda", "tensorrt")
+EXIT_FAILED, EXIT_NO_CUDA, EXIT_NOT_CHECKED = 1, 2, 3
+
+
+def parse_engines(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(ENGINES))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown engines {unknown}; choose from {', '.join(ENGINES)}")
+    return names
+
+
+def unavailable(requested: list[str], env: dict) -> dict[str, str]:
+    """Requested engines whose libraries this machine lacks, with the reason (no GPU needed)."""
+    missing: dict[str, str] = {}
+    if "onnxruntime-cuda" in requested and "CUDAExecutionProvider" not in env.get(
+        "onnxruntime_providers", []
+    ):
+        missing["onnxruntime-cuda"] = f"onnxruntime has no CUDAExecutionProvider ({env.get('onnxruntime')})"
+    if "tensorrt" in requested:
+        if not str(env.get("tensorrt", "")).split(".")[0].isdigit():
+            missing["tensorrt"] = f"tensorrt {env.get('tensorrt')}"
+        elif not str(env.get("pycuda", "")).startswith("ok"):
+            missing["tensorrt"] = f"pycuda {env.get('pycuda')} (a plan without its runtime is no check)"
+    return missing
+
+
+def exit_code(failures: list[str], not_checked: dict[str, str]) -> int:
+    """Failures first; then anything requested but not checked; 0 only when all ran and agreed."""
+    if failures:
+        return EXIT_FAILED
+    if not_checked:
+        return EXIT_NOT_CHECKED
+    return 0
 
 
 def log(msg: str) -> None:
@@ -74,6 +114,7 @@ class Report:
         self.rows: list[dict] = []
         self.notes: list[str] = []
         self.failures: list[str] = []
+        self.not_checked: dict[str, str] = {}
 
     def note(self, msg: str) -> None:
         log(f"NOTE: {msg}")
@@ -119,13 +160,19 @@ def check_model(model: str, args, report: Report, env: dict) -> None:
     refs = {b: reference.infer(batch_for(b))["logits"] for b in [*sizes, args.off_bucket]}
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
-    for b in sizes:
-        report.add(model, "torch eager", "fp32", b, refs[b], reference.infer, args)
+    # fp32 rows run with TF32 on (what Hopper serving uses); the reference has it off, so
+    # TOLERANCE["fp32"] is a TF32 tolerance (10-bit mantissa through ~50 layers)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     half = TorchVisionEngine(model, device="cuda", fp16=True, max_batch_size=max(sizes))
-    for b in sizes:
-        report.add(model, "torch eager", "fp16", b, refs[b], half.infer, args)
+    if "torch" in args.engines:
+        for b in sizes:
+            report.add(model, "torch eager", "fp32", b, refs[b], reference.infer, args)
+        for b in sizes:
+            report.add(model, "torch eager", "fp16", b, refs[b], half.infer, args)
 
     for precision, base in (("fp32", reference), ("fp16", half)):
+        if "cuda-graphs" not in args.engines:
+            break
         try:
             t0 = time.perf_counter()
             graphs = CudaGraphEngine(base, sizes)
@@ -139,17 +186,23 @@ def check_model(model: str, args, report: Report, env: dict) -> None:
             name = "torch cuda-graphs" + (" (padded)" if b not in sizes else "")
             report.add(model, name, precision, b, refs[b], graphs.infer, args)
 
-    check_onnxruntime(model, args, report, env, refs)
-    check_tensorrt(model, args, report, env, refs)
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    if "onnxruntime-cuda" in args.engines and "onnxruntime-cuda" not in report.not_checked:
+        check_onnxruntime(model, args, report, env, refs)
+    if "tensorrt" in args.engines and "tensorrt" not in report.not_checked:
+        check_tensorrt(model, args, report, env, refs)
     del reference, half
     torch.cuda.empty_cache()
 
 
 def onnx_file(model: str, args) -> Path:
-    from engines.onnx_export import ensure_onnx
-    from server.settings import Settings
+    """The cached ONNX export (plain attributes: no server settings, so no pydantic here)."""
+    from types import SimpleNamespace
 
-    return ensure_onnx(Settings(model=model, cache_dir=args.cache_dir))
+    from engines.onnx_export import ensure_onnx
+
+    return ensure_onnx(SimpleNamespace(model=model, cache_dir=args.cache_dir, onnx_path=None, seed=0,
+                                       weights=None))  # fmt: skip
 
 
 def check_onnxruntime(model: str, args, report: Report, env: dict, refs: dict) -> None:
@@ -168,34 +221,39 @@ def check_onnxruntime(model: str, args, report: Report, env: dict, refs: dict) -
 
 
 def check_tensorrt(model: str, args, report: Report, env: dict, refs: dict) -> None:
-    import torch
-
+    from engines.base import EngineUnavailable
     from engines.profiles import parse_profiles, select_profile
-    from engines.tensorrt_engine import GpuIdentity, TensorRTEngine, load_or_build_plan
+    from engines.tensorrt_engine import (
+        TensorRTEngine,
+        gpu_identity,
+        import_pycuda,
+        import_tensorrt,
+        load_or_build_plan,
+    )
 
     try:
-        import tensorrt as trt
-    except ImportError as exc:
-        report.note(f"TensorRT is NOT importable here ({exc}): no TensorRT engine built or run")
+        trt = import_tensorrt()
+        cuda = import_pycuda()
+    except EngineUnavailable as exc:
+        report.note(f"TensorRT is NOT importable/usable here ({exc}): no TensorRT engine built or run")
         return
     profiles = parse_profiles(args.profiles)
-    major, minor = torch.cuda.get_device_capability(0)
-    gpu = GpuIdentity(torch.cuda.get_device_name(0), f"{major}.{minor}")
+    gpu = gpu_identity(cuda, 0)
     path = onnx_file(model, args)
-    try:
-        import pycuda.driver  # noqa: F401
-
-        runtime_ok = True
-    except ImportError as exc:
-        runtime_ok = False
-        report.note(f"pycuda is NOT importable ({exc}): TensorRT plans built but the runtime not run")
     for precision in args.precisions:
         fp16 = precision == "fp16"
+
+        def build(fp16: bool = fp16):  # runs on the engine's CUDA thread, cuda:0 current
+            return load_or_build_plan(
+                path, profiles, model=model, gpu=gpu, fp16=fp16, cache_dir=args.cache_dir
+            )
+
         try:
-            record = load_or_build_plan(trt, path, profiles, model=model, gpu=gpu, fp16=fp16,
-                                        cache_dir=args.cache_dir)  # fmt: skip
-            again = load_or_build_plan(trt, path, profiles, model=model, gpu=gpu, fp16=fp16,
-                                       cache_dir=args.cache_dir)  # fmt: skip
+            engine = TensorRTEngine(None, name=model, expected_profiles=profiles, build=build)
+            record = engine.plan
+            again = load_or_build_plan(
+                path, profiles, model=model, gpu=gpu, fp16=fp16, cache_dir=args.cache_dir
+            )
         except Exception as exc:
             report.failures.append(f"{model} TensorRT build {precision}: {exc}")
             traceback.print_exc()
@@ -207,9 +265,6 @@ def check_tensorrt(model: str, args, report: Report, env: dict, refs: dict) -> N
         report.rows.append({"model": model, "engine": "tensorrt build", "precision": precision,
                             "build_seconds": record.build_seconds, "built": record.built,
                             "cache_hit_second_time": not again.built, "plan": str(record.path)})  # fmt: skip
-        if not runtime_ok:
-            continue
-        engine = TensorRTEngine(record.path.read_bytes(), name=model, expected_profiles=profiles)
         for b in [*args.batch_sizes, args.off_bucket]:
             index, run = select_profile(b, engine.profiles)
             name = f"tensorrt profile {engine.profiles[index]}" + (f" (pad to {run})" if run > b else "")
@@ -258,9 +313,13 @@ def print_table(rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["mobilenet_v2", "resnet50"])
+    parser.add_argument("--engines", type=parse_engines, default=list(ENGINES),
+                        help=f"comma-separated, from {','.join(ENGINES)} (default: all)")  # fmt: skip
     parser.add_argument(
         "--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16, 32]
     )
+    parser.add_argument("--preflight", action="store_true",
+                        help="only check the engines' libraries are here (no GPU needed)")  # fmt: skip
     parser.add_argument("--off-bucket", type=int, default=3, help="a size that is no bucket (padding path)")
     parser.add_argument("--profiles", default="1:1:1,2:4:8,8:16:32")
     parser.add_argument("--precisions", nargs="+", default=["fp16", "fp32"], choices=["fp16", "fp32"])
@@ -276,32 +335,45 @@ def main(argv: list[str] | None = None) -> int:
 
     env = environment()
     log(json.dumps(env, indent=2))
+    report = Report()
+    report.not_checked = unavailable(args.engines, env)
+    for engine, reason in report.not_checked.items():
+        log(f"NOT CHECKED: {engine}: {reason}")
+    if args.preflight:
+        preflight = {"environment": env, "requested": args.engines, "not_checked": report.not_checked}
+        out.with_name("gpu_engines_preflight.json").write_text(json.dumps(preflight, indent=2))
+        log(f"preflight: {len(args.engines) - len(report.not_checked)} of {len(args.engines)} requested "
+            "engines can be checked here")  # fmt: skip
+        return exit_code([], report.not_checked)
     import torch
 
     if not torch.cuda.is_available():
         msg = "no CUDA device visible to torch: this check needs a GPU; nothing was run"
         log(f"ERROR: {msg}")
-        out.write_text(json.dumps({"environment": env, "error": msg}, indent=2))
-        return 2
+        out.write_text(json.dumps({"environment": env, "error": msg, "requested": args.engines,
+                                   "not_checked": report.not_checked}, indent=2))  # fmt: skip
+        return EXIT_NO_CUDA
     env["gpu"] = torch.cuda.get_device_name(0)
     env["date"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     log(f"GPU: {env['gpu']}")
-    report = Report()
     for model in args.models:
         try:
             check_model(model, args, report, env)
         except Exception as exc:
             report.failures.append(f"{model}: {type(exc).__name__}: {exc}")
             traceback.print_exc()
-        out.write_text(json.dumps({"environment": env, "rows": report.rows, "notes": report.notes,
-                                   "failures": report.failures}, indent=2))  # fmt: skip
+        out.write_text(json.dumps({"environment": env, "requested": args.engines, "rows": report.rows,
+                                   "notes": report.notes, "failures": report.failures,
+                                   "not_checked": report.not_checked}, indent=2))  # fmt: skip
     print_table(report.rows)
     for n in report.notes:
         log(f"NOTE: {n}")
     for f in report.failures:
         log(f"FAIL: {f}")
+    for engine, reason in report.not_checked.items():
+        log(f"NOT CHECKED (requested): {engine}: {reason}")
     log(f"wrote {out}")
-    return 1 if report.failures else 0
+    return exit_code(report.failures, report.not_checked)
 
 
 if __name__ == "__main__":

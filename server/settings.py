@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     # --- network ---
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
+    grpc_port: int = Field(
+        8001, ge=0, le=65535, description="KServe v2 gRPC port (Triton's default 8001); 0 = no gRPC."
+    )
+    grpc_host: str | None = Field(None, description="Address gRPC listens on; unset: the HTTP `host`.")
     log_level: str = Field("info", description="uvicorn/wattserve log level.")
 
     # --- model ---
@@ -37,6 +41,16 @@ class Settings(BaseSettings):
         "mobilenet_v2",
         description="Served model; also its KServe model name. One of resnet50, mobilenet_v2, "
         "mobilenet_v3_large, identity, tiny_unet.",
+    )
+    model_repository: Path | None = Field(
+        None,
+        description="Triton-layout model repository (<dir>/<model>/config.pbtxt + <version>/); "
+        "set: every model in it is served and `model` is unused.",
+    )
+    strict: bool = Field(
+        False,
+        description="Exit at start-up if any repository model fails to load (Triton's "
+        "--exit-on-error); without a repository the one model's failure is always fatal.",
     )
     engine: EngineName = Field("torch", description="Engine: torch, onnxruntime or tensorrt.")
     device: str = Field("auto", description="auto (CUDA if available, else CPU), cpu, cuda, cuda:N.")
@@ -95,6 +109,16 @@ class Settings(BaseSettings):
     priority_levels: int = Field(1, ge=1, description="Priority levels; 1 is highest.")
     default_priority_level: int = Field(0, ge=0, description="Level of priority-0 requests (0: lowest).")
     instances: int = Field(1, ge=1, description="Engine instances (worker threads), like instance groups.")
+    allow_timeout_override: bool = Field(
+        True,
+        description="Requests may set their own timeout (Triton's queue policy field); false: the "
+        "default timeout applies to every request.",
+    )
+    check_values: bool = Field(
+        False,
+        description="Reject (400) NaN/Inf in float inputs. Off by default, like Triton; a model's "
+        "config can turn it on with parameters key check_values.",
+    )
 
     # --- limits and lifecycle ---
     max_body_bytes: int = Field(64 * 1024 * 1024, description="Largest request body (413 beyond).")
@@ -141,6 +165,12 @@ class Settings(BaseSettings):
     )
     retry_after_s: int = Field(1, ge=0, description="Retry-After value sent with 503s.")
     drain_timeout_s: float = Field(30.0, ge=0, description="On SIGTERM, longest wait for accepted work.")
+    drain_grace_s: float = Field(
+        0.0,
+        ge=0,
+        description="On SIGTERM, report not ready at once but keep accepting requests this long "
+        "before draining, so a load balancer's health check stops sending first (e.g. 2-3 checks).",
+    )
     warmup: bool = Field(True, description="Run every batch size once before reporting ready.")
     gil_switch_interval_ms: float = Field(
         0.5,

@@ -1,6 +1,7 @@
-"""NVML and RAPL energy telemetry: sampler thread, per-batch energy meter, Prometheus metrics."""
+"""NVML and RAPL energy telemetry: sampler, energy poller, window attribution, Prometheus metrics."""
 
-from telemetry.energy import BatchEnergy, EnergyMeter
+from telemetry.energy import EnergyMeter
 from telemetry.service import TelemetryService
+from telemetry.windows import BatchSpan
 
-__all__ = ["BatchEnergy", "EnergyMeter", "TelemetryService"]
+__all__ = ["BatchSpan", "EnergyMeter", "TelemetryService"]

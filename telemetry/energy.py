@@ -1,47 +1,40 @@
-"""Per-batch energy, and the ledger that books every joule as busy or idle.
+"""The energy ledger (every metered device's counter, read under one lock) and the meter.
 
 The engine worker thread calls ``meter.begin()`` right before ``engine.infer(batch)`` and
-``meter.end(mark)`` right after it (the engine returns numpy, so CUDA work has finished). Each
-call reads every metered device once (one NVML call per GPU for the energy counter) under the
-ledger's lock, and the ledger books the energy since the previous read, by anyone (another
-batch, the sampler thread), as *busy* when at least one batch was executing and *idle*
-otherwise. Busy + idle is exactly the devices' energy, even when engine instances overlap.
+``meter.end(mark)`` right after it (the engine returns numpy, so device work has finished).
+Both read the meter's devices once, so window boundaries near a batch are sharp; the energy
+poller and the sampler read every device in between. Each reading goes to that device's
+``DeviceWindows`` (telemetry/windows.py), which books every counter joule as busy (divided
+among the batches that ran in the window) or idle. A batch's figure is final one counter step
+after it ended; ``end`` returns its ``BatchSpan``, and ``TelemetryService.record_batch``
+observes it in the energy histograms when it is.
+
+A meter covers the devices its engine runs on: one GPU for a CUDA engine, the RAPL packages
+(or nothing) for a CPU engine, so a CPU engine on a GPU host is never charged GPU energy.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from telemetry.cumulative import NVML_COUNTER, NVML_POWER_INTEGRATED, RAPL, CumulativeEnergy
+from telemetry.cumulative import NVML_COUNTER, NVML_POWER_INTEGRATED, RAPL, Clock, CumulativeEnergy
+from telemetry.windows import BatchSpan, DeviceWindows
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class BatchEnergy:
-    """Energy over one batch's execution window, summed over the metered devices."""
-
-    joules: float
-    source: str  # "nvml_counter" | "nvml_power_integrated" | "rapl"
-
-
 @dataclass
 class DeviceAccount:
-    """One metered device's running totals (joules since the service started)."""
+    """One metered device: its reader, its windows, and whether it answers."""
 
     energy: CumulativeEnergy
-    last: float | None = None  # the last successful cumulative reading
-    busy: float = 0.0
-    idle: float = 0.0
+    windows: DeviceWindows
     ok: bool = True  # False while reads fail
     errors: int = 0
-
-    @property
-    def total(self) -> float:
-        return self.busy + self.idle
 
 
 @dataclass(frozen=True)
@@ -52,21 +45,24 @@ class AccountSnapshot:
     busy: float
     idle: float
     ok: bool
+    update_period_s: float | None
+    idle_power_w: float | None
 
 
 class EnergyLedger:
-    """Serialises reads of the metered devices and books their energy busy or idle.
+    """Serialises reads of the metered devices and feeds them to their windows.
 
-    A device whose read fails keeps its last reading; when it answers again, the energy of
-    the gap is booked by the state at that moment (documented in docs/telemetry.md).
+    A device whose read fails keeps its last reading; when it answers again, the gap is one
+    long window booked like any other. A batch during which its device failed to answer at
+    start or end gets no figure (its share of the window goes to idle).
     """
 
-    def __init__(self, energies: Sequence[CumulativeEnergy]):
+    def __init__(self, energies: Sequence[CumulativeEnergy], clock: Clock = time.monotonic):
         if not energies:
             raise ValueError("an energy ledger needs at least one device")
         self._lock = threading.Lock()
-        self._accounts = [DeviceAccount(e) for e in energies]
-        self._active = 0
+        self._clock = clock
+        self._accounts = [DeviceAccount(e, DeviceWindows(e.device, e.source)) for e in energies]
 
     @property
     def sources(self) -> list[str]:
@@ -76,9 +72,18 @@ class EnergyLedger:
     def devices(self) -> list[str]:
         return [a.energy.device for a in self._accounts]
 
-    def _read_all(self) -> list[float | None]:
-        readings: list[float | None] = []
-        for account in self._accounts:
+    def index_of(self, device: str) -> int:
+        return self.devices.index(device)
+
+    def windows(self, index: int) -> DeviceWindows:
+        return self._accounts[index].windows
+
+    def _read(self, indices: Sequence[int] | None) -> tuple[list[bool], list[BatchSpan]]:
+        """Read the devices; returns which answered, and the batches that became final."""
+        answered: list[bool] = []
+        finished: list[BatchSpan] = []
+        for i in range(len(self._accounts)) if indices is None else indices:
+            account = self._accounts[i]
             try:
                 value = account.energy.read_joules()
             except Exception as exc:  # NVMLError, OSError: the device, not us
@@ -86,39 +91,44 @@ class EnergyLedger:
                     log.warning("energy read of %s failed: %s", account.energy.device, exc)
                 account.ok = False
                 account.errors += 1
-                readings.append(None)
+                answered.append(False)
                 continue
             if not account.ok:
                 log.warning("energy read of %s works again", account.energy.device)
             account.ok = True
-            if account.last is not None:
-                delta = max(0.0, value - account.last)
-                if self._active:
-                    account.busy += delta
+            finished += account.windows.observe(self._clock(), value)
+            answered.append(True)
+        return answered, finished
+
+    def tick(self) -> None:
+        """Read every device (the poller's and the sampler's reads)."""
+        with self._lock:
+            _, finished = self._read(None)
+        _report(finished)
+
+    def open_span(self, indices: Sequence[int], source: str) -> BatchSpan:
+        """A batch starts on these devices now."""
+        with self._lock:
+            answered, finished = self._read(indices)
+            span = BatchSpan([self._accounts[i].energy.device for i in indices], source, self._clock())
+            for i, ok in zip(indices, answered, strict=True):
+                windows = self._accounts[i].windows
+                if ok:
+                    windows.add(span)
                 else:
-                    account.idle += delta
-            account.last = value
-            readings.append(value)
-        return readings
+                    windows.fail(span)
+        _report([*finished, span])
+        return span
 
-    def enter(self) -> list[float | None]:
-        """A batch starts executing now."""
+    def close_span(self, indices: Sequence[int], span: BatchSpan) -> None:
+        """The batch stopped executing now."""
         with self._lock:
-            readings = self._read_all()
-            self._active += 1
-            return readings
-
-    def leave(self) -> list[float | None]:
-        """A batch stopped executing now."""
-        with self._lock:
-            readings = self._read_all()
-            self._active = max(0, self._active - 1)
-            return readings
-
-    def tick(self) -> list[float | None]:
-        """A read with no state change (the sampler's), so busy/idle stay current."""
-        with self._lock:
-            return self._read_all()
+            span.end = self._clock()
+            answered, finished = self._read(indices)
+            for i, ok in zip(indices, answered, strict=True):
+                if not ok:
+                    self._accounts[i].windows.fail(span)
+        _report([*finished, span])
 
     def snapshot(self) -> list[AccountSnapshot]:
         with self._lock:
@@ -127,12 +137,19 @@ class EnergyLedger:
                     a.energy.device,
                     a.energy.source,
                     a.energy.label,
-                    a.busy,
-                    a.idle,
+                    a.windows.busy,
+                    a.windows.idle,
                     a.ok,
+                    a.windows.update_period_s,
+                    a.windows.idle_power_w,
                 )
                 for a in self._accounts
             ]
+
+
+def _report(spans: Sequence[BatchSpan]) -> None:
+    for span in spans:
+        span._maybe_report()
 
 
 def combined_source(sources: Sequence[str]) -> str:
@@ -144,40 +161,32 @@ def combined_source(sources: Sequence[str]) -> str:
     return NVML_POWER_INTEGRATED
 
 
-class _Mark:
-    __slots__ = ("ended", "readings")
-
-    def __init__(self, readings: list[float | None]):
-        self.readings = readings
-        self.ended = False
-
-
 class EnergyMeter:
-    """Energy of one batch: the delta of every metered device's reading across the batch.
+    """Energy of batches on some of the ledger's devices (those one engine runs on).
 
     ``end`` must be called exactly once for every ``begin`` (in a ``finally``, also when the
-    batch failed), so the busy/idle books stay balanced.
+    batch failed). It returns the batch's ``BatchSpan``, whose figure is final later.
     """
 
-    def __init__(self, ledger: EnergyLedger):
+    def __init__(self, ledger: EnergyLedger, devices: Sequence[str] | None = None):
         self.ledger = ledger
-        self.source = combined_source(ledger.sources)
+        names = ledger.devices if devices is None else list(devices)
+        self._indices = [ledger.index_of(d) for d in names]
+        if not self._indices:
+            raise ValueError("an energy meter needs at least one device")
+        self.source = combined_source([ledger.sources[i] for i in self._indices])
 
     @property
     def devices(self) -> list[str]:
-        return self.ledger.devices
+        return [self.ledger.devices[i] for i in self._indices]
 
-    def begin(self) -> object:
-        return _Mark(self.ledger.enter())
+    def begin(self) -> BatchSpan:
+        return self.ledger.open_span(self._indices, self.source)
 
-    def end(self, mark: object) -> BatchEnergy | None:
-        if not isinstance(mark, _Mark):
+    def end(self, mark: object) -> BatchSpan:
+        if not isinstance(mark, BatchSpan):
             raise TypeError("end() takes the object begin() returned")
-        if mark.ended:
+        if mark.end is not None:
             raise RuntimeError("end() called twice for one begin()")
-        mark.ended = True
-        after = self.ledger.leave()
-        if any(v is None for v in mark.readings) or any(v is None for v in after):
-            return None  # a device did not answer: no partial (understated) figure
-        joules = sum(a - b for a, b in zip(after, mark.readings, strict=False))  # type: ignore[operator]
-        return BatchEnergy(joules=max(0.0, joules), source=self.source)
+        self.ledger.close_span(self._indices, mark)
+        return mark

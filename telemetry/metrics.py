@@ -115,21 +115,38 @@ class TelemetryMetrics:
         )
         self.energy_state = Counter(
             "wattserve_energy_joules",
-            "Energy of the devices batches are metered on, split by whether a batch was "
-            "executing (state=busy) or not (state=idle).",
+            "Energy of each metered device from its counter, booked per window between counter "
+            "steps: state=busy is what the window's batches were charged (its energy less the "
+            "idle baseline over its idle time), state=idle the rest.",
             ("device", "source", "state"),
+            registry=r,
+        )
+        self.energy_update_period = Gauge(
+            "wattserve_energy_counter_update_period_seconds",
+            "Median time between steps of the device's energy counter, measured at start and "
+            "kept current (windows shorter than this read as zero energy).",
+            ("device", "source"),
+            registry=r,
+        )
+        self.energy_idle_power = Gauge(
+            "wattserve_energy_idle_power_watts",
+            "The device's idle baseline: counter joules over seconds of windows in which no "
+            "batch ran (time-weighted, last ~5 s of them). Decides busy vs idle energy.",
+            ("device", "source"),
             registry=r,
         )
         self.batch_energy = Histogram(
             "wattserve_energy_batch_joules",
-            "Energy measured over one batch's execution window.",
+            "Energy charged to one batch: its busy-time share of every counter window it ran "
+            "in, observed one counter step after it ended.",
             ("model", "batcher", "source"),
             buckets=ENERGY_BUCKETS,
             registry=r,
         )
         self.inference_energy = Histogram(
             "wattserve_energy_inference_joules",
-            "Each request's equal share of its batch's energy (one observation per request).",
+            "Each request's equal share of its batch's energy (one observation per request); "
+            'idle energy is not in it (see wattserve_energy_joules_total{state="idle"}).',
             ("model", "batcher", "source"),
             buckets=ENERGY_BUCKETS,
             registry=r,

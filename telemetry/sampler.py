@@ -24,7 +24,10 @@ POWER_SOURCES = ("nvml_average", "nvml_instant")
 
 
 class Sampler:
-    """Samples GPUs (status), the energy ledger (counters, busy/idle) and extra RAPL zones."""
+    """Samples GPUs (status), the energy ledger (counters, busy/idle) and extra RAPL zones.
+
+    The ledger holds every GPU and RAPL package since energy follows the engine's device, so
+    ``extra_rapl`` is empty when the service builds it; it stays for a ledger-less sampler."""
 
     def __init__(
         self,
@@ -158,6 +161,10 @@ class Sampler:
         assert self.ledger is not None
         m = self.metrics
         for account in self.ledger.snapshot():
+            if account.update_period_s is not None:
+                m.energy_update_period.labels(account.device, account.source).set(account.update_period_s)
+            if account.idle_power_w is not None:
+                m.energy_idle_power.labels(account.device, account.source).set(account.idle_power_w)
             for state, value in (("busy", account.busy), ("idle", account.idle)):
                 key = (account.device, state)
                 delta = value - self._exported.get(key, 0.0)

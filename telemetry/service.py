@@ -24,15 +24,21 @@ from telemetry.cumulative import (
     IntegratedPowerEnergy,
     RaplEnergy,
 )
-from telemetry.energy import BatchEnergy, EnergyLedger, EnergyMeter
+from telemetry.energy import EnergyLedger, EnergyMeter
 from telemetry.metrics import TelemetryMetrics
 from telemetry.nvml_gpu import NvmlGpu, open_gpus
+from telemetry.poller import EnergyPoller, poll_interval
 from telemetry.rapl import find_packages
 from telemetry.sampler import Sampler
+from telemetry.windows import BatchSpan
 
 log = logging.getLogger("wattserve.telemetry")
 
 COST_READS = 20  # meter reads timed at start
+CADENCE_STEPS = 6  # counter steps seen at start to measure the update period
+CADENCE_POLL_S = 0.001  # read gap while measuring it
+CADENCE_MAX_S = 1.5  # longest the measurement may take (a counter that never steps: unknown)
+STEPWISE_FACTOR = 3  # a counter is stepwise when its period is this many poll gaps or more
 MAX_HISTORY_TICKS = 40_000  # window_report history: 66 min at 100 ms; ~13 MB (measured)
 
 
@@ -55,6 +61,24 @@ def observe_many(histogram: Any, value: float, count: int) -> None:
         if value <= bound:
             bucket.inc(count)
             break
+
+
+def _cuda_uuid(index: int) -> str | None:
+    """CUDA device ``index``'s UUID (lowercase, no "GPU-") when torch has CUDA up, else None.
+
+    CUDA and NVML may number GPUs differently (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER); the
+    UUID is what both agree on. torch is imported only if the engine already did."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if not torch.cuda.is_available():
+            return None
+        return str(torch.cuda.get_device_properties(index).uuid).lower()
+    except Exception:  # old torch without .uuid, bad index: fall back to the index
+        return None
 
 
 class _Tick(NamedTuple):
@@ -83,7 +107,9 @@ class TelemetryService:
 
     ``settings`` needs ``telemetry``, ``telemetry_interval_ms``, ``gpus`` and ``rapl_root``.
     ``nvml`` replaces the ``pynvml`` module (tests pass the FakeNvml double); ``clock`` is
-    the monotonic clock power integration uses; ``wall_clock`` stamps the window history.
+    the monotonic clock energy windows and power integration use, ``sleep`` its sleep (the
+    update-period measurement at start); ``wall_clock`` stamps the window history.
+    ``background=False`` starts no threads: a test drives ``poll_once`` and the sampler.
     """
 
     def __init__(
@@ -94,7 +120,9 @@ class TelemetryService:
         nvml: ModuleType | Any | None = None,
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
+        sleep: Any = time.sleep,
         history_s: float = 3600.0,
+        background: bool = True,
     ):
         self.settings = settings
         self.metrics = TelemetryMetrics(registry)
@@ -104,6 +132,8 @@ class TelemetryService:
         self._nvml: Any | None = None  # the module, once nvmlInit succeeded
         self._clock = clock
         self._wall_clock = wall_clock
+        self._sleep = sleep
+        self._background = background
         self.interval_s = settings.telemetry_interval_ms / 1000.0
         ticks = min(MAX_HISTORY_TICKS, max(1000, math.ceil(history_s / self.interval_s)))
         self._history: deque[_Tick] = deque(maxlen=ticks)
@@ -118,14 +148,53 @@ class TelemetryService:
         self.sample_cost_s: float | None = None
         self._ledger: EnergyLedger | None = None
         self._meter: EnergyMeter | None = None
+        self._meters: dict[tuple[str, ...], EnergyMeter] = {}
         self._sampler: Sampler | None = None
+        self._poller: EnergyPoller | None = None
+        self.poll_s: float | None = None
         self._started = False
 
     # --- what the server asks ---
     @property
     def meter(self) -> EnergyMeter | None:
-        """The per-batch energy meter, or None when nothing is measurable."""
+        """A meter over every GPU (else every RAPL package), or None when nothing is measured.
+
+        The server uses ``meter_for(engine.device)`` instead, so batches are charged only the
+        energy of the device they ran on."""
         return self._meter
+
+    def meter_for(self, device: str) -> EnergyMeter | None:
+        """The meter for an engine on ``device`` ("cuda:N", "cuda", "cpu", ...).
+
+        CUDA devices: that GPU's NVML counter (matched by UUID when torch can tell it, else by
+        index). Anything else runs on the CPU: the RAPL packages, or None (not measured). A
+        CPU engine is never charged GPU energy."""
+        if self._ledger is None:
+            return None
+        if device.startswith("cuda"):
+            gpu = self._gpu_for_cuda(device)
+            if gpu is None:
+                log.warning("%s is not among the sampled GPUs; its batches are not metered", device)
+                return None
+            names: tuple[str, ...] = (f"gpu{gpu.index}",)
+        else:
+            names = tuple(r.device for r in self.rapl)
+            if not names:
+                log.info("engine on %s: no RAPL counter, so its batches are not metered", device)
+                return None
+        meter = self._meters.get(names)
+        if meter is None:
+            meter = self._meters[names] = EnergyMeter(self._ledger, names)
+        return meter
+
+    def _gpu_for_cuda(self, device: str) -> NvmlGpu | None:
+        index = int(device.split(":", 1)[1]) if ":" in device else 0
+        uuid = _cuda_uuid(index)
+        if uuid is not None:
+            for gpu in self.gpus:
+                if gpu.uuid.lower().removeprefix("gpu-") == uuid:
+                    return gpu
+        return next((g for g in self.gpus if g.index == index), None)
 
     @property
     def available(self) -> bool:
@@ -155,18 +224,15 @@ class TelemetryService:
         self.metrics.gpu_available.set(1 if self.gpus else 0)
         self.metrics.rapl_available.set(1 if self.rapl else 0)
 
-        metered: list[CumulativeEnergy]
-        if self.gpus:
-            metered = [
-                CounterEnergy(g) if g.has_energy_counter else IntegratedPowerEnergy.for_gpu(g, self._clock)
-                for g in self.gpus
-            ]
-            extra_rapl = self.rapl
-        else:
-            metered, extra_rapl = list(self.rapl), []
+        metered: list[CumulativeEnergy] = [
+            CounterEnergy(g) if g.has_energy_counter else IntegratedPowerEnergy.for_gpu(g, self._clock)
+            for g in self.gpus
+        ]
+        metered += self.rapl
         if metered:
-            self._ledger = EnergyLedger(metered)
-            self._meter = EnergyMeter(self._ledger)
+            self._ledger = EnergyLedger(metered, self._clock)
+            default = [f"gpu{g.index}" for g in self.gpus] or [r.device for r in self.rapl]
+            self._meter = EnergyMeter(self._ledger, default)
         if not self.gpus and not self.rapl:
             log.warning(
                 "telemetry unavailable: GPU: %s; RAPL: %s; no power or energy figures are "
@@ -179,14 +245,56 @@ class TelemetryService:
             self.metrics,
             self.gpus,
             self._ledger,
-            extra_rapl,
+            [],
             self.interval_s,
             on_tick=self._on_tick,
             clock=self._clock,
         )
+        self._measure_cadence()
         self._measure_costs()
-        self._sampler.start()
+        if self._ledger is not None:
+            self._poller = EnergyPoller(self._ledger, self.poll_s or 0.01)
+        if self._background:
+            self._sampler.start()
+            if self._poller is not None:
+                self._poller.start()
         log.info("telemetry: %s", self.describe())
+
+    def _measure_cadence(self) -> None:
+        """Read the counters until each has stepped CADENCE_STEPS times (or time is up).
+
+        Gives each device's update period (published, and it sets the poll interval and
+        whether a step's moment is estimated as a midpoint) and a first idle-power baseline
+        (these windows hold no batch)."""
+        ledger = self._ledger
+        if ledger is None:
+            return
+        count = len(ledger.devices)
+        started = self._clock()
+        for _ in range(int(CADENCE_MAX_S / CADENCE_POLL_S)):
+            ledger.tick()
+            if all(len(ledger.windows(i).boundaries) > CADENCE_STEPS for i in range(count)):
+                break
+            if self._clock() - started > CADENCE_MAX_S:
+                break
+            self._sleep(CADENCE_POLL_S)
+        periods = [ledger.windows(i).update_period_s for i in range(count)]
+        gpu_periods = [p for p, s in zip(periods, ledger.sources, strict=True) if p and s != "rapl"]
+        self.poll_s = poll_interval(min(gpu_periods) if gpu_periods else None)
+        for i, period in enumerate(periods):
+            windows = ledger.windows(i)
+            windows.stepwise = period is not None and period >= STEPWISE_FACTOR * max(
+                self.poll_s, CADENCE_POLL_S
+            )
+            label = "unknown" if period is None else f"{period * 1e3:.1f} ms"
+            log.info("energy counter of %s: update period %s", windows.device, label)
+            if period is not None:
+                self.metrics.energy_update_period.labels(windows.device, windows.source).set(period)
+
+    def poll_once(self) -> None:
+        """One energy poll (what the poller thread does every ``poll_s``)."""
+        if self._poller is not None:
+            self._poller.poll_once()
 
     def _measure_costs(self) -> None:
         assert self._sampler is not None
@@ -219,11 +327,19 @@ class TelemetryService:
             parts.append(f"meter read {self.meter_read_cost_s * 1e6:.1f} us")
         if self.sample_cost_s is not None:
             parts.append(f"sample {self.sample_cost_s * 1e6:.1f} us")
+        if self._ledger is not None:
+            periods = [
+                f"{a.device} {'?' if a.update_period_s is None else f'{a.update_period_s * 1e3:.1f} ms'}"
+                for a in self._ledger.snapshot()
+            ]
+            parts.append(f"counter update period [{', '.join(periods)}]; poll {self.poll_s or 0:.3f} s")
         parts.append(f"interval {self.interval_s * 1e3:g} ms")
         return "; ".join(parts)
 
     def stop(self) -> None:
         """Stop the sampler (within one wait) and shut NVML down. Blocking; idempotent."""
+        if self._poller is not None:
+            self._poller.stop()
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler = None
@@ -239,17 +355,28 @@ class TelemetryService:
         return self._sampler
 
     # --- per batch (any thread; no device reads here) ---
-    def record_batch(self, model: str, batcher: str, batch_size: int, energy: BatchEnergy | None) -> None:
-        """Count one executed batch; observe its energy (per batch, per inference) if measured."""
+    def record_batch(self, model: str, batcher: str, batch_size: int, energy: BatchSpan | None) -> None:
+        """Count one executed batch; its energy is observed once its windows have closed.
+
+        ``energy`` is what ``EnergyMeter.end`` returned (None when the engine's device is not
+        metered). The histograms get the batch's figure one counter step after it ended,
+        from whichever thread closes its last window."""
         with self._lock:
             self._counts.inferences += batch_size
             self._counts.batches += 1
-            if energy is not None:
-                self._counts.metered_inferences += batch_size
-                self._counts.attributed += energy.joules
         if energy is None or batch_size <= 0:
             return
-        key = (model, batcher, energy.source)
+        energy.when_done(batch_size, (model, batcher), self._observe_span)
+
+    def _observe_span(self, span: BatchSpan) -> None:
+        joules, size = span.attributed_joules, span.size or 0
+        if joules is None or size <= 0:
+            return
+        with self._lock:
+            self._counts.metered_inferences += size
+            self._counts.attributed += joules
+        model, batcher = span.labels
+        key = (model, batcher, span.source)
         children = self._children.get(key)
         if children is None:
             children = (
@@ -258,9 +385,9 @@ class TelemetryService:
             )
             self._children[key] = children
         per_batch, per_inference = children
-        per_batch.observe(energy.joules)
+        per_batch.observe(joules)
         # one observation per request, so _sum/_count = J/inference
-        observe_many(per_inference, energy.joules / batch_size, batch_size)
+        observe_many(per_inference, joules / size, size)
 
     # --- window report ---
     def _on_tick(self) -> None:

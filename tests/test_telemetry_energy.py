@@ -1,4 +1,7 @@
-"""Energy meter and busy/idle ledger arithmetic, against the FakeNvml test double."""
+"""Energy meter, ledger and window arithmetic, against the FakeNvml test double.
+
+These use a counter that follows every read (update_period_s=0), so each read closes a window
+and figures are exact; tests/test_telemetry_attribution.py runs the stepwise counter."""
 
 from __future__ import annotations
 
@@ -8,10 +11,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from server.settings import Settings
-from telemetry import BatchEnergy, EnergyMeter, TelemetryService
+from telemetry import EnergyMeter, TelemetryService
 from telemetry.cumulative import CounterEnergy, IntegratedPowerEnergy
 from telemetry.energy import EnergyLedger
 from telemetry.nvml_gpu import open_gpus
+from telemetry.windows import union_length
 from tests.doubles.fake_nvml import NVML_ERROR_GPU_IS_LOST, FakeGpu, FakeNvml
 
 
@@ -21,7 +25,7 @@ def meter_for(fake: FakeNvml) -> EnergyMeter:
         CounterEnergy(g) if g.has_energy_counter else IntegratedPowerEnergy.for_gpu(g, fake.clock)
         for g in gpus
     ]
-    return EnergyMeter(EnergyLedger(energies))
+    return EnergyMeter(EnergyLedger(energies, fake.clock))
 
 
 def test_counter_delta_is_the_batch_energy():
@@ -30,7 +34,9 @@ def test_counter_delta_is_the_batch_energy():
     mark = meter.begin()
     fake.advance(0.4)  # 250 W * 0.4 s = 100 J
     energy = meter.end(mark)
-    assert energy == BatchEnergy(joules=pytest.approx(100.0), source="nvml_counter")
+    assert energy.final and energy.attributed_joules == pytest.approx(100.0)
+    assert energy.source == "nvml_counter"
+    assert not hasattr(energy, "joules")  # nothing to put in a response header
     # the counter, not power: one energy call per GPU per read, no power calls
     assert fake.gpus[0].calls.get("power_usage", 0) == 0
 
@@ -41,7 +47,7 @@ def test_counter_ignores_power_readings():
     meter = meter_for(fake)
     mark = meter.begin()
     fake.advance(1.0)
-    assert meter.end(mark).joules == pytest.approx(100.0)
+    assert meter.end(mark).attributed_joules == pytest.approx(100.0)
 
 
 def test_counter_absent_integrates_power_trapezoid():
@@ -54,7 +60,8 @@ def test_counter_absent_integrates_power_trapezoid():
     meter.ledger.tick()  # a sampler read at t=1, 300 W: (100+300)/2 * 1 = 200 J
     fake.advance(1.0)
     energy = meter.end(mark)  # 300 W at t=2: + (300+300)/2 * 1 = 300 J
-    assert energy == BatchEnergy(joules=pytest.approx(500.0), source="nvml_power_integrated")
+    assert energy.attributed_joules == pytest.approx(500.0)
+    assert energy.source == "nvml_power_integrated"
 
 
 def test_integration_prefers_instant_power_over_the_average():
@@ -62,7 +69,7 @@ def test_integration_prefers_instant_power_over_the_average():
     meter = meter_for(fake)
     mark = meter.begin()
     fake.advance(2.0)
-    assert meter.end(mark).joules == pytest.approx(400.0)  # 200 W instant, not 50 W average
+    assert meter.end(mark).attributed_joules == pytest.approx(400.0)  # 200 W instant, not 50 W average
 
 
 def test_integration_falls_back_to_power_usage_without_the_instant_field():
@@ -79,7 +86,7 @@ def test_integration_falls_back_to_power_usage_without_the_instant_field():
     meter = meter_for(fake)
     mark = meter.begin()
     fake.advance(2.0)
-    assert meter.end(mark).joules == pytest.approx(100.0)
+    assert meter.end(mark).attributed_joules == pytest.approx(100.0)
 
 
 def test_several_gpus_are_summed():
@@ -88,7 +95,9 @@ def test_several_gpus_are_summed():
     assert meter.devices == ["gpu0", "gpu1"]
     mark = meter.begin()
     fake.advance(0.5)
-    assert meter.end(mark) == BatchEnergy(pytest.approx(200.0), "nvml_counter")
+    energy = meter.end(mark)
+    assert energy.attributed_joules == pytest.approx(200.0) and energy.source == "nvml_counter"
+    assert energy.share("gpu0") == pytest.approx(50.0) and energy.share("gpu1") == pytest.approx(150.0)
 
 
 def test_mixed_gpus_are_labelled_with_the_weaker_source():
@@ -96,7 +105,8 @@ def test_mixed_gpus_are_labelled_with_the_weaker_source():
     meter = meter_for(fake)
     mark = meter.begin()
     fake.advance(1.0)
-    assert meter.end(mark) == BatchEnergy(pytest.approx(400.0), "nvml_power_integrated")
+    energy = meter.end(mark)
+    assert energy.attributed_joules == pytest.approx(400.0) and energy.source == "nvml_power_integrated"
 
 
 def test_a_gpu_error_gives_no_figure_and_keeps_the_books_balanced():
@@ -105,12 +115,14 @@ def test_a_gpu_error_gives_no_figure_and_keeps_the_books_balanced():
     mark = meter.begin()
     fake.gpus[1].failing = NVML_ERROR_GPU_IS_LOST
     fake.advance(1.0)
-    assert meter.end(mark) is None  # never a partial sum that looks like a real figure
+    energy = meter.end(mark)
+    assert energy.final and energy.attributed_joules is None  # never a partial sum
     fake.gpus[1].failing = None
     fake.advance(1.0)
     meter.ledger.tick()
-    # No batch is active any more: the last second (and gpu1's gap) is idle, not busy.
+    # No batch is active any more: the last second (and gpu1's whole gap) is idle.
     books = {a.device: a for a in meter.ledger.snapshot()}
+    assert books["gpu1"].busy == 0.0 and books["gpu1"].idle == pytest.approx(200.0)
     assert books["gpu0"].busy == pytest.approx(100.0)
     assert books["gpu0"].idle == pytest.approx(100.0)
     assert books["gpu1"].ok
@@ -127,7 +139,7 @@ def test_end_twice_is_refused():
 
 
 def test_busy_and_idle_split_overlapping_batches_without_double_counting():
-    """Two engine instances overlap: per-batch figures overlap, busy+idle stays exact."""
+    """Two engine instances overlap: a window they share is split by their busy time."""
     fake = FakeNvml([FakeGpu(power_w=100.0)])
     meter = meter_for(fake)
     meter.ledger.tick()
@@ -144,7 +156,8 @@ def test_busy_and_idle_split_overlapping_batches_without_double_counting():
     (account,) = meter.ledger.snapshot()
     assert account.busy == pytest.approx(300.0)
     assert account.idle == pytest.approx(300.0)
-    assert ea.joules == pytest.approx(200.0) and eb.joules == pytest.approx(200.0)
+    # a: 100 J alone + half of the shared 100 J; b likewise: they sum to busy, nothing twice
+    assert ea.attributed_joules == pytest.approx(150.0) and eb.attributed_joules == pytest.approx(150.0)
 
 
 def test_counter_restart_is_not_negative_energy():
@@ -155,20 +168,21 @@ def test_counter_restart_is_not_negative_energy():
     fake.gpus[0].energy_mj = 0.0  # driver reloaded
     fake.advance(0.5)
     energy = meter.end(mark)
-    assert energy.joules == pytest.approx(50.0)  # only what the restarted counter shows
+    assert energy.attributed_joules == pytest.approx(50.0)  # only what the restarted counter shows
 
 
 def test_meter_is_safe_from_many_threads():
     fake = FakeNvml([FakeGpu(power_w=100.0)])
     meter = meter_for(fake)
     errors: list[BaseException] = []
+    spans = []
 
     def work():
         try:
             for _ in range(200):
                 mark = meter.begin()
                 fake.advance(0.001)
-                assert meter.end(mark) is not None
+                spans.append(meter.end(mark))
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -181,12 +195,19 @@ def test_meter_is_safe_from_many_threads():
     meter.ledger.tick()
     (account,) = meter.ledger.snapshot()
     assert account.busy + account.idle == pytest.approx(800 * 0.001 * 100.0, rel=1e-6, abs=0.01)
+    assert all(s.final for s in spans)
+    assert sum(s.attributed_joules for s in spans) == pytest.approx(account.busy)
+
+
+def test_union_length_counts_overlaps_once():
+    assert union_length([]) == 0.0
+    assert union_length([(0.0, 1.0), (0.5, 2.0), (3.0, 4.0), (3.2, 3.5)]) == pytest.approx(3.0)
 
 
 def _service(fake: FakeNvml, **overrides) -> tuple[TelemetryService, CollectorRegistry]:
     registry = CollectorRegistry()
     settings = Settings(telemetry_interval_ms=3_600_000, rapl_root="/nonexistent", **overrides)
-    service = TelemetryService(settings, registry, nvml=fake, clock=fake.clock)
+    service = TelemetryService(settings, registry, nvml=fake, clock=fake.clock, sleep=fake.sleep)
     return service, registry
 
 
@@ -201,6 +222,7 @@ def test_record_batch_shares_energy_equally_per_request():
         fake.advance(0.5)  # 100 J for a batch of 4: 25 J each
         energy = meter.end(mark)
         service.record_batch("resnet50", "dynamic", 4, energy)
+        assert energy.final  # the counter follows every read here: the end read closed it
         labels = {"model": "resnet50", "batcher": "dynamic", "source": "nvml_counter"}
         get = registry.get_sample_value
         assert get("wattserve_energy_batch_joules_count", labels) == 1

@@ -110,7 +110,7 @@ def test_run_size_on_cpu_with_the_fake_nvml(check):
             return self.conv(x)
 
     settings = Settings(telemetry_interval_ms=20, rapl_root="/nonexistent")
-    service = TelemetryService(settings, CollectorRegistry(), nvml=fake, clock=fake.clock)
+    service = TelemetryService(settings, CollectorRegistry(), nvml=fake, clock=fake.clock, sleep=fake.sleep)
     service.start()
     try:
         args = argparse.Namespace(warmup=2, seconds_per_size=0.5)
@@ -145,3 +145,92 @@ def test_refuses_to_run_without_cuda(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "CUDA is not available" in done.stderr
     assert not out.exists()
+
+
+# ---------------------------------------------------------------- scripts/gpu_check.sh
+GPU_CHECK = ROOT / "scripts" / "gpu_check.sh"
+ENGINES_CHECK = ROOT / "scripts" / "gpu_engines_check.py"
+
+
+def run_gpu_check(tmp_path, engines: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out"), "GPU_ENGINES": engines,
+           "GPU_RESULTS": str(tmp_path / "results"), "GPU_STUDY": "0"}  # fmt: skip
+    return subprocess.run(["bash", str(GPU_CHECK)], capture_output=True, text=True, timeout=300, env=env)
+
+
+@pytest.mark.slow
+def test_gpu_check_fails_when_a_requested_engine_is_absent(tmp_path):
+    """TensorRT and pycuda cannot be installed here: asked for, they are NOT CHECKED, and the
+    script exits 3 (not 0, and not merely 2 for the missing GPU: preflight runs first)."""
+    pytest.importorskip("torch")
+    if importlib.util.find_spec("tensorrt") is not None:  # pragma: no cover - a TensorRT machine
+        pytest.skip("tensorrt is importable here")
+    done = run_gpu_check(tmp_path, "torch,tensorrt")
+    log = done.stdout + done.stderr
+    assert done.returncode == 3, log
+    assert "NOT CHECKED: tensorrt" in log
+    assert "preflight exit status: 3" in log
+    import json
+
+    preflight = json.loads((tmp_path / "results" / "gpu_engines_preflight.json").read_text())
+    assert preflight["requested"] == ["torch", "tensorrt"] and list(preflight["not_checked"]) == ["tensorrt"]
+    assert "NOT CHECKED" in (tmp_path / "out" / "gpu_check.log").read_text()
+
+
+@pytest.mark.slow
+def test_gpu_check_without_missing_engines_still_fails_without_a_gpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():  # pragma: no cover - only on a GPU machine
+        pytest.skip("this machine has CUDA")
+    done = run_gpu_check(tmp_path, "torch,cuda-graphs")
+    log = done.stdout + done.stderr
+    assert done.returncode == 2, log  # nothing to check without CUDA: never a pass
+    assert "NOT CHECKED" not in log and "preflight exit status: 0" in log
+
+
+def load_engines_check():
+    spec = importlib.util.spec_from_file_location("gpu_engines_check", ENGINES_CHECK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_engines_exit_code_never_passes_what_was_not_checked():
+    check = load_engines_check()
+    assert check.exit_code([], {}) == 0
+    assert check.exit_code([], {"tensorrt": "absent"}) == 3
+    assert check.exit_code(["resnet50 torch fp16 batch 1: rel diff 0.5"], {"tensorrt": "absent"}) == 1
+    env = {"onnxruntime": "1.30.0", "onnxruntime_providers": ["CPUExecutionProvider"],
+           "tensorrt": "10.13.0", "pycuda": "not usable: No module named 'pycuda'"}  # fmt: skip
+    missing = check.unavailable(["torch", "onnxruntime-cuda", "tensorrt"], env)
+    assert set(missing) == {"onnxruntime-cuda", "tensorrt"} and "pycuda" in missing["tensorrt"]
+    env.update(onnxruntime_providers=["CUDAExecutionProvider"], pycuda="ok, 1 device(s)")
+    assert check.unavailable(["onnxruntime-cuda", "tensorrt"], env) == {}
+    with pytest.raises(argparse.ArgumentTypeError):
+        check.parse_engines("torch,tensorrt-11")
+
+
+BLOCK_SERVER_PACKAGES = """
+import runpy, sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"pydantic", "pydantic_settings", "fastapi", "uvicorn", "starlette"}:
+            raise ImportError(f"{name} is blocked: the GPU image lacks it")
+sys.meta_path.insert(0, Block())
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[str(ENGINES_CHECK), "--preflight", "--engines", "torch,cuda-graphs"], [str(SCRIPT), "--help"]],
+)
+def test_gpu_scripts_need_no_server_packages(tmp_path, argv):
+    """The GPU image has no pydantic/fastapi/uvicorn: the engine and energy checks must run
+    without them (the server and study steps get them from the wheel kit)."""
+    pytest.importorskip("torch")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", BLOCK_SERVER_PACKAGES, *argv], capture_output=True,
+                          text=True, timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -73,7 +73,7 @@ def test_service_meters_rapl_when_there_is_no_gpu(tmp_path):
     settings = Settings(telemetry_interval_ms=3_600_000, rapl_root=tmp_path)
     no_nvml = FakeNvml(init_error=NVML_ERROR_LIBRARY_NOT_FOUND)
     clock = [0.0]
-    service = TelemetryService(settings, registry, nvml=no_nvml, clock=lambda: clock[0])
+    service = TelemetryService(settings, registry, nvml=no_nvml, clock=lambda: clock[0], sleep=lambda s: None)
     service.start()
     try:
         get = registry.get_sample_value
@@ -83,10 +83,11 @@ def test_service_meters_rapl_when_there_is_no_gpu(tmp_path):
         assert service.available and not service.gpu_available
         assert meter.source == "rapl" and meter.devices == ["package-0"]
         mark = meter.begin()
+        clock[0] = 1.0
         set_energy(zone, 40_000_000)  # +30 J
         energy = meter.end(mark)
-        assert energy.joules == pytest.approx(30.0) and energy.source == "rapl"
-        clock[0] = 2.0
+        assert energy.attributed_joules == pytest.approx(30.0) and energy.source == "rapl"
+        clock[0] = 3.0
         set_energy(zone, 50_000_000)  # +10 J idle, over 2 s
         service.sampler.sample_once()
         assert get("wattserve_cpu_energy_joules_total", {"domain": "package-0", "source": "rapl"}) == (
@@ -95,7 +96,7 @@ def test_service_meters_rapl_when_there_is_no_gpu(tmp_path):
         labels = {"device": "package-0", "source": "rapl"}
         assert get("wattserve_energy_joules_total", {**labels, "state": "busy"}) == pytest.approx(30)
         assert get("wattserve_energy_joules_total", {**labels, "state": "idle"}) == pytest.approx(10)
-        assert get("wattserve_cpu_power_watts", {"domain": "package-0"}) == pytest.approx(20.0)
+        assert get("wattserve_cpu_power_watts", {"domain": "package-0"}) == pytest.approx(40.0 / 3.0)
         # no GPU series at all
         assert get("wattserve_gpu_power_watts", {"gpu": "0", "source": "nvml_average"}) is None
     finally:
@@ -107,7 +108,7 @@ def test_rapl_is_exported_beside_gpus_but_batches_are_metered_on_the_gpu(tmp_pat
     fake = FakeNvml([FakeGpu(power_w=100.0)])
     registry = CollectorRegistry()
     settings = Settings(telemetry_interval_ms=3_600_000, rapl_root=tmp_path)
-    service = TelemetryService(settings, registry, nvml=fake, clock=fake.clock)
+    service = TelemetryService(settings, registry, nvml=fake, clock=fake.clock, sleep=fake.sleep)
     service.start()
     try:
         assert service.meter.source == "nvml_counter" and service.meter.devices == ["gpu0"]

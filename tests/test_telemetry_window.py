@@ -15,7 +15,9 @@ def rig():
     fake = FakeNvml([FakeGpu(power_w=100.0, uuid="a"), FakeGpu(power_w=50.0, uuid="b")])
     wall = lambda: 1_700_000_000.0 + fake.now  # noqa: E731 - a Unix-time view of fake time
     settings = Settings(telemetry_interval_ms=3_600_000, rapl_root="/nonexistent")
-    service = TelemetryService(settings, CollectorRegistry(), nvml=fake, clock=fake.clock, wall_clock=wall)
+    service = TelemetryService(
+        settings, CollectorRegistry(), nvml=fake, clock=fake.clock, wall_clock=wall, sleep=fake.sleep
+    )
     service.start()  # one tick at fake t=0
     yield fake, service, wall
     service.stop()

@@ -104,7 +104,7 @@ def test_no_gpu_is_a_clear_engine_unavailable(monkeypatch):
 def test_build_sets_every_profile_fp16_and_timing_cache(monkeypatch, tiny_onnx, tmp_path):
     trt, _ = fake_tensorrt.install(monkeypatch)
     cache = tmp_path / "timing.cache"
-    plan = build_plan(trt, tiny_onnx, parse_profiles(DEFAULT), fp16=True, timing_cache=cache)
+    plan = build_plan(tiny_onnx, parse_profiles(DEFAULT), fp16=True, timing_cache=cache)
     assert plan
     (build,) = trt.builds
     assert build["profiles"] == [
@@ -114,24 +114,35 @@ def test_build_sets_every_profile_fp16_and_timing_cache(monkeypatch, tiny_onnx, 
     ]
     assert int(trt.BuilderFlag.FP16) in build["flags"]
     assert cache.read_bytes() == b'["build-1"]'
-    build_plan(trt, tiny_onnx, parse_profiles("1:2:4"), fp16=False, timing_cache=cache)
+    build_plan(tiny_onnx, parse_profiles("1:2:4"), fp16=False, timing_cache=cache)
     assert trt.builds[1]["flags"] == []
     # the second build started from the first one's timing cache and added to it
     assert cache.read_bytes() == b'["build-1", "build-2"]'
 
 
-def test_fp16_without_builder_flag_is_unavailable(monkeypatch, tiny_onnx):
-    trt, _ = fake_tensorrt.install(monkeypatch, version="11.0.0", fp16=False)
-    with pytest.raises(EngineUnavailable, match=r"no BuilderFlag\.FP16"):
-        build_plan(trt, tiny_onnx, parse_profiles(DEFAULT), fp16=True, timing_cache=None)
+def test_tensorrt_11_is_refused_with_the_pin_named(monkeypatch, tiny_onnx):
+    """Pinned to TensorRT 10: 11 has no BuilderFlag.FP16, so it is refused up front."""
+    fake_tensorrt.install(monkeypatch, version="11.0.0", fp16=False)
+    with pytest.raises(EngineUnavailable, match=r"written for TensorRT 10.*tensorrt-cu12>=10,<11"):
+        build_plan(tiny_onnx, parse_profiles(DEFAULT), fp16=True, timing_cache=None)
+    with pytest.raises(EngineUnavailable, match="written for TensorRT 10"):
+        import_tensorrt()
+
+
+def test_a_stubs_only_tensorrt_is_not_taken_for_tensorrt(monkeypatch):
+    import types
+
+    monkeypatch.setitem(sys.modules, "tensorrt", types.ModuleType("tensorrt"))  # no __version__
+    with pytest.raises(EngineUnavailable, match="not TensorRT"):
+        import_tensorrt()
 
 
 def test_unparseable_onnx_is_an_engine_error(monkeypatch, tmp_path):
-    trt, _ = fake_tensorrt.install(monkeypatch)
+    _trt, _ = fake_tensorrt.install(monkeypatch)
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not onnx")
     with pytest.raises(EngineError, match="could not parse"):
-        build_plan(trt, bad, parse_profiles(DEFAULT), fp16=False, timing_cache=None)
+        build_plan(bad, parse_profiles(DEFAULT), fp16=False, timing_cache=None)
 
 
 def test_plan_cache_hits_and_misses(monkeypatch, tiny_onnx, tmp_path):
@@ -140,7 +151,6 @@ def test_plan_cache_hits_and_misses(monkeypatch, tiny_onnx, tmp_path):
 
     def plan(profiles=DEFAULT, fp16=True, gpu=gpu):
         return load_or_build_plan(
-            trt,
             tiny_onnx,
             parse_profiles(profiles),
             model="tiny",
@@ -169,9 +179,8 @@ def test_plan_cache_hits_and_misses(monkeypatch, tiny_onnx, tmp_path):
 @pytest.fixture
 def trt_engine(monkeypatch, tiny_onnx, tmp_path):
     def make(profiles: str = DEFAULT):
-        trt, driver = fake_tensorrt.install(monkeypatch)
+        _trt, driver = fake_tensorrt.install(monkeypatch)
         record = load_or_build_plan(
-            trt,
             tiny_onnx,
             parse_profiles(profiles),
             model="tiny",
@@ -244,7 +253,50 @@ def test_close_frees_device_memory(trt_engine):
     assert driver.allocations and not any(a.freed for a in driver.allocations)
     engine.close()
     assert all(a.freed for a in driver.allocations)
+    assert all(h.freed for h in driver.host_allocations)
     engine.close()  # idempotent
+    with pytest.raises(EngineError, match="closed"):
+        engine.infer({"input": np.zeros((1, 4), np.float32)})
+
+
+def test_cuda_resources_live_and_die_on_the_engine_thread(trt_engine):
+    """The stream, buffers and context are created and released on the one thread that owns
+    the context, with it current, whichever threads call infer and close (the batcher's
+    worker thread infers; the server's lifespan closes)."""
+    import gc
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine, driver = trt_engine()
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    with ThreadPoolExecutor(2) as pool:  # two other threads infer
+        outs = list(pool.map(lambda _: engine.infer({"input": x})["logits"], range(4)))
+    for out in outs:
+        np.testing.assert_allclose(out, x @ W + B, rtol=1e-5, atol=1e-5)
+    closer = threading.Thread(target=engine.close)  # and yet another closes
+    closer.start()
+    closer.join()
+    gc.collect()
+    (context,) = driver.contexts
+    assert len(context.pushed_on) == 1 and context.detached  # pushed once, on the owner thread
+    (owner,) = context.pushed_on
+    released = {r["what"] for r in driver.releases}
+    assert released == {"device memory", "pinned host memory", "stream"}
+    assert all(r["thread"] == owner and r["current"] == r["device"] == 0 for r in driver.releases)
+    assert driver.errors == []
+    assert owner not in (threading.get_ident(), closer.ident)
+
+
+def test_profile_selection_failure_raises_in_tensorrt_10_and_is_unavailable(trt_engine, monkeypatch):
+    engine, driver = trt_engine()
+    engine._trt.fail_profile_select = True
+    plan = engine._engine.plan
+    import json
+
+    with pytest.raises(EngineUnavailable, match=r"could not select optimization profile 0.*set optimization"):
+        TensorRTEngine(json.dumps(plan).encode(), name="tiny")
+    # what it had allocated before failing was released, on its own thread, in its context
+    assert all(r["current"] == r["device"] for r in driver.releases) and driver.errors == []
 
 
 def test_bad_plan_and_profile_mismatch_are_unavailable(trt_engine, monkeypatch):
@@ -271,6 +323,7 @@ def test_from_settings_builds_then_reuses_the_plan(monkeypatch, tiny_onnx, tmp_p
     )
     engine = TensorRTEngine.from_settings(settings)
     assert engine.plan.built
+    assert trt.builds[0]["device"] == 0  # built with cuda:0's context current
     assert engine.max_batch_size == 16
     x = RNG.standard_normal((5, 4)).astype(np.float32)
     np.testing.assert_allclose(engine.infer({"input": x})["logits"], x @ W + B, rtol=1e-5, atol=1e-5)
@@ -282,6 +335,21 @@ def test_from_settings_builds_then_reuses_the_plan(monkeypatch, tiny_onnx, tmp_p
         TensorRTEngine.from_settings(too_big)
     with pytest.raises(EngineUnavailable, match="not on device 'cpu'"):
         TensorRTEngine.from_settings(settings.model_copy(update={"device": "cpu"}))
+
+
+def test_plan_is_built_on_the_configured_gpu(monkeypatch, tiny_onnx, tmp_path):
+    trt, driver = fake_tensorrt.install(monkeypatch, gpus=2)
+    settings = Settings(engine="tensorrt", model="tiny", onnx_path=tiny_onnx, cache_dir=tmp_path,
+                        device="cuda:1", max_batch_size=4, trt_profiles="1:2:4")  # fmt: skip
+    engine = TensorRTEngine.from_settings(settings)
+    assert engine.device == "cuda:1" and engine.plan.built
+    assert [b["device"] for b in trt.builds] == [1]  # TensorRT builds on the current device
+    assert [c.device_index for c in driver.contexts] == [1]
+    engine.close()
+    argv = ["--model", "tiny", "--onnx", str(tiny_onnx), "--cache-dir", str(tmp_path / "cli"),
+            "--profiles", "1:2:4", "--device", "cuda:1"]  # fmt: skip
+    assert main(argv) == 0
+    assert [b["device"] for b in trt.builds] == [1, 1]  # the CLI too
 
 
 def test_build_engine_cli_builds_then_finds_the_cached_plan(monkeypatch, tiny_onnx, tmp_path, capsys):

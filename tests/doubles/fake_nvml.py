@@ -1,15 +1,28 @@
 """FakeNvml: a TEST DOUBLE of the slice of the ``pynvml`` module (nvidia-ml-py) wattserve uses.
 
-This machine has no GPU, so the telemetry arithmetic is tested against simulated GPUs whose
-power the test sets and whose energy counter advances with a simulated clock. The double
-reuses nvidia-ml-py's own pure-Python pieces (constants, ``NVMLError`` classes, the ctypes
+This machine has no GPU, so the telemetry arithmetic is tested against simulated GPUs on a
+simulated clock. The double models what the hardware does, or tests against it would prove
+nothing:
+
+- the GPU draws ``power_w`` while idle and ``busy_power_w`` while a test marks a kernel as
+  running (``active > 0``); the true energy is integrated exactly over simulated time, and
+  kept apart as busy/idle ground truth (``true_busy_j``, ``true_idle_j``);
+- ``nvmlDeviceGetTotalEnergyConsumption`` is a stepwise counter: it shows the true energy as
+  of its last update, updated every ``update_period_s`` (Hopper: ~20-100 ms; 0 = every read)
+  and rounded down to ``quantum_mj``;
+- ``nvmlDeviceGetPowerUsage`` is the 1 s moving average of true power (Ampere and newer);
+- ``NVML_FI_DEV_POWER_INSTANT`` is the instantaneous power.
+
+It reuses nvidia-ml-py's own pure-Python pieces (constants, ``NVMLError`` classes, the ctypes
 field-value struct) so error handling and field parsing run the real code paths; only the
 calls into libnvidia-ml.so are simulated. It is never used outside tests.
 """
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -29,14 +42,19 @@ NVML_VALUE_TYPE_UNSIGNED_INT = _real.NVML_VALUE_TYPE_UNSIGNED_INT
 
 @dataclass
 class FakeGpu:
-    """One simulated GPU. Power in watts; the counter integrates it exactly over fake time."""
+    """One simulated GPU. Power in watts; true energy integrates it exactly over fake time."""
 
     name: str = "Fake GPU (test double)"
     uuid: str = "GPU-00000000-fake"
-    power_w: float = 100.0  # what the instant field reads
-    average_power_w: float | None = None  # what nvmlDeviceGetPowerUsage reads (default: power_w)
+    power_w: float = 100.0  # drawn while no kernel runs (and while one runs, unless busy_power_w)
+    busy_power_w: float | None = None  # drawn while ``active > 0``
+    active: int = 0  # kernels running now (tests raise/lower it around a batch)
+    average_power_w: float | None = None  # forces nvmlDeviceGetPowerUsage (default: 1 s average)
     power_limit_w: float = 700.0
-    energy_mj: float = 1_000_000.0  # counter since "driver load"
+    energy_mj: float = 1_000_000.0  # true energy since "driver load" (set to 0: a driver reload)
+    update_period_s: float = 0.0  # the counter's update period; 0: it follows every read
+    quantum_mj: float = 1.0  # the counter's resolution
+    update_phase_s: float = 0.0  # first update at this simulated time (then every period)
     has_energy_counter: bool = True
     has_instant_power: bool = True
     utilization: int = 50
@@ -48,6 +66,58 @@ class FakeGpu:
     failing: int | None = None  # an NVML error code every call raises while set
     unsupported: set[str] = field(default_factory=set)  # calls answering NOT_SUPPORTED
     calls: dict[str, int] = field(default_factory=dict)
+    true_busy_j: float = 0.0  # ground truth: energy drawn while a kernel ran
+    true_idle_j: float = 0.0  # ground truth: energy drawn while none ran
+    counter_mj: float | None = None  # the counter's last update (stepwise mode)
+    history: list[tuple[float, float, float]] = field(default_factory=list)  # (t0, t1, watts)
+
+    @property
+    def current_power_w(self) -> float:
+        if self.active > 0 and self.busy_power_w is not None:
+            return self.busy_power_w
+        return self.power_w
+
+    def counter_reading_mj(self) -> int:
+        """What nvmlDeviceGetTotalEnergyConsumption shows now."""
+        shown = self.energy_mj if self.update_period_s <= 0 or self.counter_mj is None else self.counter_mj
+        return int(math.floor(shown / self.quantum_mj) * self.quantum_mj)
+
+    def moving_average_w(self, now: float, window_s: float = 1.0) -> float:
+        """Mean true power over the last ``window_s`` (before the first segment: its power)."""
+        if not self.history:
+            return self.current_power_w
+        start = now - window_s
+        joules = max(0.0, self.history[0][0] - start) * self.history[0][2]
+        for t0, t1, watts in self.history:
+            joules += max(0.0, min(t1, now) - max(t0, start)) * watts
+        return joules / window_s
+
+    def run(self, t0: float, seconds: float) -> None:
+        """Draw the current power over [t0, t0 + seconds]; the counter updates on schedule."""
+        watts, end = self.current_power_w, t0 + seconds
+        if self.update_period_s > 0 and self.counter_mj is None:
+            self.counter_mj = self.energy_mj
+        t = t0
+        while t < end:
+            step_end, updates = end, False
+            if self.update_period_s > 0:
+                k = math.floor((t - self.update_phase_s) / self.update_period_s + 1e-9) + 1
+                next_update = self.update_phase_s + k * self.update_period_s
+                if next_update <= end + 1e-12:
+                    step_end, updates = min(next_update, end), True
+            joules = watts * (step_end - t)
+            self.energy_mj += joules * 1000.0
+            if self.active > 0:
+                self.true_busy_j += joules
+            else:
+                self.true_idle_j += joules
+            if updates:
+                self.counter_mj = self.energy_mj
+            t = step_end
+        if seconds > 0:
+            self.history.append((t0, end, watts))
+            while self.history and self.history[0][1] < end - 2.0:
+                self.history.pop(0)
 
 
 class FakeNvml:
@@ -60,10 +130,14 @@ class FakeNvml:
     NVML_CLOCK_SM = NVML_CLOCK_SM
     NVML_TEMPERATURE_GPU = NVML_TEMPERATURE_GPU
 
-    def __init__(self, gpus: list[FakeGpu] | None = None, init_error: int | None = None):
+    def __init__(
+        self, gpus: list[FakeGpu] | None = None, init_error: int | None = None, realtime: bool = False
+    ):
         self.gpus = gpus if gpus is not None else [FakeGpu()]
         self.init_error = init_error
-        self.now = 0.0  # simulated seconds, advanced only by advance()
+        self.now = 0.0  # simulated seconds, advanced by advance() (or by real time, below)
+        self.realtime = realtime  # every device call first lets the real time since then pass
+        self._started_at = time.monotonic()
         self.initialized = False
         self.shutdowns = 0
         self._lock = threading.Lock()
@@ -74,14 +148,23 @@ class FakeNvml:
         return self.now
 
     def advance(self, seconds: float) -> None:
-        """Let simulated time pass; every GPU's counter gains power * time."""
+        """Let simulated time pass; every GPU draws its current power meanwhile."""
         with self._lock:
-            self.now += seconds
             for gpu in self.gpus:
-                gpu.energy_mj += gpu.power_w * seconds * 1000.0
+                gpu.run(self.now, seconds)
+            self.now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        """A ``time.sleep`` stand-in on the simulated clock (pass as ``sleep=``)."""
+        self.advance(seconds)
 
     # --- the pynvml API surface ---
     def _gpu(self, handle: object, call: str) -> FakeGpu:
+        if self.realtime:
+            with self._lock:
+                elapsed = time.monotonic() - self._started_at - self.now
+            if elapsed > 0:
+                self.advance(elapsed)
         if not self.initialized:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
         gpu = handle.gpu  # type: ignore[attr-defined]
@@ -121,12 +204,13 @@ class FakeNvml:
         gpu = self._gpu(handle, "energy")
         if not gpu.has_energy_counter:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        return int(gpu.energy_mj)
+        return gpu.counter_reading_mj()
 
     def nvmlDeviceGetPowerUsage(self, handle: object) -> int:
         gpu = self._gpu(handle, "power_usage")
-        watts = gpu.power_w if gpu.average_power_w is None else gpu.average_power_w
-        return round(watts * 1000)
+        if gpu.average_power_w is not None:
+            return round(gpu.average_power_w * 1000)
+        return round(gpu.moving_average_w(self.now) * 1000)
 
     def nvmlDeviceGetFieldValues(self, handle: object, field_ids: list[int]):
         gpu = self._gpu(handle, "field_values")
@@ -136,7 +220,7 @@ class FakeNvml:
             if field_id == NVML_FI_DEV_POWER_INSTANT and gpu.has_instant_power:
                 values[i].nvmlReturn = NVML_SUCCESS
                 values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_INT
-                values[i].value.uiVal = round(gpu.power_w * 1000)
+                values[i].value.uiVal = round(gpu.current_power_w * 1000)
             else:
                 values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED
         return values

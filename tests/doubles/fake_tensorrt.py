@@ -2,10 +2,17 @@
 
 They mirror the subset of the TensorRT 10 Python API and ``pycuda.driver`` that
 ``engines/tensorrt_engine.py`` calls, with the same names and failure conventions (``set_*``
-return bools, a failed build returns None, a bad plan deserializes to None), and they check
-what TensorRT checks at those calls: profile shapes min <= opt <= max for every dynamic
-input, an input shape inside the context's own profile, every tensor bound before execution.
-"Device" memory is host bytes and "kernels" are ONNX Runtime on the CPU, so outputs are real.
+return bools, except ``set_optimization_profile_async``, which TensorRT 10's binding makes
+raise RuntimeError on failure; a failed build returns None, a bad plan deserializes to None),
+and they check what TensorRT checks at those calls: profile shapes min <= opt <= max for every
+dynamic input, an input shape inside the context's own profile, every tensor bound before
+execution. "Device" memory is host bytes and "kernels" are ONNX Runtime on the CPU, so outputs
+are real.
+
+CUDA contexts are per thread, as in CUDA: the driver double keeps one context stack per
+thread, a build records the device current on the building thread, and freeing memory or a
+stream on a thread where its context is not current raises (pycuda's "invalid context"). Every
+release is recorded (``driver.releases``) so tests can check who released what, where.
 
 They are NOT TensorRT: plan format, timing-cache contents, precision and speed are invented.
 The real libraries are exercised only by scripts/gpu_check.sh on a GPU.
@@ -16,6 +23,7 @@ from __future__ import annotations
 import enum
 import itertools
 import json
+import threading
 import types
 from dataclasses import dataclass, field
 
@@ -72,6 +80,13 @@ class TensorIOMode(enum.IntEnum):
 class DataType(enum.IntEnum):
     FLOAT = 0
     HALF = 1
+
+
+class Dims(tuple):
+    """TensorRT's Dims: built from a list of ints, behaves like a tuple."""
+
+    def __new__(cls, shape=()):
+        return super().__new__(cls, (int(d) for d in shape))
 
 
 def nptype(dtype: DataType):
@@ -203,7 +218,12 @@ class FakeBuilder:
                     return None
             profiles.append({k: [list(s) for s in v] for k, v in p.shapes.items()})
         self.module.builds.append(
-            {"onnx": network.onnx_path, "profiles": profiles, "flags": sorted(config.flags)}
+            {
+                "onnx": network.onnx_path,
+                "profiles": profiles,
+                "flags": sorted(config.flags),
+                "device": self.module.pycuda.current_device(),  # TensorRT builds on the current one
+            }
         )
         if config.timing_cache is not None:
             config.timing_cache.entries.append(f"build-{len(self.module.builds)}")
@@ -282,8 +302,9 @@ class FakeExecutionContext:
         self.executions: list[tuple[int, int]] = []  # (profile, batch) per execute_async_v3
 
     def set_optimization_profile_async(self, index: int, stream_handle: int) -> bool:
-        if not 0 <= index < self.engine.num_optimization_profiles:
-            return False
+        # TensorRT 10's Python binding throws where the C++ call returns false
+        if not 0 <= index < self.engine.num_optimization_profiles or self.engine.module.fail_profile_select:
+            raise RuntimeError("Error in set optimization profile async.")
         self.profile = index
         self.input_shapes.clear()
         return True
@@ -339,6 +360,7 @@ class FakeTensorRT(types.ModuleType):
         self.__version__ = version
         self.pycuda = pycuda
         self.builds: list[dict] = []
+        self.fail_profile_select = False  # make set_optimization_profile_async fail
         self.Logger = FakeLogger
         self.BuilderFlag = BuilderFlag if fp16 else BuilderFlagNoFp16
         self.MemoryPoolType = MemoryPoolType
@@ -346,6 +368,7 @@ class FakeTensorRT(types.ModuleType):
         self.TensorIOMode = TensorIOMode
         self.DataType = DataType
         self.nptype = nptype
+        self.Dims = Dims
         self.OnnxParser = FakeOnnxParser
         self.Builder = lambda logger: FakeBuilder(self, logger)
         self.Runtime = lambda logger: FakeRuntime(self, logger)
@@ -380,28 +403,58 @@ class FakeDeviceMemory:
 
 
 class FakeDeviceAllocation:
-    def __init__(self, memory: FakeDeviceMemory, size: int) -> None:
-        self.memory = memory
-        self.address = memory.alloc(size)
+    def __init__(self, driver: FakePycudaDriver, size: int) -> None:
+        self.driver = driver
+        self.memory = driver.memory
+        self.device = driver.require_context("cuMemAlloc")
+        self.address = self.memory.alloc(size)
         self.freed = False
 
     def __int__(self) -> int:
         return self.address
 
     def free(self) -> None:
+        if self.freed:
+            return
+        self.driver.release("device memory", self.device)
         self.memory.blocks.pop(self.address, None)
         self.freed = True
+
+
+class FakeHostAllocation:
+    """Pinned host memory: what ``pagelocked_empty(...).base`` is in pycuda (has ``free``)."""
+
+    def __init__(self, driver: FakePycudaDriver, shape, dtype) -> None:
+        self.driver = driver
+        self.device = driver.require_context("cuMemHostAlloc")
+        self.array = np.empty(shape, dtype)
+        self.__array_interface__ = self.array.__array_interface__
+        self.freed = False
+
+    def free(self) -> None:
+        if not self.freed:
+            self.driver.release("pinned host memory", self.device)
+            self.freed = True
 
 
 class FakeStream:
     _handles = itertools.count(0x1000)
 
-    def __init__(self) -> None:
+    def __init__(self, driver: FakePycudaDriver) -> None:
+        self.driver = driver
+        self.device = driver.require_context("cuStreamCreate")
         self.handle = next(self._handles)
         self.synchronized = 0
 
     def synchronize(self) -> None:
+        self.driver.require_context("cuStreamSynchronize")
         self.synchronized += 1
+
+    def __del__(self) -> None:
+        try:
+            self.driver.release("stream", self.device)
+        except RuntimeError as exc:  # a destructor cannot raise: keep it for the test to see
+            self.driver.errors.append(str(exc))
 
 
 class FakePycudaDriver(types.ModuleType):
@@ -410,17 +463,24 @@ class FakePycudaDriver(types.ModuleType):
     def __init__(self, gpus: int = 1, name: str = "Fake GPU (test double)") -> None:
         super().__init__("pycuda.driver")
         self.memory = FakeDeviceMemory()
-        self.context_stack: list[object] = []
+        self._stacks = threading.local()  # CUDA: the current context is per thread
         self.allocations: list[FakeDeviceAllocation] = []
+        self.host_allocations: list[FakeHostAllocation] = []
+        self.releases: list[dict] = []  # what was freed, on which thread, with which device current
+        self.errors: list[str] = []  # releases that failed inside destructors
+        self.contexts: list[object] = []
         driver = self
 
         class Context:
             def __init__(self, device_index: int) -> None:
                 self.device_index = device_index
                 self.detached = False
+                self.pushed_on: set[int] = set()
+                driver.contexts.append(self)
 
             def push(self) -> None:
                 driver.context_stack.append(self)
+                self.pushed_on.add(threading.get_ident())
 
             @staticmethod
             def pop() -> None:
@@ -450,18 +510,44 @@ class FakePycudaDriver(types.ModuleType):
 
         self.Context = Context
         self.Device = Device
-        self.Stream = FakeStream
+        self.Stream = lambda: FakeStream(self)
+
+    @property
+    def context_stack(self) -> list:
+        """The calling thread's context stack."""
+        if not hasattr(self._stacks, "stack"):
+            self._stacks.stack = []
+        return self._stacks.stack
+
+    def current_device(self) -> int | None:
+        stack = self.context_stack
+        return stack[-1].device_index if stack else None
+
+    def require_context(self, call: str) -> int:
+        device = self.current_device()
+        if device is None:
+            raise RuntimeError(f"{call} failed: invalid device context (none current on this thread)")
+        return device
+
+    def release(self, what: str, device: int) -> None:
+        current = self.current_device()
+        self.releases.append({"what": what, "thread": threading.get_ident(), "device": device,
+                              "current": current})  # fmt: skip
+        if current != device:
+            raise RuntimeError(f"freeing {what} of device {device} with context {current} current")
 
     def init(self) -> None:
         pass
 
     def mem_alloc(self, size: int) -> FakeDeviceAllocation:
-        allocation = FakeDeviceAllocation(self.memory, size)
+        allocation = FakeDeviceAllocation(self, size)
         self.allocations.append(allocation)
         return allocation
 
     def pagelocked_empty(self, shape, dtype) -> np.ndarray:
-        return np.empty(shape, dtype)
+        allocation = FakeHostAllocation(self, shape, dtype)
+        self.host_allocations.append(allocation)
+        return np.asarray(allocation)
 
     def memcpy_htod_async(self, dest, src: np.ndarray, stream=None) -> None:
         self._require_context()
@@ -473,8 +559,7 @@ class FakePycudaDriver(types.ModuleType):
         dest[...] = np.frombuffer(raw, dtype=dest.dtype).reshape(dest.shape)
 
     def _require_context(self) -> None:
-        if not self.context_stack:
-            raise RuntimeError("cuMemcpy failed: invalid device context (nothing pushed)")
+        self.require_context("cuMemcpy")
 
 
 def install(monkeypatch, *, gpus: int = 1, version: str = "10.8.0.43", fp16: bool = True):

@@ -124,7 +124,7 @@ class Batcher(ABC):
         self.energy_meter = energy_meter
         self.on_batch = on_batch
         self.queue = PriorityFifo(config.priority_levels)
-        self.service_rate = ServiceRate(len(engines))
+        self.service_rate = ServiceRate(len(engines), config.max_batch_size)
         self.last_batch_at = monotonic()  # read by the idle memory trimmer
         self.closing = False
         self.inflight = 0
@@ -421,6 +421,7 @@ class RequestBatcher(Batcher):
                 self.metrics.observe_batch(n, compute_s, outcome.padded)
             if self.on_batch is not None:
                 self.on_batch(n, outcome.energy)
+            self.batch_finished(outcome)
         except Exception:
             log.exception("batch observer failed; answering the batch anyway")
         # telemetry's BatchSpan has no .joules: its figure is final only after the next
@@ -441,7 +442,12 @@ class RequestBatcher(Batcher):
                 )
             )
 
-    # ------------------------------------------------------------------ policy hook
+    # ------------------------------------------------------------------ policy hooks
+    def batch_finished(self, outcome: BatchOutcome) -> None:
+        """Called on the event loop once per executed batch (``outcome.items``), before its
+        items are answered: policies that learn from what a batch cost (adaptive, aimd)
+        override it."""
+
     @abstractmethod
     async def form_batch(self) -> list[WorkItem] | None:
         """Wait until the policy wants to dispatch; return the batch, or None to stop.

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from batchers.adaptive import AdaptiveBatcher, AdaptiveConfig
+from batchers.aimd import AimdBatcher, AimdConfig
 from batchers.base import Batcher, BatcherConfig
 from batchers.continuous import ContinuousBatcher
 from batchers.dynamic import DynamicBatcher, DynamicConfig
@@ -42,4 +44,23 @@ def build_batcher(settings: Any, engines: Sequence[Engine], **hooks: Any) -> Bat
             allowed_sizes=tuple(engine_sizes) if settings.batch_sizes_only and engine_sizes else None,
         )
         return DynamicBatcher(engines, config, **hooks)
+    if settings.batcher == "adaptive":
+        headroom = settings.slo_headroom_ms
+        config = AdaptiveConfig(
+            **common,
+            slo_s=settings.slo_ms / 1000.0,
+            percentile=settings.slo_percentile,
+            headroom_s=None if headroom is None else headroom / 1000.0,
+            reject_late=settings.slo_reject,
+            model_name=settings.model,
+        )
+        return AdaptiveBatcher(engines, config, **hooks)
+    if settings.batcher == "aimd":
+        config_aimd = AimdConfig(
+            **common,
+            slo_s=settings.slo_ms / 1000.0,
+            percentile=settings.slo_percentile,
+            model_name=settings.model,
+        )
+        return AimdBatcher(engines, config_aimd, **hooks)
     raise ValueError(f"unknown batcher {settings.batcher!r}")

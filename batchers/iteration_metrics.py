@@ -26,12 +26,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from server.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
 
 
-class IterationMetrics:
-    """Per-iteration occupancy, step rate and time to result of one model and batcher."""
+class _Families:
+    """The iteration metric families of one registry, declared once however many step
+    models (or reloads of one) the registry serves."""
 
-    def __init__(self, model: str, batcher: str, registry: CollectorRegistry) -> None:
+    def __init__(self, r: CollectorRegistry) -> None:
         labels = ("model", "batcher")
-        r = registry
         self._occupancy = Histogram(
             "wattserve_iteration_batch_size",
             "States advanced by one model call of an iterative model (per-iteration occupancy).",
@@ -62,13 +62,25 @@ class IterationMetrics:
             labels,
             registry=r,
         )
+
+
+_FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, _Families] = weakref.WeakKeyDictionary()
+
+
+class IterationMetrics:
+    """Per-iteration occupancy, step rate and time to result of one model and batcher."""
+
+    def __init__(self, model: str, batcher: str, registry: CollectorRegistry) -> None:
+        f = _FAMILIES.get(registry)
+        if f is None:
+            f = _FAMILIES[registry] = _Families(registry)
         lv = (model, batcher)
-        self.occupancy = self._occupancy.labels(*lv)
-        self.duration = self._duration.labels(*lv)
-        self.iterations = self._iterations.labels(*lv)
-        self.state_steps = self._state_steps.labels(*lv)
-        self.time_to_result = self._time_to_result.labels(*lv)
-        self.running = self._running.labels(*lv)
+        self.occupancy = f._occupancy.labels(*lv)
+        self.duration = f._duration.labels(*lv)
+        self.iterations = f._iterations.labels(*lv)
+        self.state_steps = f._state_steps.labels(*lv)
+        self.time_to_result = f._time_to_result.labels(*lv)
+        self.running = f._running.labels(*lv)
 
     def observe_iteration(self, states: int, seconds: float) -> None:
         """One model call over ``states`` states; thread-safe (called on engine threads)."""

@@ -30,8 +30,8 @@ def free_port() -> int:
 @contextlib.contextmanager
 def process(
     cmd: list[str], env: dict[str, str], ready_url: str, timeout: float = 300, root: Path = ROOT
-) -> Iterator[None]:
-    """Run ``cmd`` until the block ends; its output goes to a log file (a pipe nobody reads
+) -> Iterator[subprocess.Popen]:
+    """Run ``cmd`` until the block ends (the block gets its Popen); its output goes to a log file (a pipe nobody reads
     would fill up and stall the server), shown if it dies. ``root``: the checkout whose code
     it runs (another one gives a before/after comparison in the same run)."""
     full_env = {**os.environ, **env, "PYTHONPATH": str(root)}
@@ -49,7 +49,7 @@ def process(
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{cmd} not ready after {timeout}s")
                 time.sleep(0.2)
-            yield
+            yield proc
         finally:
             proc.terminate()
             try:
@@ -62,7 +62,7 @@ def process(
 def wattserve(env: dict[str, str], root: Path = ROOT) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {"WATTSERVE_LOG_LEVEL": "warning", **env, "WATTSERVE_PORT": str(port)}
+    env = {"WATTSERVE_LOG_LEVEL": "warning", "WATTSERVE_GRPC_PORT": "0", **env, "WATTSERVE_PORT": str(port)}
     with process([sys.executable, "-m", "server", "serve"], env, url + "/v2/health/ready", root=root):
         yield url
 

@@ -148,7 +148,7 @@ def server(policy: str, log_dir: Path, timeout: float = 300) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, **COMMON_ENV, **POLICIES[policy], "WATTSERVE_PORT": str(port),
-           "WATTSERVE_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT)}  # fmt: skip
+           "WATTSERVE_GRPC_PORT": "0", "WATTSERVE_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT)}  # fmt: skip
     log_path = log_dir / f"{policy}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "server", "serve"], env=env, cwd=ROOT,

@@ -109,6 +109,7 @@ class OnnxRuntimeEngine:
         device: str = "auto",
         threads: int | None = None,
         spin: bool = False,
+        batched: bool = True,
     ) -> None:
         ort = _import_ort()
         path = Path(onnx_path)
@@ -125,9 +126,12 @@ class OnnxRuntimeEngine:
         self.providers = self._session.get_providers()
         if self.device.startswith("cuda") and "CUDAExecutionProvider" not in self.providers:
             raise EngineUnavailable(f"CUDAExecutionProvider failed to load for {path}")
-        self.inputs = [_spec(i) for i in self._session.get_inputs()]
+        # batched=False (Triton max_batch_size 0): the graph has no batch axis; the batcher's
+        # batches (of one, from a runtime that does not batch) are run row by row.
+        self.batched = batched
+        self.inputs = [_spec(i, batched=batched) for i in self._session.get_inputs()]
         # Outputs are whatever the model computes; only inputs are screened for NaN/Inf.
-        self.outputs = [_spec(o, allow_nonfinite=True) for o in self._session.get_outputs()]
+        self.outputs = [_spec(o, allow_nonfinite=True, batched=batched) for o in self._session.get_outputs()]
         self._output_names = [o.name for o in self.outputs]
         self._dtypes = {s.name: s.dtype for s in self.inputs}
         log.info("onnxruntime %s on %s via %s", path.name, self.device, self.providers)
@@ -157,7 +161,12 @@ class OnnxRuntimeEngine:
                 )
             feeds[name] = np.ascontiguousarray(arr, dtype=dtype)
         try:
-            results = self._session.run(self._output_names, feeds)
+            if self.batched:
+                results = self._session.run(self._output_names, feeds)
+            else:
+                rows = [self._session.run(self._output_names, {k: v[i] for k, v in feeds.items()})
+                        for i in range(len(next(iter(feeds.values()))))]  # fmt: skip
+                results = [np.stack(col) for col in zip(*rows, strict=True)]
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidArgument types
             raise EngineError(f"{self.name}: onnxruntime failed: {exc}") from exc
         return dict(zip(self._output_names, results, strict=True))
@@ -166,13 +175,14 @@ class OnnxRuntimeEngine:
         self._session = None
 
 
-def _spec(node, allow_nonfinite: bool = False) -> TensorSpec:
-    """TensorSpec (shape without the batch axis) from an ONNX Runtime NodeArg."""
+def _spec(node, allow_nonfinite: bool = False, batched: bool = True) -> TensorSpec:
+    """TensorSpec (shape without the batch axis, unless not ``batched``) from a NodeArg."""
     try:
         datatype = _ORT_TYPES[node.type]
     except KeyError as exc:
         raise EngineUnavailable(f"tensor {node.name} has unsupported type {node.type}") from exc
-    dims = node.shape[1:]
+    dims = node.shape[1:] if batched else node.shape
     if any(not isinstance(d, int) for d in dims):
-        raise EngineUnavailable(f"tensor {node.name} has dynamic non-batch dims {node.shape}")
+        what = "non-batch dims" if batched else "dims (max_batch_size 0: no batch axis)"
+        raise EngineUnavailable(f"tensor {node.name} has dynamic {what} {node.shape}")
     return TensorSpec(node.name, tuple(dims), datatype, allow_nonfinite=allow_nonfinite)

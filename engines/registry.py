@@ -18,6 +18,7 @@ def build_engine(settings: Any) -> Engine:
             settings.identity_elements,
             max_batch_size=settings.max_batch_size,
             delay_s=settings.identity_delay_ms / 1000.0,
+            delay_per_item_s=settings.identity_delay_per_item_ms / 1000.0,
         )
     if model == "tiny_unet" and settings.engine == "torch":
         from engines.diffusion import DiffusionEngine

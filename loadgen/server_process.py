@@ -125,6 +125,7 @@ def server_env(base: Mapping[str, str] | None = None, **settings: object) -> dic
         root = str(Path(spec.origin).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("WATTSERVE_GRPC_PORT", "0")  # load goes over HTTP; no contention for port 8001
     for key, value in settings.items():
         if value is None:
             continue

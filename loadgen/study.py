@@ -70,7 +70,7 @@ class ModelEntry(_Strict):
 
 class Batching(_Strict):
     name: str
-    batcher: Literal["static", "dynamic", "continuous"]
+    batcher: Literal["static", "dynamic", "continuous", "adaptive", "aimd"]
     max_batch_size: int = Field(8, ge=1)
     max_queue_delay_ms: float | None = None
     preferred_batch_sizes: list[int] = Field(default_factory=list)

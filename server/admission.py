@@ -1,19 +1,29 @@
-"""Admission and body reading: decide before the body is read, and never read more than
-the limits allow, so a refused request costs a few bytes and memory stays bounded by the
-limits rather than by the load.
+"""Admission: the one path every front end takes (lookup, readiness and queue room, decode,
+validate, submit), and body reading within limits.
+
+``admit`` knows no HTTP: a front end passes how to decode its request for the chosen model
+(HTTP reads the body within the limits below and parses it; a gRPC front end would convert
+its protobuf) and, optionally, how to submit (HTTP wraps it in a gone-client watcher).
+Refusals are ``Refused`` exceptions carrying the status a front end maps to its answer.
+Everything that can refuse a request without its body is decided before the body is read,
+and never more than the limits allow is read, so a refused request costs a few bytes and
+memory stays bounded by the limits rather than by the load.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 from starlette.formparsers import MultiPartParser
 from starlette.requests import ClientDisconnect, Request
 
-from batchers.types import ClientGone
-from server.codec import BadRequest
+from batchers.types import ClientGone, RequestError, Result, WorkItem
+from server.codec import BadRequest, InferRequest
+from server.model_set import ModelSet, ModelState, UnknownModel
+from server.runtime import ModelRuntime
 
 log = logging.getLogger("wattserve.admission")
 
@@ -129,3 +139,87 @@ async def _body(request: Request) -> bytes:
         return await request.body()  # the server stops at Content-Length
     except ClientDisconnect:
         raise ClientGone("client disconnected during the upload") from None
+
+
+# ---------------------------------------------------------------------------- the admission path
+
+
+class Refused(Exception):
+    """A request answered without a result: ``status`` (HTTP numbering) and why.
+
+    ``body_unread``: refused before (all of) its body was read, so an HTTP front end closes
+    the connection rather than draining a large body it will not use."""
+
+    def __init__(
+        self, message: str, status: int, retry_after: bool = False, body_unread: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+        self.body_unread = body_unread
+
+
+@dataclass(slots=True)
+class Admitted:
+    runtime: ModelRuntime
+    request: InferRequest
+    results: list[Result]
+
+
+Decode = Callable[[ModelRuntime], Awaitable[InferRequest]]
+Submit = Callable[[ModelRuntime, list[WorkItem]], Awaitable[list[Result]]]
+
+
+def select(models: ModelSet, name: str, version: str | None) -> ModelRuntime:
+    """The runtime that will serve ``name``/``version``, or Refused: 404 unknown; 503 +
+    Retry-After while loading, draining or without queue room (by count or measured time);
+    400 with the reason for a model that failed to load or was unloaded."""
+    try:
+        entry = models.lookup(name, version)
+    except UnknownModel as exc:
+        raise Refused(str(exc), 404, body_unread=True) from None
+    runtime = entry.runtime
+    if runtime is not None and runtime.draining:
+        runtime.metrics.outcome["draining"].inc()
+        raise Refused(f"model {name!r} is draining; retry elsewhere", 503, True, True)
+    if (
+        entry.state is ModelState.READY
+        and runtime is not None
+        and runtime.ready
+        and runtime.batcher is not None
+    ):
+        try:
+            runtime.batcher.check_admission()
+        except RequestError as exc:
+            runtime.metrics.outcome[exc.outcome].inc()
+            raise Refused(str(exc), exc.status_code, True, True) from None
+        return runtime
+    if models.draining:
+        raise Refused("server is draining; retry elsewhere", 503, True, True)
+    if entry.state in (ModelState.LOADING, ModelState.UNLOADING):
+        raise Refused(f"model {name!r} is {entry.state.value.lower()}", 503, True, True)
+    raise Refused(
+        f"model {name!r} is not available: {entry.reason or entry.state.value}", 400, body_unread=True
+    )
+
+
+async def admit(
+    models: ModelSet, name: str, version: str | None, decode: Decode, submit: Submit | None = None
+) -> Admitted:
+    """Lookup, readiness and room, decode + validate (4xx before any queue), submit, answer."""
+    runtime = select(models, name, version)
+    try:
+        request = await decode(runtime)
+        items = [runtime.make_item(i, request.priority, request.timeout_us) for i in request.items]
+    except (BadRequest, ValueError) as exc:
+        status = getattr(exc, "status", 400)
+        runtime.metrics.outcome["queue_full" if status == 503 else "bad_request"].inc()
+        raise Refused(str(exc), status, retry_after=status == 503, body_unread=status in (413, 503)) from None
+    except RequestError as exc:  # the client left during the upload
+        runtime.metrics.outcome[exc.outcome].inc()
+        raise Refused(str(exc), exc.status_code, exc.retry_after) from None
+    try:
+        results = await (submit(runtime, items) if submit is not None else runtime.infer(items))
+    except RequestError as exc:
+        raise Refused(str(exc), exc.status_code, exc.retry_after) from None
+    return Admitted(runtime, request, results)

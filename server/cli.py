@@ -14,7 +14,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from server.app import create_app
     from server.lifecycle import DrainingServer, tune_malloc, uvicorn_config
 
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    given = (("host", args.host), ("port", args.port), ("model_repository", args.model_repository),
+             ("strict", args.strict or None))  # fmt: skip
+    overrides = {k: v for k, v in given if v is not None}
     settings = Settings(**overrides)
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -23,7 +25,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tune_malloc()
     sys.setswitchinterval(settings.gil_switch_interval_ms / 1000.0)
     app = create_app(settings)
-    DrainingServer(uvicorn_config(app, settings), app.state.runtime).run()
+    DrainingServer(uvicorn_config(app, settings), app.state.models, settings.drain_grace_s).run()
     return 0
 
 
@@ -44,6 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the inference server (settings from WATTSERVE_*)")
     serve.add_argument("--host", default=None, help="overrides WATTSERVE_HOST")
     serve.add_argument("--port", type=int, default=None, help="overrides WATTSERVE_PORT")
+    serve.add_argument(
+        "--model-repository",
+        default=None,
+        help="Triton-layout model repository; overrides WATTSERVE_MODEL_REPOSITORY",
+    )
+    serve.add_argument("--strict", action="store_true",
+                       help="exit if any model fails to load (Triton's --exit-on-error)")  # fmt: skip
     serve.set_defaults(func=cmd_serve)
     show = sub.add_parser("settings", help="print every WATTSERVE_* setting as a table")
     show.set_defaults(func=cmd_settings)
@@ -57,11 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_engine_tools(sub: argparse._SubParsersAction) -> None:
     """``export`` (torch -> ONNX) and ``build-engine`` (ONNX -> TensorRT plan)."""
-    from engines import onnx_export, tensorrt_engine
+    from engines import tensorrt_engine
+    from server.repository import export as repository_export
 
-    export = sub.add_parser("export", help="export a torchvision model to ONNX (dynamic batch axis)")
-    onnx_export.add_arguments(export)
-    export.set_defaults(func=onnx_export.run)
+    export = sub.add_parser("export", help="export a torchvision model to ONNX (dynamic batch axis), "
+                            "optionally as a Triton repository entry")  # fmt: skip
+    repository_export.add_arguments(export)
+    export.set_defaults(func=repository_export.run)
     build = sub.add_parser("build-engine", help="build a TensorRT plan with min/opt/max batch profiles")
     tensorrt_engine.add_arguments(build)
     build.set_defaults(func=tensorrt_engine.run)

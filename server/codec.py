@@ -6,6 +6,7 @@ Everything here is validated before a request gets near a queue: a bad request g
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,13 +60,18 @@ def parse_infer_request(
     specs: Sequence[TensorSpec],
     output_specs: Sequence[TensorSpec],
     max_batch_size: int,
+    check_values: bool = False,
 ) -> InferRequest:
     """Decode and validate one KServe v2 infer request for a model with ``specs`` inputs.
+
+    ``max_batch_size`` 0: the model does not batch (Triton), shapes carry no batch axis.
+    NaN/Inf are computed like any other value (Triton parity: benchmarking clients send
+    random bytes and NaN/Infinity tokens); ``check_values`` rejects them with a 400.
 
     Every malformed body is a BadRequest (400): a value of the wrong JSON type anywhere
     that the checks below did not foresee is still the client's fault, never a 500."""
     try:
-        return _parse_infer_request(body, header_length, specs, output_specs, max_batch_size)
+        return _parse_infer_request(body, header_length, specs, output_specs, max_batch_size, check_values)
     except (TypeError, AttributeError, KeyError, IndexError) as exc:
         raise BadRequest(f"malformed inference request: {exc}") from None
 
@@ -76,12 +82,10 @@ def _parse_infer_request(
     specs: Sequence[TensorSpec],
     output_specs: Sequence[TensorSpec],
     max_batch_size: int,
+    check_values: bool,
 ) -> InferRequest:
     json_part, binary = split_binary_body(body, header_length)
-    try:
-        doc = orjson.loads(json_part)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"malformed JSON: {exc}") from None
+    doc = _loads(json_part)
     if not isinstance(doc, dict):
         raise BadRequest("request body must be a JSON object")
     raw_inputs = doc.get("inputs")
@@ -101,34 +105,77 @@ def _parse_infer_request(
         if name in arrays:
             raise BadRequest(f"input {name!r} given twice")
         spec = by_name[name]
-        shape, batched = _check_shape(raw.get("shape"), spec, max_batch_size)
-        datatype = raw.get("datatype")
-        if datatype != spec.datatype:
-            raise BadRequest(f"input {name!r} has datatype {datatype!r}; model expects {spec.datatype}")
+        shape, batched = check_tensor_header(raw.get("shape"), raw.get("datatype"), spec, max_batch_size)
         params = raw.get("parameters") or {}
         if not isinstance(params, dict):
             raise BadRequest(f"input {name!r}: parameters must be an object")
-        count = math.prod(shape)
         if "binary_data_size" in params:
             size = params["binary_data_size"]
             if not _is_int(size) or size < 0 or offset + size > len(binary):
                 raise BadRequest(f"input {name!r}: binary_data_size {size!r} beyond the body")
-            chunk = binary[offset : offset + size]
+            array = tensor_from_bytes(binary[offset : offset + size], spec, shape)
             offset += size
-            if size != count * spec.dtype.itemsize:
-                raise BadRequest(
-                    f"input {name!r}: {size} bytes for shape {shape} of {datatype} "
-                    f"({count * spec.dtype.itemsize} expected)"
-                )
-            array = np.frombuffer(chunk, dtype=spec.dtype).reshape(shape)
         else:
-            array = _from_json_data(raw.get("data"), spec, shape, count)
-        if not spec.allow_nonfinite and array.dtype.kind == "f" and not np.isfinite(array).all():
-            raise BadRequest(f"input {name!r} contains NaN or Inf, which this model cannot take")
+            array = tensor_from_values(raw.get("data"), spec, shape)
+        if check_values:
+            check_finite(name, array)
         arrays[name] = array
         batched_flags.add(batched)
     if offset != len(binary):
         raise BadRequest(f"{len(binary) - offset} unread bytes after the binary tensors")
+    return assemble_request(_request_id(doc), arrays, batched_flags, by_name, doc.get("parameters"),
+                            doc.get("outputs"), output_specs)  # fmt: skip
+
+
+# ---------------------------------------------------------------- checks shared by every front end
+# HTTP (JSON or binary) and gRPC (raw or typed contents) decode through these, so a request
+# means the same and is refused with the same message whichever protocol carried it.
+
+
+def check_tensor_header(
+    shape: Any, datatype: Any, spec: TensorSpec, max_batch_size: int
+) -> tuple[list[int], bool]:
+    """Shape (with or without the batch axis, batch within 1..max) and datatype of one input.
+    Returns the shape and whether it carries the batch axis."""
+    shape, batched = _check_shape(shape, spec, max_batch_size)
+    if datatype != spec.datatype:
+        raise BadRequest(f"input {spec.name!r} has datatype {datatype!r}; model expects {spec.datatype}")
+    return shape, batched
+
+
+def tensor_from_bytes(chunk: bytes, spec: TensorSpec, shape: list[int]) -> np.ndarray:
+    """An input's raw little-endian bytes (binary extension, gRPC raw contents), size-checked."""
+    expected = math.prod(shape) * spec.dtype.itemsize
+    if len(chunk) != expected:
+        raise BadRequest(
+            f"input {spec.name!r}: {len(chunk)} bytes for shape {shape} of {spec.datatype} "
+            f"({expected} expected)"
+        )
+    return np.frombuffer(chunk, dtype=spec.dtype).reshape(shape)
+
+
+def tensor_from_values(data: Any, spec: TensorSpec, shape: list[int]) -> np.ndarray:
+    """An input given as a (nested) sequence of numbers: JSON data, gRPC typed contents."""
+    return _from_json_data(data, spec, shape, math.prod(shape))
+
+
+def check_finite(name: str, array: np.ndarray) -> None:
+    """The value check a model may ask for (``check_values``): no NaN or Inf in float inputs."""
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise BadRequest(f"input {name!r} contains NaN or Inf, which this model's value check refuses")
+
+
+def assemble_request(
+    request_id: str | None,
+    arrays: dict[str, np.ndarray],
+    batched_flags: set[bool],
+    by_name: dict[str, TensorSpec],
+    parameters: Any,
+    outputs: Any,
+    output_specs: Sequence[TensorSpec],
+) -> InferRequest:
+    """Checked inputs -> one InferRequest: every input present, one batch size, rows split,
+    parameters (priority, timeout in µs) and requested outputs read as the protocol says."""
     missing = sorted(set(by_name) - set(arrays))
     if missing:
         raise BadRequest(f"missing input(s) {missing}")
@@ -140,10 +187,24 @@ def _parse_infer_request(
         raise BadRequest(f"inputs disagree on the batch size: {sorted(sizes)}")
     rows = sizes.pop()
     items = [{k: v[i] for k, v in arrays.items()} for i in range(rows)] if batched else [arrays]
-    request = InferRequest(id=_request_id(doc), items=items, batched=batched)
-    _read_parameters(doc.get("parameters"), request)
-    _read_outputs(doc.get("outputs"), output_specs, request)
+    request = InferRequest(id=request_id, items=items, batched=batched)
+    _read_parameters(parameters, request)
+    _read_outputs(outputs, output_specs, request)
     return request
+
+
+def _loads(text: bytes) -> Any:
+    """orjson first (fast); if it refuses, Python's json, which also takes the NaN, Infinity
+    and -Infinity tokens that JSON lacks but clients (Triton's among them) write."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        if not any(token in text for token in (b"NaN", b"Infinity")):
+            raise BadRequest(f"malformed JSON: {exc}") from None
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError):
+            raise BadRequest(f"malformed JSON: {exc}") from None
 
 
 def _is_int(value: Any) -> bool:
@@ -164,6 +225,8 @@ def _check_shape(shape: Any, spec: TensorSpec, max_batch_size: int) -> tuple[lis
     item = list(spec.shape)
     if shape == item:
         return shape, False
+    if max_batch_size == 0:  # Triton's max_batch_size 0: no batch axis in request shapes
+        raise BadRequest(f"input {spec.name!r}: shape {shape}; this model does not batch and expects {item}")
     if len(shape) == len(item) + 1 and shape[1:] == item:
         if not 1 <= shape[0] <= max_batch_size:
             raise BadRequest(f"input {spec.name!r}: batch of {shape[0]} outside 1..{max_batch_size}")
@@ -230,17 +293,14 @@ def _read_outputs(outputs: Any, specs: Sequence[TensorSpec], request: InferReque
     request.binary_outputs = binary
 
 
-def encode_infer_response(
-    model_name: str,
-    request: InferRequest,
-    rows: list[dict[str, np.ndarray]],
-    output_specs: Sequence[TensorSpec],
-) -> tuple[bytes, dict[str, str]]:
-    """Body and extra headers (binary extension) for one answered request."""
+def output_arrays(
+    request: InferRequest, rows: list[dict[str, np.ndarray]], output_specs: Sequence[TensorSpec]
+) -> list[tuple[str, str, np.ndarray]]:
+    """(name, datatype, contiguous array) of each requested output, rows stacked back into
+    the request's own batch (none when the request carried no batch axis)."""
     names = request.outputs or [s.name for s in output_specs]
     datatypes = {s.name: s.datatype for s in output_specs}
-    tensors: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
+    out = []
     for name in names:
         if not request.batched:
             value = rows[0][name]
@@ -248,8 +308,30 @@ def encode_infer_response(
             value = rows[0][name][np.newaxis]  # a view: no copy for the common single row
         else:
             value = np.stack([r[name] for r in rows])
-        value = np.ascontiguousarray(value, dtype=DATATYPE_TO_NUMPY[datatypes[name]])
-        tensor: dict[str, Any] = {"name": name, "datatype": datatypes[name], "shape": list(value.shape)}
+        out.append(
+            (name, datatypes[name], np.ascontiguousarray(value, dtype=DATATYPE_TO_NUMPY[datatypes[name]]))
+        )
+    return out
+
+
+def _has_nonfinite(tensors: list[dict[str, Any]]) -> bool:
+    return any(
+        "data" in t and t["data"].dtype.kind == "f" and not np.isfinite(t["data"]).all() for t in tensors
+    )
+
+
+def encode_infer_response(
+    model_name: str,
+    request: InferRequest,
+    rows: list[dict[str, np.ndarray]],
+    output_specs: Sequence[TensorSpec],
+    version: str = "1",
+) -> tuple[bytes, dict[str, str]]:
+    """Body and extra headers (binary extension) for one answered request."""
+    tensors: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for name, datatype, value in output_arrays(request, rows, output_specs):
+        tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
         if name in request.binary_outputs:
             blob = value.tobytes()
             tensor["parameters"] = {"binary_data_size": len(blob)}
@@ -257,10 +339,16 @@ def encode_infer_response(
         else:
             tensor["data"] = value.ravel()
         tensors.append(tensor)
-    doc: dict[str, Any] = {"model_name": model_name, "model_version": "1", "outputs": tensors}
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": version, "outputs": tensors}
     if request.id is not None:
         doc["id"] = request.id
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if b"null" in header and _has_nonfinite(tensors):
+        # orjson writes NaN/Inf as null; Triton writes NaN/Infinity tokens, and so do we.
+        for tensor in tensors:
+            if "data" in tensor:
+                tensor["data"] = tensor["data"].tolist()
+        header = json.dumps(doc, separators=(",", ":")).encode()
     if not blobs:
         return header, {}
     return header + b"".join(blobs), {BINARY_HEADER: str(len(header))}

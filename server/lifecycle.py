@@ -9,7 +9,7 @@ import logging
 import signal
 import time
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 import uvicorn
 
@@ -56,6 +56,12 @@ def tune_malloc() -> bool:
     ok = all(mallopt(param, value) == 1 for param, value in settings)
     log.info("glibc malloc tuned (no mmap, one arena, no trimming): %s", ok)
     return ok
+
+
+class Drainable(Protocol):
+    """What SIGTERM drains: the model set (every model)."""
+
+    async def drain(self, grace_s: float = 0.0) -> None: ...
 
 
 def malloc_trim() -> bool:
@@ -108,15 +114,16 @@ class IdleTrimmer:
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn, but the first SIGTERM/SIGINT drains the model before the server stops.
+    """uvicorn, but the first SIGTERM/SIGINT drains the models before the server stops.
 
     Drain: ready -> false and new requests get 503 at once, every accepted request is
     answered, then uvicorn shuts down as usual. A second signal forces exit.
     """
 
-    def __init__(self, config: uvicorn.Config, runtime: ModelRuntime) -> None:
+    def __init__(self, config: uvicorn.Config, runtime: Drainable, drain_grace_s: float = 0.0) -> None:
         super().__init__(config)
         self.runtime = runtime
+        self.drain_grace_s = drain_grace_s
         self._drain_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -137,7 +144,7 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain_then_exit(self) -> None:
         try:
-            await self.runtime.drain()
+            await self.runtime.drain(self.drain_grace_s)
         finally:
             log.info("drained; shutting down")
             self.should_exit = True

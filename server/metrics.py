@@ -7,9 +7,13 @@ lock and an add, not a label lookup.
 
 from __future__ import annotations
 
+import weakref
+from contextvars import ContextVar
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from server.statistics import ModelStatistics
 
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
@@ -26,82 +30,126 @@ OUTCOMES = (
     "error",  # 500, the engine failed this request's batch
 )
 
+PROTOCOLS = ("http", "grpc")
 
-class ServingMetrics:
-    """Every serving metric of one model served by one batcher."""
+# The front end that carries the request being handled. A gRPC handler sets it in its own
+# task; HTTP leaves the default. The one admission path and the runtime count requests
+# without knowing the protocol, and the ``protocol`` label still says which one it was.
+request_protocol: ContextVar[str] = ContextVar("wattserve_request_protocol", default="http")
 
-    def __init__(self, model: str, batcher: str, registry: CollectorRegistry | None = None):
-        self.registry = registry or CollectorRegistry()
+
+class _Families:
+    """The metric families of one registry, declared once however many models it serves."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
         labels = ("model", "batcher")
-        r = self.registry
-        self._requests = Counter(
-            "wattserve_requests", "Inference requests by outcome.", (*labels, "outcome"), registry=r
-        )
-        self._request_latency = Histogram(
-            "wattserve_request_duration_seconds",
-            "Time from request arrival to response, successful requests.",
-            labels, buckets=LATENCY_BUCKETS, registry=r,
+        self.requests = Counter(
+            "wattserve_requests", "Inference requests by protocol and outcome.",
+            (*labels, "protocol", "outcome"), registry=r,
         )  # fmt: skip
-        self._queue_time = Histogram(
+        self.request_latency = Histogram(
+            "wattserve_request_duration_seconds",
+            "Time from request arrival to response, successful requests, by protocol.",
+            (*labels, "protocol"), buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queue_time = Histogram(
             "wattserve_queue_duration_seconds",
             "Time a request waited in the queue before its batch started.",
             labels, buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
-        self._compute_time = Histogram(
+        self.compute_time = Histogram(
             "wattserve_batch_compute_duration_seconds",
             "Engine time of one batch (stacking, model, splitting).",
             labels, buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
-        self._batch_size = Histogram(
+        self.batch_size = Histogram(
             "wattserve_batch_size", "Requests per executed batch.",
             labels, buckets=BATCH_SIZE_BUCKETS, registry=r,
         )  # fmt: skip
-        self._inferences = Counter(
-            "wattserve_inferences",
-            "Requests computed (Triton's inference count).",
-            labels,
-            registry=r,
+        self.inferences = Counter(
+            "wattserve_inferences", "Requests computed (Triton's inference count).", labels, registry=r
         )
-        self._executions = Counter(
-            "wattserve_batch_executions",
-            "Batches executed (Triton's execution count).",
-            labels,
-            registry=r,
+        self.executions = Counter(
+            "wattserve_batch_executions", "Batches executed (Triton's execution count).", labels, registry=r
         )
-        self._padded = Counter(
+        self.padded = Counter(
             "wattserve_batch_padded_slots",
             "Slots added to batches to reach an engine batch size (wasted work).",
             labels,
             registry=r,
         )
-        self._queue_depth = Gauge(
+        self.queue_depth = Gauge(
             "wattserve_queue_depth", "Requests waiting in the queue.", labels, registry=r
         )
-        self._inflight = Gauge(
+        self.inflight = Gauge(
             "wattserve_inflight_requests", "Accepted requests not yet answered.", labels, registry=r
         )
-        self._ready = Gauge("wattserve_model_ready", "1 when the model serves.", labels, registry=r)
-        self.connections_refused = Counter(
+        self.ready = Gauge("wattserve_model_ready", "1 when the model serves.", labels, registry=r)
+        self.connections_refused = Counter(  # the server's, not a model's: no model label
             "wattserve_connections_refused",
             "Connections closed before a request reached the app (header timeout or size, cap).",
             ("reason",),
             registry=r,
         )
 
+
+_FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, _Families] = weakref.WeakKeyDictionary()
+
+
+def _families(registry: CollectorRegistry) -> _Families:
+    families = _FAMILIES.get(registry)
+    if families is None:
+        families = _FAMILIES[registry] = _Families(registry)
+    return families
+
+
+def server_metrics(registry: CollectorRegistry) -> dict[str, Any]:
+    """The server-wide (not per-model) metrics of a registry."""
+    return {"connections_refused": _families(registry).connections_refused}
+
+
+class ServingMetrics:
+    """Every serving metric of one model served by one batcher.
+
+    Many models share one registry (one ``/metrics``): the families are declared once per
+    registry and each model binds its own label children.
+    """
+
+    def __init__(self, model: str, batcher: str, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        f = _families(self.registry)
+        self._requests, self._ready = f.requests, f.ready
+        self.connections_refused = f.connections_refused
+        self.statistics = ModelStatistics()
         lv = (model, batcher)
-        self.queue_depth = self._queue_depth.labels(*lv)
-        self.inflight = self._inflight.labels(*lv)
-        self.ready = self._ready.labels(*lv)
-        self.request_latency = self._request_latency.labels(*lv)
-        self.queue_time = self._queue_time.labels(*lv)
-        self.compute_time = self._compute_time.labels(*lv)
-        self.batch_size = self._batch_size.labels(*lv)
-        self.inferences = self._inferences.labels(*lv)
-        self.executions = self._executions.labels(*lv)
-        self.padded_slots = self._padded.labels(*lv)
-        self.outcome = {o: self._requests.labels(*lv, o) for o in OUTCOMES}
-        for child in self.outcome.values():  # so rate() queries have a series from the start
-            child.inc(0)
+        self.queue_depth = f.queue_depth.labels(*lv)
+        self.inflight = f.inflight.labels(*lv)
+        self.ready = f.ready.labels(*lv)
+        self._latency = {p: f.request_latency.labels(*lv, p) for p in PROTOCOLS}
+        self.queue_time = f.queue_time.labels(*lv)
+        self.compute_time = f.compute_time.labels(*lv)
+        self.batch_size = f.batch_size.labels(*lv)
+        self.inferences = f.inferences.labels(*lv)
+        self.executions = f.executions.labels(*lv)
+        self.padded_slots = f.padded.labels(*lv)
+        self._outcomes = {p: {o: self._requests.labels(*lv, p, o) for o in OUTCOMES} for p in PROTOCOLS}
+        for children in self._outcomes.values():  # so rate() queries have a series from the start
+            for child in children.values():
+                child.inc(0)
+
+    @property
+    def outcome(self) -> dict[str, Any]:
+        """Request counters by outcome, for the protocol of the request being handled."""
+        return self._outcomes[request_protocol.get()]
+
+    @property
+    def request_latency(self) -> Any:
+        """The latency histogram of the protocol of the request being handled."""
+        return self._latency[request_protocol.get()]
+
+    def count(self, outcome: str) -> int:
+        """Requests with ``outcome`` over every protocol (Triton's statistics count them all)."""
+        return int(sum(children[outcome]._value.get() for children in self._outcomes.values()))
 
     def watch(self, batcher: Any) -> None:
         """Queue depth and in-flight count are read from the batcher at scrape time, so the
@@ -113,6 +161,7 @@ class ServingMetrics:
         """Called once per executed batch."""
         self.batch_size.observe(size)
         self.compute_time.observe(compute_s)
+        self.statistics.record_batch(size, compute_s)
         self.inferences.inc(size)
         self.executions.inc()
         if padded:

@@ -8,24 +8,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from time import monotonic
 from typing import Any
 
 from batchers.base import Batcher
 from batchers.factory import build_batcher
-from batchers.types import RequestError, Result, WorkItem
+from batchers.types import Draining, RequestError, Result, WorkItem
 from engines.base import Engine, warmup_sizes, zeros_batch
 from server.metrics import ServingMetrics
+from server.model_plan import EngineFactory
 from server.settings import Settings
 
 log = logging.getLogger("wattserve.runtime")
 
-EngineFactory = Callable[[Settings], Engine]
+__all__ = ["EngineFactory", "ModelRuntime"]
 
 
 class ModelRuntime:
-    """One model served by one batcher over ``settings.instances`` engine instances."""
+    """One model version served by its own batcher over its own engine instances.
+
+    Nothing is shared with other models' runtimes but the event loop: each has its queue,
+    its batching loop task and one thread per engine instance.
+    """
 
     def __init__(
         self,
@@ -33,8 +38,23 @@ class ModelRuntime:
         engine_factory: EngineFactory,
         metrics: ServingMetrics,
         batcher_hooks: dict[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        version: str = "1",
+        batching: bool = True,
+        devices: Sequence[str] | None = None,
+        platform: str | None = None,
+        config: Any = None,
     ) -> None:
         self.settings = settings
+        self.name = name or settings.model
+        self.version = version
+        self.batching = batching  # False: Triton's max_batch_size 0 (no batch axis in requests)
+        # Largest batch a request may carry (codec); 0 when requests carry no batch axis.
+        self.request_max_batch = settings.max_batch_size if batching else 0
+        self.devices = list(devices) if devices else [settings.device] * settings.instances
+        self.platform = platform
+        self.config = config  # parsed ModelConfig when served from a repository
         self.metrics = metrics
         self._engine_factory = engine_factory
         self.batcher_hooks: dict[str, Any] = dict(batcher_hooks or {})  # read by start()
@@ -48,23 +68,33 @@ class ModelRuntime:
     async def start(self) -> None:
         """Load every instance and warm it (off the event loop), then start batching."""
         engines: list[Engine] = []
-        for _ in range(self.settings.instances):
-            engines.append(await asyncio.to_thread(self._engine_factory, self.settings))
+        try:
+            for device in self.devices:
+                settings = self.settings
+                if device != settings.device:
+                    settings = settings.model_copy(update={"device": device})
+                engines.append(await asyncio.to_thread(self._engine_factory, settings))
+            if self.settings.warmup:
+                await asyncio.gather(*(asyncio.to_thread(self._warm, e) for e in engines))
+        except BaseException:
+            for engine in engines:  # a failed load frees what it built
+                close = getattr(engine, "close", None)
+                if close is not None:
+                    await asyncio.to_thread(close)
+            raise
         self.engine = engines[0]
-        if self.settings.warmup:
-            await asyncio.gather(*(asyncio.to_thread(self._warm, e) for e in engines))
         hooks = dict(self.batcher_hooks)
         meter_for = hooks.pop("energy_meter_for", None)  # energy follows the engine's device
         if meter_for is not None:
             hooks["energy_meter"] = meter_for(str(self.engine.device))
         self.batcher = build_batcher(self.settings, engines, metrics=self.metrics, **hooks)
         self.metrics.watch(self.batcher)
-        self._task = asyncio.create_task(self.batcher.run(), name="batcher")
+        self._task = asyncio.create_task(self.batcher.run(), name=f"batcher-{self.name}")
         self.ready = True
         self.metrics.ready.set(1)
         log.info(
-            "serving %s (%s on %s) with the %s batcher, max batch %d, %d instance(s)",
-            self.engine.name, self.engine.platform, self.engine.device,
+            "serving %s v%s (%s on %s) with the %s batcher, max batch %d, %d instance(s)",
+            self.name, self.version, self.engine.platform, self.engine.device,
             self.settings.batcher, self.settings.max_batch_size, len(engines),
         )  # fmt: skip
 
@@ -93,9 +123,12 @@ class ModelRuntime:
             await self._task
 
     async def stop(self) -> None:
+        """Drain, then free the engines and their threads (also what unloading does)."""
         await self.drain()
         if self.batcher is not None:
-            await asyncio.to_thread(self.batcher.close)
+            batcher, self.batcher = self.batcher, None
+            await asyncio.to_thread(batcher.close)
+        self.engine = None
 
     # ------------------------------------------------------------------ requests
     def make_item(self, inputs: dict[str, Any], priority: int, timeout_us: int | None) -> WorkItem:
@@ -110,10 +143,12 @@ class ModelRuntime:
             validate(inputs)
         level = priority or s.effective_default_priority
         now = monotonic()
-        if timeout_us is not None:
-            deadline: float | None = now + timeout_us / 1e6
-        elif s.default_timeout_ms is not None:
-            deadline = now + s.default_timeout_ms / 1e3
+        default_s = s.default_timeout_ms / 1e3 if s.default_timeout_ms is not None else None
+        if timeout_us is not None and s.allow_timeout_override:
+            timeout_s = timeout_us / 1e6  # Triton: an override may shorten the default, not extend it
+            deadline: float | None = now + (min(timeout_s, default_s) if default_s else timeout_s)
+        elif default_s is not None:
+            deadline = now + default_s
         else:
             deadline = None
         return WorkItem(inputs=inputs, priority=level, deadline=deadline, arrival=now)
@@ -126,15 +161,19 @@ class ModelRuntime:
 
     async def infer(self, items: Sequence[WorkItem]) -> list[Result]:
         """Submit every row of one request; one outcome is counted per request."""
-        assert self.batcher is not None
+        if self.batcher is None:  # unloaded between admission and submit
+            raise Draining(f"model {self.name!r} is unloading")
         started = monotonic()
         outcome = "success"
+        results: list[Result] = []
         try:
             if len(items) == 1:
-                return [await self.batcher.submit(items[0])]
+                results = [await self.batcher.submit(items[0])]
+                return results
             tasks = [asyncio.ensure_future(self.batcher.submit(i)) for i in items]
             try:
-                return list(await asyncio.gather(*tasks))
+                results = list(await asyncio.gather(*tasks))
+                return results
             except BaseException:
                 for task in tasks:  # one row failed: the request is answered, stop the rest
                     task.cancel()
@@ -150,5 +189,15 @@ class ModelRuntime:
             raise
         finally:
             self.metrics.outcome[outcome].inc()
+            elapsed = monotonic() - started
+            stats = self.metrics.statistics
             if outcome == "success":
-                self.metrics.request_latency.observe(monotonic() - started)
+                self.metrics.request_latency.observe(elapsed)
+                if len(results) == 1:
+                    queue_s, compute_s = results[0].queue_time_s, results[0].compute_time_s
+                else:
+                    queue_s = max(r.queue_time_s for r in results)
+                    compute_s = max(r.compute_time_s for r in results)
+                stats.record_success(elapsed, queue_s, compute_s)
+            elif outcome != "cancelled":
+                stats.record_failure(elapsed)

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-BatcherName = Literal["static", "dynamic", "continuous"]
+BatcherName = Literal["static", "dynamic", "continuous", "adaptive", "aimd"]
 EngineName = Literal["torch", "onnxruntime", "tensorrt"]
 
 
@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     # --- network ---
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
+    grpc_port: int = Field(
+        8001, ge=0, le=65535, description="KServe v2 gRPC port (Triton's default 8001); 0 = no gRPC."
+    )
+    grpc_host: str | None = Field(None, description="Address gRPC listens on; unset: the HTTP `host`.")
     log_level: str = Field("info", description="uvicorn/wattserve log level.")
 
     # --- model ---
@@ -37,6 +41,16 @@ class Settings(BaseSettings):
         "mobilenet_v2",
         description="Served model; also its KServe model name. One of resnet50, mobilenet_v2, "
         "mobilenet_v3_large, identity, tiny_unet.",
+    )
+    model_repository: Path | None = Field(
+        None,
+        description="Triton-layout model repository (<dir>/<model>/config.pbtxt + <version>/); "
+        "set: every model in it is served and `model` is unused.",
+    )
+    strict: bool = Field(
+        False,
+        description="Exit at start-up if any repository model fails to load (Triton's "
+        "--exit-on-error); without a repository the one model's failure is always fatal.",
     )
     engine: EngineName = Field("torch", description="Engine: torch, onnxruntime or tensorrt.")
     device: str = Field("auto", description="auto (CUDA if available, else CPU), cpu, cuda, cuda:N.")
@@ -51,6 +65,12 @@ class Settings(BaseSettings):
     identity_elements: int = Field(16, ge=1, description="Element count of the identity model.")
     identity_delay_ms: float = Field(
         0.0, ge=0, description="identity: compute time per batch (Triton's execute_delay_ms)."
+    )
+    identity_delay_per_item_ms: float = Field(
+        0.0,
+        ge=0,
+        description="identity: compute time per request in a batch, added to identity_delay_ms "
+        "(10 + 0.5/item gives a GPU-like cost curve).",
     )
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (CPU).")
     onnx_path: Path | None = Field(
@@ -74,7 +94,11 @@ class Settings(BaseSettings):
     diffusion_default_steps: int = Field(20, ge=1, description="Steps when a request names none.")
 
     # --- batching ---
-    batcher: BatcherName = Field("dynamic", description="static, dynamic or continuous.")
+    batcher: BatcherName = Field(
+        "dynamic",
+        description="static, dynamic, continuous, adaptive (meets slo_ms at the fewest "
+        "engine-seconds per request) or aimd (Clipper's baseline).",
+    )
     max_batch_size: int = Field(8, ge=1, le=1024, description="Largest batch formed (static: N).")
     max_queue_delay_ms: float = Field(
         5.0, ge=0, description="dynamic: longest the oldest request waits for a batch to fill."
@@ -86,6 +110,25 @@ class Settings(BaseSettings):
     batch_sizes_only: bool = Field(
         False, description="dynamic: form only the engine's own batch sizes (its buckets/profiles)."
     )
+    slo_ms: float = Field(
+        100.0,
+        gt=0,
+        description="adaptive/aimd: the latency objective, request arrival to answer, in ms.",
+    )
+    slo_percentile: float = Field(
+        99.0, gt=0, lt=100, description="adaptive/aimd: the objective holds for this percentile."
+    )
+    slo_headroom_ms: float | None = Field(
+        None,
+        ge=0,
+        description="adaptive: time outside the batcher (HTTP, network) kept out of the plan; "
+        "unset: 10% of slo_ms.",
+    )
+    slo_reject: bool = Field(
+        False,
+        description="adaptive: answer 503 + Retry-After at once for requests that cannot meet "
+        "slo_ms anyway (default: serve them late and count the miss).",
+    )
     max_queue_size: int = Field(
         256, ge=1, description="Queued requests at most; beyond it 503 + Retry-After."
     )
@@ -95,6 +138,16 @@ class Settings(BaseSettings):
     priority_levels: int = Field(1, ge=1, description="Priority levels; 1 is highest.")
     default_priority_level: int = Field(0, ge=0, description="Level of priority-0 requests (0: lowest).")
     instances: int = Field(1, ge=1, description="Engine instances (worker threads), like instance groups.")
+    allow_timeout_override: bool = Field(
+        True,
+        description="Requests may set their own timeout (Triton's queue policy field); false: the "
+        "default timeout applies to every request.",
+    )
+    check_values: bool = Field(
+        False,
+        description="Reject (400) NaN/Inf in float inputs. Off by default, like Triton; a model's "
+        "config can turn it on with parameters key check_values.",
+    )
 
     # --- limits and lifecycle ---
     max_body_bytes: int = Field(64 * 1024 * 1024, description="Largest request body (413 beyond).")
@@ -141,6 +194,12 @@ class Settings(BaseSettings):
     )
     retry_after_s: int = Field(1, ge=0, description="Retry-After value sent with 503s.")
     drain_timeout_s: float = Field(30.0, ge=0, description="On SIGTERM, longest wait for accepted work.")
+    drain_grace_s: float = Field(
+        0.0,
+        ge=0,
+        description="On SIGTERM, report not ready at once but keep accepting requests this long "
+        "before draining, so a load balancer's health check stops sending first (e.g. 2-3 checks).",
+    )
     warmup: bool = Field(True, description="Run every batch size once before reporting ready.")
     gil_switch_interval_ms: float = Field(
         0.5,

@@ -34,6 +34,8 @@ def free_port() -> int:
 def threaded_server(settings: Settings, engine_factory=None) -> Iterator[tuple[str, object]]:
     """uvicorn in a background thread; yields (base url, app)."""
     kwargs = {"engine_factory": engine_factory} if engine_factory else {}
+    if "grpc_port" not in settings.model_fields_set:  # gRPC only where a test asks (8001 is shared)
+        settings = settings.model_copy(update={"grpc_port": 0})
     app = create_app(settings, **kwargs)
     port = free_port()
     config = uvicorn_config(app, settings, host="127.0.0.1", port=port, log_level="warning")
@@ -59,7 +61,8 @@ class ServerProcess:
     def __init__(self, env: dict[str, str], port: int, root: Path = ROOT) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
-        full_env = {**os.environ, **env, "WATTSERVE_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+        full_env = {"WATTSERVE_GRPC_PORT": "0", **os.environ, **env, "WATTSERVE_PORT": str(port),
+                    "PYTHONUNBUFFERED": "1"}  # fmt: skip
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"wattserve-test-{port}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115

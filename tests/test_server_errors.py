@@ -27,7 +27,8 @@ def with_input(**changes):
 def gated():
     engine = GatedEngine(max_batch_size=4)
     settings = Settings(model="gated", batcher="dynamic", max_batch_size=4, max_queue_delay_ms=0,
-                        max_queue_size=3, max_body_bytes=4096, retry_after_s=2)  # fmt: skip
+                        max_queue_size=3, max_body_bytes=4096, retry_after_s=2,
+                        check_values=True)  # fmt: skip  # NaN/Inf are 400 only when checked
     with threaded_server(settings, engine_factory=lambda s: engine) as (url, app):
         yield url, engine, app
 
@@ -78,7 +79,7 @@ EXPECTED_WORDS = {
     "wrong datatype": "datatype",
     "element count": "elements",
     "not numbers": "not a list of FP32",
-    "nan literal": "malformed JSON",  # NaN is not JSON
+    "nan literal": "NaN or Inf",  # parsed (Triton parity), then refused by the value check
     "overflows to inf": "NaN or Inf",
     "inf via binary": "NaN or Inf",
     "binary size mismatch": "bytes for shape",

@@ -396,3 +396,34 @@ def test_openapi_describes_the_infer_route(server):
     doc = httpx.get(url + "/openapi.json").json()
     op = doc["paths"]["/v2/models/{name}/infer"]["post"]
     assert "requestBody" in op
+
+
+# ---------------------------------------------------------------- drain grace (rolling restarts)
+@pytest.mark.slow
+def test_drain_grace_reports_not_ready_but_keeps_serving_then_drains():
+    from tests.servers import ServerProcess, free_port
+
+    server = ServerProcess({"WATTSERVE_MODEL": "identity", "WATTSERVE_DRAIN_GRACE_S": "3"}, free_port())
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}]}
+    try:
+        server.wait_ready()
+        server.terminate()
+        time.sleep(0.5)
+        ready = httpx.get(server.url + "/v2/health/ready", timeout=5)
+        served = httpx.post(server.url + "/v2/models/identity/infer", json=body, timeout=5)
+        assert ready.status_code == 503  # the load balancer stops sending...
+        assert served.status_code == 200  # ...while whatever still arrives is served
+        assert server.proc.wait(60) == 0  # then it drains and exits
+    finally:
+        server.stop()
+
+
+def test_service_rate_is_optimistic_until_a_full_batch_is_measured():
+    from batchers.service_rate import ServiceRate
+
+    rate = ServiceRate(instances=1, max_batch_size=8)
+    rate.observe(1, 0.02)  # light load: batches of one, 20 ms each
+    assert rate.wait_s(240) == pytest.approx(240 / (8 / 0.02))  # a full batch assumed as fast
+    for _ in range(50):
+        rate.observe(8, 0.08)  # overload: full batches measured, 4x slower than assumed
+    assert rate.wait_s(240) == pytest.approx(240 / (8 / 0.08), rel=0.01)

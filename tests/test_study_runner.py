@@ -26,7 +26,7 @@ def test_study_files_parse_and_map_to_server_settings() -> None:
         assert study.server_configs()
     example = load_study(EXAMPLE)
     assert {m.name for m in example.model} == {"mobilenet_v2", "resnet50"}
-    assert {b.batcher for b in example.batching} == {"static", "dynamic", "continuous"}
+    assert {b.batcher for b in example.batching} == {"static", "dynamic", "continuous", "adaptive"}
     assert {w.arrival for w in example.workload} == {"poisson", "bursty"}
     cfg = next(c for c in example.server_configs() if c.batching.batcher == "dynamic")
     env = server_environment(example, cfg)

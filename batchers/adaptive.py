@@ -1,0 +1,264 @@
+"""adaptive: meet a latency objective (pXX <= T) with the fewest engine-seconds per request.
+
+Two learned models and one pure decision (``batchers.adaptive_decision.decide``):
+
+- ``CostModel``: engine seconds per batch size, seeded by timing one batch of each size
+  right after warm-up, then updated from every executed batch (and joules per batch where
+  the energy meter measures, which the decision then optimizes instead of seconds);
+- ``ArrivalModel``: the arrival rate over a short and a long window.
+
+Each time an engine instance is free, the loop asks ``decide`` whether to dispatch now or
+wait for a bigger batch, and for how long at most; any arrival wakes it to ask again. With
+``reject_late`` (off by default), requests that cannot meet the objective even if every
+batch from now on is full get 503 + Retry-After at once instead of being served late;
+either way every request's outcome against the objective is counted in metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from time import monotonic
+
+import numpy as np
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from batchers.adaptive_decision import CostView, Decision, Objective, QueueState, decide, doomed
+from batchers.arrival_model import ArrivalModel
+from batchers.base import BatcherConfig, BatchOutcome, RequestBatcher, padded_size
+from batchers.cost_model import CostModel
+from batchers.slo_metrics import SloCollector, SloCounts
+from batchers.types import ItemState, QueueFull, WorkItem
+from engines.base import zeros_batch
+
+log = logging.getLogger("wattserve.batcher.adaptive")
+
+
+class SloUnreachable(QueueFull):
+    """503 + Retry-After: the request could not meet the objective (counted as shed load)."""
+
+
+@dataclass
+class AdaptiveConfig(BatcherConfig):
+    slo_s: float = 0.1
+    percentile: float = 99.0
+    headroom_s: float | None = None  # None: 10% of slo_s
+    reject_late: bool = False
+    calibrate: bool = True  # time one batch of each probed size before serving
+    model_name: str = ""  # the metrics' model label
+
+
+def calibration_sizes(max_batch_size: int, engine_sizes: Sequence[int] | None) -> list[int]:
+    """Sizes timed at start: the engine's own buckets, else powers of two and the maximum
+    (the fit fills in the sizes between)."""
+    if engine_sizes:
+        return sorted({b for b in engine_sizes if 1 <= b <= max_batch_size})
+    sizes = {1, max_batch_size}
+    b = 2
+    while b < max_batch_size:
+        sizes.add(b)
+        b *= 2
+    return sorted(sizes)
+
+
+class AdaptiveBatcher(RequestBatcher):
+    name = "adaptive"
+    config: AdaptiveConfig
+
+    def __init__(self, engines, config: AdaptiveConfig, **hooks) -> None:
+        super().__init__(engines, config, **hooks)
+        headroom = config.headroom_s if config.headroom_s is not None else 0.1 * config.slo_s
+        self.objective = Objective(config.slo_s, config.percentile, headroom)
+        self.costs = CostModel(config.max_batch_size, percentile=config.percentile)
+        self.arrivals = ArrivalModel()
+        self.slo = SloCounts()
+        self.last_decision: Decision | None = None
+        self._engine_sizes = getattr(self.engine, "batch_sizes", None)
+        self._view: CostView | None = None
+        if self.metrics is not None:
+            self.metrics.registry.register(
+                SloCollector(
+                    config.model_name,
+                    self.name,
+                    config.slo_s,
+                    config.percentile,
+                    self.slo,
+                    extra=self._collect_model,
+                )
+            )
+
+    # ------------------------------------------------------------------ the loop
+    async def submit(self, item: WorkItem):
+        self.arrivals.arrived(item.arrival)  # offered load, whether or not it is accepted
+        return await super().submit(item)
+
+    def ready_size(self, queued: int) -> int | None:
+        """Engine thread, between batches: a full batch goes at once (every other case needs
+        the decision, which runs on the event loop)."""
+        full = self.config.max_batch_size
+        if self.config.reject_late:  # shedding runs on the loop, before every batch
+            return None
+        return full if queued >= full else None
+
+    async def run(self) -> None:
+        if self.config.calibrate and getattr(self.engine, "warmup", None) is None:
+            try:  # engines with their own warm-up have no zeros request: they learn online
+                await self._calibrate()
+            except Exception:
+                log.exception("adaptive: timing the batch sizes failed; learning from traffic only")
+        await super().run()
+
+    async def form_batch(self) -> list[WorkItem] | None:
+        while True:
+            if len(self.queue) == 0:
+                if self.closing:
+                    return None
+                await self.wait_for_change()
+                continue
+            if self.closing:
+                return self.take(self.config.max_batch_size)
+            now = monotonic()
+            if self.config.reject_late and self._reject_doomed(now):
+                continue
+            oldest = self.queue.oldest_arrival()
+            assert oldest is not None
+            state = QueueState(len(self.queue), now - oldest)
+            decision = decide(state, self.cost_view(), self.arrivals.rate(now), self.objective)
+            self.last_decision = decision
+            if decision.dispatch:
+                return self.take(decision.dispatch)
+            await self.wait_for_change(decision.wait_s)
+
+    # ------------------------------------------------------------------ learning
+    def cost_view(self) -> CostView:
+        """The cost model as the decision sees it: by batch size, engine buckets applied."""
+        if self._view is None:
+            n = self.config.max_batch_size
+            curve = self.costs.curve()
+            joules = self.costs.joule_curve()
+            sizes = [padded_size(b, self._engine_sizes) for b in range(n + 1)]
+            sizes = [min(s, n) for s in sizes]
+            seconds = np.maximum.accumulate(curve[sizes])
+            self._view = CostView(
+                seconds=seconds.tolist(),
+                margin_s=self.costs.margin(),
+                joules=None if joules is None else np.maximum.accumulate(joules[sizes]).tolist(),
+            )
+        return self._view
+
+    def batch_finished(self, outcome: BatchOutcome) -> None:
+        try:
+            self._learn(outcome)
+        except Exception:  # learning must never cost a request its answer
+            log.exception("adaptive: cost model update failed; batch answered as usual")
+
+    def _learn(self, outcome: BatchOutcome) -> None:
+        now = monotonic()
+        batch = outcome.items
+        if not any(isinstance(out, BaseException) for out in outcome.per_item):
+            joules = getattr(outcome.energy, "joules", None)
+            size = len(batch) + outcome.padded
+            self.costs.observe(size, outcome.finished - outcome.started, joules)
+            # taken from the queue -> engine start, and engine end -> answers: every
+            # request in the batch waits through both, so they belong in the margin
+            dispatched = batch[0].dispatched_at or outcome.started
+            self.costs.observe_overhead(max((outcome.started - dispatched) + (now - outcome.finished), 0.0))
+            self._view = None
+        slo = self.objective.slo_s
+        for item in batch:
+            if item.state is ItemState.RUNNING:  # not answered yet (deadline, client gone)
+                if now - item.arrival <= slo:
+                    self.slo.met += 1
+                else:
+                    self.slo.missed += 1
+
+    async def _calibrate(self) -> None:
+        """Seed the cost model: one timed batch of each probed size on each instance."""
+        loop = asyncio.get_running_loop()
+        sizes = calibration_sizes(self.config.max_batch_size, self._engine_sizes)
+        timings: dict[int, list[float]] = {}
+        for inst in self.instances:
+            for size, seconds in (
+                await loop.run_in_executor(inst.executor, _time_sizes, inst.engine, sizes)
+            ).items():
+                timings.setdefault(size, []).append(seconds)
+        seeded = {size: float(np.median(ts)) for size, ts in timings.items()}
+        self.costs.seed(seeded)
+        for size, seconds in seeded.items():  # so the admission's time bound knows big batches
+            self.service_rate.observe(size, seconds)  # from the start, not only batch 1's rate
+        self._view = None
+        snap = self.costs.snapshot()
+        log.info("adaptive: cost model seeded from %s: %.2f ms + %.3f ms/item",
+                 sizes, snap["intercept_s"] * 1e3, snap["per_item_s"] * 1e3)  # fmt: skip
+
+    def _reject_doomed(self, now: float) -> bool:
+        items = list(self.queue)
+        positions = doomed(
+            [now - it.arrival for it in items], self.cost_view(), self.objective, len(self.instances)
+        )
+        for i in positions:
+            item = items[i]
+            if self._unqueue(item):
+                self.slo.rejected += 1
+                item.finish(error=SloUnreachable("cannot meet the latency objective now; retry later"))
+        return bool(positions)
+
+    # ------------------------------------------------------------------ metrics
+    def _collect_model(self, labels: tuple[str, str]) -> Iterable[Metric]:
+        names = ["model", "batcher"]
+        view = self.cost_view()
+        seconds = GaugeMetricFamily(
+            "wattserve_adaptive_batch_seconds",
+            "Cost model: predicted engine seconds of one batch, by batch size.",
+            labels=[*names, "batch_size"],
+        )
+        for b in range(1, len(view.seconds)):
+            seconds.add_metric([*labels, str(b)], view.seconds[b])
+        yield seconds
+        joules = GaugeMetricFamily(
+            "wattserve_adaptive_batch_joules",
+            "Cost model: measured joules of one batch (EWMA), by batch size; only sizes metered.",
+            labels=[*names, "batch_size"],
+        )
+        for b in range(1, self.config.max_batch_size + 1):
+            j = self.costs.joules(b)
+            if j is not None:
+                joules.add_metric([*labels, str(b)], j)
+        yield joules
+        snap = self.costs.snapshot()
+        for name, key, doc in (
+            ("wattserve_adaptive_cost_intercept_seconds", "intercept_s", "Cost model fit a + c*b: a."),
+            ("wattserve_adaptive_cost_per_item_seconds", "per_item_s", "Cost model fit a + c*b: c."),
+            ("wattserve_adaptive_margin_seconds", "margin_s", "Held back for prediction error and hand-off."),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=names)
+            g.add_metric(list(labels), float(snap[key]))  # type: ignore[arg-type]
+            yield g
+        rate = GaugeMetricFamily(
+            "wattserve_adaptive_arrival_rate",
+            "Arrival model: requests per second.",
+            labels=[*names, "window"],
+        )
+        short, long_ = self.arrivals.rates(monotonic())
+        rate.add_metric([*labels, "short"], short)
+        rate.add_metric([*labels, "long"], long_)
+        yield rate
+        target = GaugeMetricFamily(
+            "wattserve_adaptive_target_batch_size", "Batch size the last decision dispatched or waited for.",
+            labels=names,
+        )  # fmt: skip
+        target.add_metric(list(labels), self.last_decision.target if self.last_decision else 0)
+        yield target
+
+
+def _time_sizes(engine, sizes: Sequence[int]) -> dict[int, float]:
+    """Engine thread: seconds of one call per size (the engine is warm already)."""
+    out = {}
+    for size in sizes:
+        batch = zeros_batch(engine.inputs, size)
+        started = monotonic()
+        engine.infer(batch)
+        out[size] = monotonic() - started
+    return out

@@ -1,0 +1,158 @@
+"""The adaptive batcher's decision, as a pure function of plain data.
+
+Each time an engine instance is free and requests are queued: dispatch ``n`` now, or wait
+(up to ``wait_s``, re-deciding on every arrival) for a bigger batch. The rule:
+
+1. A full batch (``max_batch_size`` queued) goes at once.
+2. Overload: when even the largest batch the objective allows (``cap``, below) cannot keep
+   up with the arrival rate, whatever is queued goes at once (up to the maximum). The
+   queue refills during each batch, so batches come out full: work-conserving is what
+   maximizes throughput there.
+3. Otherwise, if some bigger batch (up to ``cap``) would serve more requests per
+   engine-second (per joule where measured) and still fits the oldest request's slack,
+   wait: at most until the last moment the batch expected by then could still go
+   (age + wait + predicted compute of ``queued + rate * wait`` + margin = budget, and
+   never past the moment for ``queued + 1``). Waiting costs no engine time, only latency
+   the objective allows; each arrival re-decides. The arrival
+   model says whether waiting is worth it at all: if one more request within that time
+   is less than ``MIN_CHANCE`` likely, the queue goes now. Whatever is dispatched when the
+   wait ends still meets the objective (predicted cost is non-decreasing in size).
+4. ``cap``: a request that arrives just after a batch starts waits for that batch and then
+   for its own, so waiting is only for batches whose compute fits in half the budget.
+   (Batches larger than ``cap`` still go when that many are already queued.)
+
+``budget`` = objective - headroom (time outside the batcher: HTTP, network); ``margin`` is
+the cost model's percentile of prediction error, so the objective's percentile survives
+the error of the model itself. The margin used is capped at a quarter of the budget: a
+larger one says the machine cannot hold the objective anyway (stalls longer than the
+compute), and planning for it would only shrink batches, cut throughput and lengthen the
+queue, which makes every request later.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MIN_WAIT_S = 0.0002  # a shorter wait costs more in wake-ups than it can gain
+MAX_MARGIN_SHARE = 0.25  # of the budget
+MIN_CHANCE = 0.05  # wait only if at least this likely to bring one more request
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    """``percentile`` of request latency <= ``slo_s``; ``headroom_s`` is spent outside."""
+
+    slo_s: float
+    percentile: float = 99.0
+    headroom_s: float = 0.0
+
+    @property
+    def budget_s(self) -> float:
+        return self.slo_s - self.headroom_s
+
+
+@dataclass(frozen=True, slots=True)
+class CostView:
+    """A snapshot of the cost model: ``seconds[b]`` (and ``joules[b]``) for b in 0..max."""
+
+    seconds: Sequence[float]
+    margin_s: float = 0.0
+    joules: Sequence[float] | None = None
+
+    @property
+    def max_batch_size(self) -> int:
+        return len(self.seconds) - 1
+
+    def held_back(self, objective: Objective) -> float:
+        """The margin the decision plans with (capped; see the module docstring)."""
+        return min(self.margin_s, MAX_MARGIN_SHARE * objective.budget_s)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    queued: int
+    oldest_age_s: float  # now - arrival of the longest-waiting request
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """``dispatch`` > 0: send that many now. Else wait up to ``wait_s`` for ``target``."""
+
+    dispatch: int
+    wait_s: float
+    target: int
+    reason: str
+
+
+def allowed_cap(cost: CostView, objective: Objective) -> int:
+    """Largest batch whose compute fits half the budget (at least 1)."""
+    half = (objective.budget_s - cost.held_back(objective)) / 2
+    cap = 1
+    for b in range(1, cost.max_batch_size + 1):
+        if cost.seconds[b] <= half:
+            cap = b
+        else:
+            break
+    return cap
+
+
+def decide(queue: QueueState, cost: CostView, arrival_rate: float, objective: Objective) -> Decision:
+    """Dispatch now, or wait for a bigger batch (see the module docstring)."""
+    full = cost.max_batch_size
+    queued = queue.queued
+    if queued <= 0:
+        return Decision(0, math.inf, 0, "empty")
+    now_n = min(queued, full)
+    if queued >= full:
+        return Decision(full, 0.0, full, "full")
+    seconds = cost.seconds
+    if seconds[full] <= 0:  # nothing learned yet: no basis for waiting
+        return Decision(now_n, 0.0, now_n, "no cost model")
+    cap = allowed_cap(cost, objective)
+    if arrival_rate * seconds[cap] >= cap:
+        return Decision(now_n, 0.0, now_n, "overload")
+    slack = objective.budget_s - cost.held_back(objective) - queue.oldest_age_s  # wait + compute
+    if seconds[now_n] > slack:  # late already: all of it goes (holding some back for a
+        return Decision(now_n, 0.0, now_n, "deadline")  # later batch makes the next one late too)
+    if now_n >= cap:
+        return Decision(now_n, 0.0, now_n, "cap")
+    value = cost.joules if cost.joules is not None else seconds
+    here = now_n / value[now_n] if value[now_n] > 0 else math.inf
+    bigger = [k for k in range(now_n + 1, cap + 1) if seconds[k] <= slack]
+    if not bigger or max(k / value[k] if value[k] > 0 else math.inf for k in bigger) <= here * (1 + 1e-9):
+        return Decision(now_n, 0.0, now_n, "efficient now")
+    # Plan the wait for the batch expected at its end, not just one more request: wait w
+    # with slack = w + compute(queued + arrivals expected in w). At low rates that is
+    # nearly the whole slack; near capacity it is short, so the engine does not idle while
+    # a batch too big to serve the next arrivals in time builds up.
+    planned = now_n + 1
+    wait = slack - seconds[planned]  # the longest wait after which one more still fits
+    for _ in range(8):  # fixed point; ``wait`` only shrinks
+        expected = min(cap, now_n + max(1, math.ceil(arrival_rate * max(wait, 0.0))))
+        if expected <= planned:
+            break
+        planned, wait = expected, slack - seconds[expected]
+    if wait < MIN_WAIT_S:
+        return Decision(now_n, 0.0, now_n, "deadline")
+    if arrival_rate <= 0 or -math.expm1(-arrival_rate * wait) < MIN_CHANCE:
+        return Decision(now_n, 0.0, now_n, "nobody coming")
+    return Decision(0, wait, planned, "wait")
+
+
+def doomed(ages_s: Sequence[float], cost: CostView, objective: Objective, instances: int = 1) -> list[int]:
+    """Positions (FIFO order) of queued requests that cannot meet the objective even if
+    every batch from now on is full: the one at position ``i`` rides in batch ``i // max``
+    of the ones ahead, each taking the full batch's predicted time (spread over
+    ``instances``). Used only when the user turns early rejection on."""
+    full = cost.max_batch_size
+    per_batch = cost.seconds[full]
+    first = cost.seconds[min(len(ages_s), full)]  # the first batch may be a partial one
+    margin = cost.held_back(objective)
+    out = []
+    for i, age in enumerate(ages_s):
+        rounds = i // (full * instances)
+        if age + first + rounds * per_batch + margin > objective.budget_s:
+            out.append(i)
+    return out

@@ -1,0 +1,347 @@
+"""KServe v2 over gRPC: Triton's ``inference.GRPCInferenceService`` on ``grpc.aio``.
+
+It runs in the HTTP server's process and event loop and reaches the models only through
+the ``ModelSet`` and the one admission path (``server.admission.admit``: lookup, readiness
+and queue room, decode + validate, submit), so an HTTP and a gRPC request may ride in the
+same batch, and a request is refused for the same reasons whichever protocol carried it.
+The messages are the generated ones that ship in Triton's client package.
+
+Refusals keep HTTP's meaning, mapped to gRPC codes as Triton does (``GRPC_CODES``); 503s
+carry ``retry-after`` (seconds) and ``grpc-retry-pushback-ms`` in the trailing metadata.
+A client that goes away (or whose gRPC deadline passes) cancels its handler; the batcher
+then drops the item, so a request still queued is never computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+
+from server.admission import BodyBudget, BudgetExceeded, Refused, admit
+from server.codec import InferRequest
+from server.grpc_access import GrpcAccessControl
+from server.grpc_codec import build_response, parse_grpc_request, payload_bytes
+from server.metrics import request_protocol
+from server.model_set import ModelLoadError, ModelSet, ModelState, UnknownModel
+from server.routes.common import timing_headers
+from server.routes.health import EXTENSIONS, VERSION, metadata_doc, serving_runtime, stats_doc, triton_config
+from server.routes.inference import OFFLOAD_DECODE_BYTES
+from server.runtime import ModelRuntime
+from server.security import Restriction
+from server.settings import Settings
+
+log = logging.getLogger("wattserve.grpc")
+
+S = grpc.StatusCode
+GRPC_CODES = {  # HTTP status of a refusal -> the gRPC code Triton answers for the same error
+    400: S.INVALID_ARGUMENT,
+    401: S.UNAUTHENTICATED,
+    403: S.PERMISSION_DENIED,
+    404: S.NOT_FOUND,
+    413: S.RESOURCE_EXHAUSTED,
+    415: S.INVALID_ARGUMENT,
+    429: S.RESOURCE_EXHAUSTED,
+    499: S.CANCELLED,
+    500: S.INTERNAL,
+    503: S.UNAVAILABLE,
+    504: S.DEADLINE_EXCEEDED,
+}
+STREAM_INFLIGHT = 1024  # requests one stream may have unanswered; past it the stream stops reading
+
+
+class Failure(Exception):
+    """A gRPC error answer: code, message, and whether to send retry information."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, retry: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retry = retry
+
+    @classmethod
+    def of(cls, refused: Refused) -> Failure:
+        return cls(GRPC_CODES.get(refused.status, S.UNKNOWN), str(refused), refused.retry_after)
+
+
+class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Every RPC of the KServe v2 / Triton gRPC protocol that the HTTP side has."""
+
+    def __init__(self, models: ModelSet, settings: Settings, body_budget: BodyBudget) -> None:
+        self.models = models
+        self.settings = settings
+        self.body_budget = body_budget
+        self.retry_metadata = (
+            ("retry-after", str(settings.retry_after_s)),
+            ("grpc-retry-pushback-ms", str(settings.retry_after_s * 1000)),
+        )
+        self._streams: set[asyncio.Queue[Any]] = set()  # open streams' answer queues
+
+    # ------------------------------------------------------------------ health and metadata
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return service_pb2.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return service_pb2.ServerReadyResponse(ready=self.models.ready)
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        """Ready or not; an unknown model is simply not ready (Triton's answer, and what
+        ``tritonclient``'s ``is_model_ready`` expects)."""
+        try:
+            entry = self.models.lookup(request.name, request.version or None)
+        except UnknownModel:
+            return service_pb2.ModelReadyResponse(ready=False)
+        runtime = entry.runtime
+        ready = entry.state is ModelState.READY and runtime is not None and runtime.ready
+        return service_pb2.ModelReadyResponse(ready=ready)
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        return service_pb2.ServerMetadataResponse(name="wattserve", version=VERSION, extensions=EXTENSIONS)
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        runtime = await self._serving(request.name, request.version, context)
+        return json_format.ParseDict(metadata_doc(self.models, runtime), service_pb2.ModelMetadataResponse())
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        """The configuration HTTP's ``/config`` returns, as Triton's ModelConfig message."""
+        runtime = await self._serving(request.name, request.version, context)
+        config = json_format.ParseDict(triton_config(runtime), model_config_pb2.ModelConfig())
+        return service_pb2.ModelConfigResponse(config=config)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        """HTTP's ``/stats`` numbers; no name: every loaded model (as Triton)."""
+        if not request.name:
+            docs = [stats_doc(r) for r in self.models.runtimes()]
+        else:
+            try:
+                entry = self.models.lookup(request.name, request.version or None)
+            except UnknownModel as exc:
+                await self._abort(context, Failure(S.NOT_FOUND, str(exc)))
+            if entry.runtime is None:
+                message = f"model {request.name!r} is not available: {entry.reason}"
+                await self._abort(context, Failure(S.INVALID_ARGUMENT, message))
+            docs = [stats_doc(entry.runtime)]
+        return json_format.ParseDict({"model_stats": docs}, service_pb2.ModelStatisticsResponse())
+
+    # ------------------------------------------------------------------ repository extension
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        response = service_pb2.RepositoryIndexResponse()
+        for doc in self.models.index(ready_only=request.ready):
+            response.models.add(**doc)
+        return response
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        if "config" in request.parameters:
+            message = "load with an overriding config is not supported; edit config.pbtxt"
+            await self._abort(context, Failure(S.INVALID_ARGUMENT, message))
+        try:
+            entries = await self.models.load(request.model_name)
+        except UnknownModel as exc:
+            await self._abort(context, Failure(S.NOT_FOUND, str(exc)))
+        except ModelLoadError as exc:
+            await self._abort(context, Failure(S.UNAVAILABLE, str(exc), retry=True))
+        failed = [e for e in entries if e.state is not ModelState.READY]
+        if failed:
+            reasons = "; ".join(e.reason for e in failed)
+            await self._abort(
+                context, Failure(S.INVALID_ARGUMENT, f"failed to load {request.model_name!r}: {reasons}")
+            )
+        return service_pb2.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        try:
+            await self.models.unload(request.model_name)
+        except UnknownModel as exc:
+            await self._abort(context, Failure(S.NOT_FOUND, str(exc)))
+        return service_pb2.RepositoryModelUnloadResponse()
+
+    # ------------------------------------------------------------------ inference
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        request_protocol.set("grpc")  # this handler's own task: the metrics' protocol label
+        try:
+            response, results = await self._infer(request)
+        except Failure as failure:
+            await self._abort(context, failure)
+        context.set_trailing_metadata(tuple((k.lower(), v) for k, v in timing_headers(results).items()))
+        return response
+
+    async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        """Each request answered on the stream as soon as it completes (not in request
+        order), with its id; a refused or failed request answers ``error_message`` with its
+        id and the stream goes on, as Triton does. At most ``STREAM_INFLIGHT`` requests of
+        one stream are unanswered at once: past that the stream stops reading, and HTTP/2
+        flow control holds the client back."""
+        request_protocol.set("grpc")  # copied into every task made below
+        loop = asyncio.get_running_loop()
+        answers: asyncio.Queue[Any] = asyncio.Queue()
+        room = asyncio.Semaphore(STREAM_INFLIGHT)
+        tasks: set[asyncio.Task[Any]] = set()
+        reading = True
+
+        def answered(task: asyncio.Task[Any]) -> None:
+            tasks.discard(task)
+            if not task.cancelled():
+                answers.put_nowait(task.result())
+            if not reading and not tasks:
+                answers.put_nowait(None)
+
+        async def read() -> None:
+            nonlocal reading
+            try:
+                async for request in request_iterator:
+                    await room.acquire()
+                    task = loop.create_task(self._stream_answer(request))
+                    tasks.add(task)
+                    task.add_done_callback(answered)
+            finally:
+                reading = False
+                if not tasks:
+                    answers.put_nowait(None)
+
+        reader = loop.create_task(read())
+        self._streams.add(answers)
+        try:
+            while True:
+                answer = await answers.get()
+                if answer is None:
+                    return
+                if answer is _CLOSING:  # the server stops: take no more, finish what is in flight
+                    reader.cancel()
+                    continue
+                yield answer
+                room.release()
+        finally:
+            self._streams.discard(answers)
+            reader.cancel()
+            for task in list(tasks):  # the client went away: its queued requests are dropped
+                task.cancel()
+
+    def close_streams(self) -> None:
+        """Server stop: every open stream stops reading, answers what it accepted, ends."""
+        for answers in self._streams:
+            answers.put_nowait(_CLOSING)
+
+    async def _stream_answer(self, request: Any) -> Any:
+        try:
+            response, _ = await self._infer(request)
+        except Failure as failure:
+            return service_pb2.ModelStreamInferResponse(
+                error_message=str(failure), infer_response=service_pb2.ModelInferResponse(id=request.id)
+            )
+        return service_pb2.ModelStreamInferResponse(infer_response=response)
+
+    async def _infer(self, message: Any) -> tuple[Any, list[Any]]:
+        """The admission path with a protobuf decoder; Failure for every refusal."""
+        name = message.model_name
+        engines = []  # the engine the request was decoded for (an unload may clear runtime.engine)
+
+        async def decode(runtime: ModelRuntime) -> InferRequest:
+            engine = runtime.engine
+            if engine is None:
+                raise Refused(f"model {name!r} is unloading", 503, retry_after=True)
+            engines.append(engine)
+            size = payload_bytes(message)
+            if not self.body_budget.try_reserve(size):
+                raise BudgetExceeded()
+            try:
+                args = (message, engine.inputs, engine.outputs, runtime.request_max_batch,
+                        runtime.settings.check_values)  # fmt: skip
+                if size > OFFLOAD_DECODE_BYTES:
+                    return await asyncio.to_thread(parse_grpc_request, *args)
+                return parse_grpc_request(*args)
+            finally:
+                self.body_budget.release(size)
+
+        try:
+            done = await admit(self.models, name, message.model_version or None, decode)
+            response = build_response(name, done.runtime.version, done.request,
+                                      [r.outputs for r in done.results], engines[0].outputs)  # fmt: skip
+        except Refused as refused:
+            if not engines and refused.status == 400:
+                # refused before decoding with a 400: the model failed to load or was
+                # unloaded. Not the request's fault: Triton answers UNAVAILABLE.
+                raise Failure(S.UNAVAILABLE, str(refused)) from None
+            raise Failure.of(refused) from None
+        except Exception as exc:  # a bug, not a refusal: the request fails alone
+            log.exception("gRPC inference for %r failed", name)
+            raise Failure(S.INTERNAL, f"internal error: {type(exc).__name__}") from None
+        return response, done.results
+
+    # ------------------------------------------------------------------ helpers
+    async def _serving(self, name: str, version: str, context: Any) -> ModelRuntime:
+        try:
+            return serving_runtime(self.models, name, version or None)
+        except Refused as refused:
+            await self._abort(context, Failure.of(refused))
+            raise  # unreachable: abort raises
+
+    async def _abort(self, context: Any, failure: Failure) -> None:
+        """End the call with ``failure`` (raises, as grpc.aio's abort does)."""
+        metadata = self.retry_metadata if failure.retry else ()
+        await context.abort(failure.code, str(failure), trailing_metadata=metadata)
+
+
+_CLOSING = object()  # put on a stream's answer queue when the server stops
+
+
+class GrpcFrontEnd:
+    """The grpc.aio server of one app: bound early (a taken port fails start-up at once),
+    started once the models are loaded, stopped in the app's lifespan."""
+
+    def __init__(
+        self,
+        models: ModelSet,
+        settings: Settings,
+        body_budget: BodyBudget,
+        restrictions: list[Restriction],
+    ) -> None:
+        self.settings = settings
+        self.service = InferenceService(models, settings, body_budget)
+        self.restrictions = restrictions
+        host = settings.grpc_host or settings.host
+        if ":" in host and not host.startswith("["):  # an IPv6 address, e.g. "::"
+            host = f"[{host}]"
+        self.address = f"{host}:{settings.grpc_port}"
+        self.port: int | None = None
+        self._server: grpc.aio.Server | None = None
+
+    def bind(self) -> int:
+        """Create the server on the running loop and bind its port (RuntimeError if taken)."""
+        s = self.settings
+        interceptors = []
+        if self.restrictions or s.api_token:
+            interceptors.append(GrpcAccessControl(self.restrictions, s.api_token))
+        options = [
+            ("grpc.max_receive_message_length", s.max_body_bytes),  # issue 9's body limit
+            ("grpc.max_send_message_length", -1),
+            ("grpc.max_metadata_size", s.max_header_bytes),
+            ("grpc.so_reuseport", 0),  # a taken port is an error, not a silently shared one
+        ]
+        server = grpc.aio.server(interceptors=interceptors, options=options)
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, server)
+        port = server.add_insecure_port(self.address)
+        if not port:
+            raise RuntimeError(f"gRPC could not bind {self.address}")
+        self._server, self.port = server, port
+        return port
+
+    async def start(self) -> None:
+        assert self._server is not None, "bind() first"
+        await self._server.start()
+        log.info("KServe v2 gRPC on %s", self.address.rsplit(":", 1)[0] + f":{self.port}")
+
+    async def stop(self, grace_s: float) -> None:
+        """Refuse new calls, let calls in flight (and open streams' accepted requests) be
+        answered within ``grace_s``, then cancel what is left."""
+        if self._server is None:
+            return
+        self.service.close_streams()
+        await self._server.stop(grace_s)
+        self._server = None
+
+
+__all__ = ["GRPC_CODES", "Failure", "GrpcFrontEnd", "InferenceService"]

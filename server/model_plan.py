@@ -1,0 +1,57 @@
+"""What it takes to serve one model version: its settings, how to build an engine, its shape.
+
+Two sources make plans: the process settings (zero-config: one built-in model) and a
+Triton-layout model repository (``server.repository``). The model set turns each plan
+into a ``ModelRuntime``; nothing downstream knows which source a plan came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engines.base import Engine
+from server.settings import Settings
+
+EngineFactory = Callable[[Settings], Engine]
+
+
+@dataclass
+class ModelPlan:
+    name: str  # the KServe / Triton model name
+    version: str
+    settings: Settings  # this model's own (batcher, sizes, queue policy, device, ...)
+    engine_factory: EngineFactory
+    batching: bool = True  # False: Triton's max_batch_size 0, request shapes carry no batch axis
+    devices: Sequence[str] | None = None  # one per engine instance; None: settings.device each
+    platform: str | None = None  # as configured (Triton platform/backend), for metadata
+    warnings: list[str] = field(default_factory=list)  # config fields not honoured, etc.
+    config: Any = None  # the parsed ModelConfig, when the plan came from a repository
+
+
+class ModelSource(Protocol):
+    """Where the model set finds models (and finds them again on a load request)."""
+
+    def names(self) -> list[str]: ...
+
+    def plans(self, name: str) -> list[ModelPlan]:
+        """Every version of ``name`` to serve; raises KeyError (unknown) or ValueError (why
+        it cannot be served, naming the file and field)."""
+        ...
+
+
+class SettingsSource:
+    """Zero-config: the one model ``settings.model`` names, built by ``engine_factory``."""
+
+    def __init__(self, settings: Settings, engine_factory: EngineFactory) -> None:
+        self.settings = settings
+        self.engine_factory = engine_factory
+
+    def names(self) -> list[str]:
+        return [self.settings.model]
+
+    def plans(self, name: str) -> list[ModelPlan]:
+        if name != self.settings.model:
+            raise KeyError(name)
+        return [ModelPlan(name, "1", self.settings, self.engine_factory)]

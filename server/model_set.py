@@ -1,0 +1,245 @@
+"""The models one server serves: lookup, readiness with its reason, load, unload, drain.
+
+Routes ask this object and nothing else. Each model version has its own ``ModelRuntime``
+(batcher, queue, engine instances, threads); a model that fails to load is kept here as
+UNAVAILABLE with the reason, and the others serve (``strict``: the failure is fatal, like
+Triton's ``--exit-on-error``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from server.model_plan import ModelPlan, ModelSource
+from server.runtime import ModelRuntime
+
+log = logging.getLogger("wattserve.models")
+
+
+class ModelState(str, Enum):  # Triton's repository index states
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+class UnknownModel(LookupError):
+    """No such model (or version) in this server: 404."""
+
+
+class ModelLoadError(RuntimeError):
+    """A model failed to load and the server runs ``strict``."""
+
+
+@dataclass
+class ModelEntry:
+    name: str
+    version: str  # "" when the model's configuration could not even be read
+    state: ModelState
+    reason: str = ""
+    runtime: ModelRuntime | None = None
+    plan: ModelPlan | None = None
+
+    def index_doc(self) -> dict[str, str]:
+        return {"name": self.name, "version": self.version, "state": self.state.value, "reason": self.reason}
+
+
+RuntimeFactory = Callable[[ModelPlan], ModelRuntime]
+
+
+class ModelSet:
+    def __init__(self, source: ModelSource, make_runtime: RuntimeFactory, *, strict: bool = False) -> None:
+        self.source = source
+        self.make_runtime = make_runtime
+        self.strict = strict
+        self.draining = False
+        self.leaving = False  # SIGTERM seen: not ready, still accepting (drain grace)
+        self.started = False
+        self._models: dict[str, dict[str, ModelEntry]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        for name in source.names():
+            self._plan(name)
+
+    # ------------------------------------------------------------------ lookup
+    def lookup(self, name: str, version: str | None = None) -> ModelEntry:
+        """The entry of ``name`` at ``version`` (None or "": the newest READY one, else the newest)."""
+        versions = self._models.get(name)
+        if not versions:
+            raise UnknownModel(f"unknown model {name!r}; this server serves {sorted(self._models)}")
+        if version:
+            entry = versions.get(version)
+            if entry is None:
+                raise UnknownModel(f"model {name!r} has no version {version!r} (versions: "
+                                   f"{sorted(v for v in versions if v)})")  # fmt: skip
+            return entry
+        if len(versions) == 1:  # the common case, on every request: no list, no sort
+            return next(iter(versions.values()))
+        ready = [e for e in versions.values() if e.state is ModelState.READY]
+        pool = ready or list(versions.values())
+        return max(pool, key=lambda e: int(e.version) if e.version.isdigit() else -1)
+
+    def entries(self) -> list[ModelEntry]:
+        return [e for name in sorted(self._models) for _, e in sorted(self._models[name].items())]
+
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Triton's repository index: every model the repository holds, with state and reason."""
+        known = {e.name for e in self.entries()}
+        docs = [e.index_doc() for e in self.entries() if not ready_only or e.state is ModelState.READY]
+        if not ready_only:  # models added to the repository since start-up: not loaded yet
+            for name in self.source.names():
+                if name not in known:
+                    docs.append({"name": name, "version": "", "state": ModelState.UNAVAILABLE.value,
+                                 "reason": "not loaded"})  # fmt: skip
+        return docs
+
+    @property
+    def ready(self) -> bool:
+        """Server readiness: start-up finished, not draining, and at least one model serves."""
+        return (
+            self.started
+            and not self.draining
+            and not self.leaving
+            and any(e.state is ModelState.READY for e in self.entries())
+        )
+
+    def closing(self) -> bool:
+        """The server drains, or every model it serves does (what ``Connection: close`` follows).
+        Called on every response: stops at the first model still serving, builds nothing."""
+        if self.draining:
+            return True
+        seen = False
+        for versions in self._models.values():
+            for entry in versions.values():
+                if entry.runtime is not None:
+                    if not entry.runtime.draining:
+                        return False
+                    seen = True
+        return seen
+
+    def runtimes(self) -> list[ModelRuntime]:
+        return [e.runtime for e in self.entries() if e.runtime is not None]
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Load every model, all at once (engines build on threads); failures stay UNAVAILABLE."""
+        await asyncio.gather(*(self._start_entries(name) for name in list(self._models)))
+        self.started = True
+        failed = [e for e in self.entries() if e.state is not ModelState.READY]
+        for entry in failed:
+            log.error("model %s version %s is not ready: %s", entry.name, entry.version or "?", entry.reason)
+        if failed and self.strict:
+            reasons = "; ".join(f"{e.name}: {e.reason}" for e in failed)
+            raise ModelLoadError(f"strict: {len(failed)} model(s) failed to load: {reasons}")
+
+    async def load(self, name: str) -> list[ModelEntry]:
+        """(Re)load ``name`` from the source: the old versions are drained and freed first."""
+        if self.draining:
+            raise ModelLoadError("server is draining")
+        async with self._lock(name):
+            if name in self._models:
+                await self._stop_entries(name, reason="reloading")
+            try:
+                self._plan(name)
+            except KeyError:
+                self._models.pop(name, None)  # gone from the repository
+                raise UnknownModel(f"no model {name!r} in the repository") from None
+            await self._start_entries(name)
+            return list(self._models[name].values())
+
+    async def unload(self, name: str) -> None:
+        """Stop accepting for ``name``, answer everything it accepted, then free its engines."""
+        if name not in self._models:
+            raise UnknownModel(f"unknown model {name!r}")
+        async with self._lock(name):
+            await self._stop_entries(name, reason="unloaded")
+
+    async def drain(self, grace_s: float = 0.0) -> None:
+        """SIGTERM: every model stops accepting and answers what it accepted.
+
+        With ``grace_s``, readiness goes false at once but requests are still accepted for
+        that long first, so a load balancer health-checking /v2/health/ready stops sending
+        before the server starts refusing (no 503 window during a rolling restart)."""
+        if grace_s > 0 and not self.draining:
+            self.leaving = True
+            log.info("not ready; still accepting for %.1fs before draining", grace_s)
+            await asyncio.sleep(grace_s)
+        self.draining = True
+        await asyncio.gather(*(r.drain() for r in self.runtimes()))
+
+    async def stop(self) -> None:
+        self.draining = True
+        await asyncio.gather(*(r.stop() for r in self.runtimes()), return_exceptions=True)
+
+    # ------------------------------------------------------------------ internals
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    def _plan(self, name: str) -> None:
+        """Read the model's configuration and make (unstarted) runtimes; a bad configuration
+        becomes an UNAVAILABLE entry with the reason."""
+        try:
+            plans = self.source.plans(name)
+        except KeyError:
+            raise
+        except Exception as exc:  # ConfigError and anything else reading the model's files
+            self._models[name] = {"": ModelEntry(name, "", ModelState.UNAVAILABLE, str(exc))}
+            if self.strict and not self.started:
+                raise ModelLoadError(str(exc)) from exc
+            return
+        entries = {}
+        for plan in plans:
+            runtime = self.make_runtime(plan)
+            entries[plan.version] = ModelEntry(name, plan.version, ModelState.LOADING, "", runtime, plan)
+        self._models[name] = entries
+
+    async def _start_entries(self, name: str) -> None:
+        async def start(entry: ModelEntry) -> None:
+            if entry.runtime is None or entry.state is not ModelState.LOADING:
+                return
+            try:
+                await entry.runtime.start()
+            except Exception as exc:
+                log.exception("loading %s version %s failed", entry.name, entry.version)
+                entry.state, entry.reason = ModelState.UNAVAILABLE, f"{type(exc).__name__}: {exc}"
+                entry.runtime = None
+                return
+            entry.state, entry.reason = ModelState.READY, ""
+
+        await asyncio.gather(*(start(e) for e in self._models[name].values()))
+
+    async def _stop_entries(self, name: str, reason: str) -> None:
+        entries = [e for e in self._models[name].values() if e.runtime is not None]
+        for entry in entries:
+            entry.state = ModelState.UNLOADING
+        await asyncio.gather(*(e.runtime.stop() for e in entries if e.runtime is not None))
+        for entry in entries:
+            entry.state, entry.reason, entry.runtime = ModelState.UNAVAILABLE, reason, None
+
+
+class ModelSetActivity:
+    """Every model's batching activity seen as one batcher (what ``IdleTrimmer`` reads:
+    ``runtime.batcher.inflight`` and ``.last_batch_at``), so memory is trimmed only when
+    the whole server is idle."""
+
+    def __init__(self, models: ModelSet) -> None:
+        self.models = models
+
+    @property
+    def batcher(self) -> ModelSetActivity:
+        return self
+
+    def _batchers(self) -> list[Any]:
+        return [r.batcher for r in self.models.runtimes() if r.batcher is not None]
+
+    @property
+    def inflight(self) -> int:
+        return sum(b.inflight for b in self._batchers())
+
+    @property
+    def last_batch_at(self) -> float:
+        return max((b.last_batch_at for b in self._batchers()), default=0.0)

@@ -1,0 +1,63 @@
+"""``wattserve export --model resnet50 --repository DIR``: a ready Triton repository entry.
+
+Writes ``DIR/<model>/1/model.onnx`` (the same checked export as ``wattserve export``) and a
+``config.pbtxt`` built as a ``ModelConfig`` message and printed by protobuf's text format,
+so Triton and wattserve both serve the directory unchanged. No ``instance_group``: each
+server puts the model on its default device (Triton: every GPU, else CPU; wattserve:
+``WATTSERVE_DEVICE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from engines import onnx_export
+from server.repository import model_config_pb2 as pb
+from server.repository.config import CONFIG_FILE, to_text
+
+
+def entry_config(model: str, max_batch_size: int, max_queue_delay_us: int) -> pb.ModelConfig:
+    """The config of an exported torchvision classifier (input [3,224,224] -> logits [1000])."""
+    config = pb.ModelConfig(name=model, platform="onnxruntime_onnx", max_batch_size=max_batch_size)
+    config.input.add(name=onnx_export.INPUT_NAME, data_type=pb.TYPE_FP32, dims=list(onnx_export.IMAGE_SHAPE))
+    config.output.add(name=onnx_export.OUTPUT_NAME, data_type=pb.TYPE_FP32, dims=[1000])
+    config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
+    return config
+
+
+def write_entry(repository: Path, model: str, onnx_file: Path, config: pb.ModelConfig) -> Path:
+    entry = Path(repository) / model
+    (entry / "1").mkdir(parents=True, exist_ok=True)
+    target = entry / "1" / "model.onnx"
+    if onnx_file.resolve() != target.resolve():
+        target.write_bytes(onnx_file.read_bytes())
+    (entry / CONFIG_FILE).write_text(to_text(config))
+    return entry
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    onnx_export.add_arguments(parser)
+    parser.add_argument(
+        "--repository",
+        type=Path,
+        default=None,
+        help="write a Triton repository entry <dir>/<model>/{config.pbtxt,1/model.onnx}",
+    )
+    parser.add_argument("--max-batch-size", type=int, default=8, help="config.pbtxt max_batch_size")
+    parser.add_argument("--max-queue-delay-us", type=int, default=1000,
+                        help="config.pbtxt dynamic_batching.max_queue_delay_microseconds")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plain export, or export straight into a repository entry."""
+    if args.repository is None:
+        return onnx_export.run(args)
+    args.out = Path(args.repository) / args.model / "1" / "model.onnx"
+    status = onnx_export.run(args)
+    if status != 0:
+        return status
+    config = entry_config(args.model, args.max_batch_size, args.max_queue_delay_us)
+    entry = write_entry(args.repository, args.model, args.out, config)
+    print(f"wrote {entry}/{CONFIG_FILE}:\n{to_text(config)}")
+    return 0

@@ -1,0 +1,280 @@
+"""A Triton model repository -> one ``ModelPlan`` per served model version.
+
+``<root>/<model>/config.pbtxt`` + ``<root>/<model>/<version>/<file>``. Config fields keep
+Triton's meaning (see ``HONOURED`` in ``config.py``; anything else set is a warning that
+names it). wattserve's own choices go in ``parameters`` (Triton's place for backend keys):
+
+- ``batcher``: static / dynamic / continuous. Unset: ``WATTSERVE_BATCHER`` when it is set,
+  else dynamic.
+- ``builtin``: with ``backend: "wattserve"``, which built-in model (mobilenet_v2, resnet50,
+  mobilenet_v3_large, tiny_unet, identity); defaults to the directory name.
+- ``check_values``: "true" rejects NaN/Inf in float inputs with a 400.
+- any key of ``MODEL_PARAMETERS`` below sets that WATTSERVE_* setting for this model only.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from engines.base import DATATYPE_TO_NUMPY, Engine, EngineUnavailable, TensorSpec
+from engines.registry import MODELS, build_engine
+from server.model_plan import EngineFactory, ModelPlan
+from server.repository import model_config_pb2 as pb
+from server.repository.config import ConfigError, read_config, select_versions, unhonoured_fields
+from server.settings import Settings
+
+log = logging.getLogger("wattserve.repository")
+
+# platform (or backend) -> (kind, default file name)
+PLATFORMS = {
+    "onnxruntime_onnx": ("onnx", "model.onnx"),
+    "onnxruntime": ("onnx", "model.onnx"),
+    "pytorch_libtorch": ("torchscript", "model.pt"),
+    "pytorch": ("torchscript", "model.pt"),
+    "tensorrt_plan": ("tensorrt", "model.plan"),
+    "tensorrt": ("tensorrt", "model.plan"),
+    "wattserve": ("builtin", ""),
+}
+# Settings a model's parameters may set for that model alone (string values, as in the env).
+MODEL_PARAMETERS = {
+    "batcher", "engine", "weights", "seed", "fp16", "channels_last", "identity_elements",
+    "identity_delay_ms", "torch_threads", "cuda_graphs", "engine_batch_sizes", "batch_sizes_only",
+    "trt_profiles", "onnx_path", "diffusion_model", "diffusion_scheduler", "diffusion_default_steps",
+    "check_values", "warmup",
+    "identity_delay_per_item_ms", "slo_ms", "slo_percentile", "slo_headroom_ms", "slo_reject",
+}  # fmt: skip
+BUILTIN_KEY = "builtin"
+
+
+class RepositorySource:
+    """Models of one repository directory; re-read on every (re)load, like Triton's."""
+
+    def __init__(self, root: Path, base: Settings) -> None:
+        self.root = Path(root)
+        self.base = base
+        if not self.root.is_dir():
+            raise ConfigError(f"model repository {self.root} is not a directory")
+
+    def names(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def plans(self, name: str) -> list[ModelPlan]:
+        model_dir = self.root / name
+        if not model_dir.is_dir():
+            raise KeyError(name)
+        return plan_model(model_dir, self.base)
+
+
+def plan_model(model_dir: Path, base: Settings) -> list[ModelPlan]:
+    """Every version of the model in ``model_dir`` that its version policy selects."""
+    config = read_config(model_dir)
+    source = str(model_dir / "config.pbtxt")
+    name = model_dir.name
+    platform = config.platform or config.backend
+    if platform not in PLATFORMS:
+        field = "platform" if config.platform else "backend"
+        raise ConfigError(f"{source}: field '{field}' is {platform!r}; wattserve serves "
+                          f"{', '.join(sorted(PLATFORMS))}")  # fmt: skip
+    kind, default_file = PLATFORMS[platform]
+    warnings = [f"{source}: field '{f}' is not implemented by wattserve; ignored"
+                for f in unhonoured_fields(config)]  # fmt: skip
+    settings = _model_settings(config, base, kind, name, source, warnings)
+    batching = config.max_batch_size > 0
+    devices = _instance_devices(config, base, source, warnings)
+    file_name = config.default_model_filename or default_file
+
+    versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    if kind == "builtin" and not versions:
+        versions = [1]  # a built-in needs no files
+    chosen = select_versions(config, versions)
+    if not chosen:
+        raise ConfigError(f"{model_dir}: no version folder matches the version policy "
+                          f"(found {versions or 'none'})")  # fmt: skip
+    plans = []
+    for version in chosen:
+        path = model_dir / str(version) / file_name
+        if kind != "builtin" and not path.is_file():
+            raise ConfigError(f"{path}: missing ({platform} needs {file_name} in each version folder)")
+        factory = _engine_factory(kind, path, name, config, batching, source)
+        plans.append(ModelPlan(name, str(version), settings, factory, batching=batching,
+                               devices=devices, platform=platform, warnings=warnings,
+                               config=config))  # fmt: skip
+    for warning in warnings:
+        log.warning("%s", warning)
+    return plans
+
+
+# ---------------------------------------------------------------------------- settings
+
+
+def _model_settings(
+    config: pb.ModelConfig, base: Settings, kind: str, name: str, source: str, warnings: list[str]
+) -> Settings:
+    update: dict[str, Any] = {}
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    for key, value in params.items():
+        if key in MODEL_PARAMETERS:
+            update[key] = value
+        elif key != BUILTIN_KEY:
+            warnings.append(f"{source}: parameters key {key!r} is not a wattserve model setting; ignored")
+    if kind == "builtin":
+        builtin = params.get(BUILTIN_KEY, name)
+        if builtin not in MODELS:
+            raise ConfigError(
+                f"{source}: parameters key 'builtin' is {builtin!r}; built-ins: {', '.join(MODELS)}"
+            )
+        update["model"] = builtin
+    else:
+        update["model"] = name
+    if "batcher" not in update:
+        update["batcher"] = base.batcher if "batcher" in base.model_fields_set else "dynamic"
+    update["max_batch_size"] = max(1, config.max_batch_size)
+    if config.max_batch_size < 0:
+        raise ConfigError(f"{source}: field 'max_batch_size' must be >= 0")
+    if config.HasField("dynamic_batching"):
+        if config.max_batch_size == 0:
+            warnings.append(
+                f"{source}: 'dynamic_batching' with max_batch_size 0 has nothing to batch; ignored"
+            )
+        else:
+            update.update(_dynamic_batching(config.dynamic_batching, source, warnings))
+    update["instances"] = max(1, sum(_group_count(g) * max(1, len(g.gpus)) for g in config.instance_group)
+                              if config.instance_group else 1)  # fmt: skip
+    try:
+        return Settings(**{**base.model_dump(), **update})
+    except ValueError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def _dynamic_batching(db: pb.ModelDynamicBatching, source: str, warnings: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "preferred_batch_sizes": list(db.preferred_batch_size),
+        "max_queue_delay_ms": db.max_queue_delay_microseconds / 1000.0,  # Triton's default: 0
+        "priority_levels": max(1, db.priority_levels),
+        "default_priority_level": db.default_priority_level,
+    }
+    if db.HasField("default_queue_policy"):
+        policy = db.default_queue_policy
+        if policy.timeout_action == pb.ModelQueuePolicy.DELAY:
+            warnings.append(f"{source}: dynamic_batching.default_queue_policy.timeout_action DELAY is "
+                            "not implemented; timed-out requests are rejected (REJECT)")  # fmt: skip
+        out["default_timeout_ms"] = policy.default_timeout_microseconds / 1000.0 or None
+        out["allow_timeout_override"] = policy.allow_timeout_override
+        if policy.max_queue_size > 0:  # Triton's 0 is unbounded; wattserve keeps its bound
+            out["max_queue_size"] = policy.max_queue_size
+    return out
+
+
+def _group_count(group: pb.ModelInstanceGroup) -> int:
+    return group.count if group.count > 0 else 1  # Triton: count defaults to 1
+
+
+def _instance_devices(
+    config: pb.ModelConfig, base: Settings, source: str, warnings: list[str]
+) -> list[str] | None:
+    """One device per instance: ``count`` on each listed GPU (Triton), CPU, or auto."""
+    if not config.instance_group:
+        return None
+    devices: list[str] = []
+    kinds = pb.ModelInstanceGroup
+    for i, group in enumerate(config.instance_group):
+        count = _group_count(group)
+        if group.kind == kinds.KIND_GPU:
+            gpus = list(group.gpus) or [None]
+            devices += [f"cuda:{g}" if g is not None else "cuda" for g in gpus for _ in range(count)]
+        elif group.kind == kinds.KIND_CPU:
+            devices += ["cpu"] * count
+        else:
+            if group.kind == kinds.KIND_MODEL:
+                warnings.append(f"{source}: instance_group[{i}].kind KIND_MODEL is not implemented; "
+                                f"device {base.device!r} used")  # fmt: skip
+            devices += [base.device] * count
+    return devices
+
+
+# ---------------------------------------------------------------------------- engines
+
+
+def config_tensors(
+    tensors: Any, source: str, what: str, outputs: bool
+) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """(client-side specs, model-side specs): they differ only where ``reshape`` is set."""
+    outer, inner = [], []
+    for i, t in enumerate(tensors):
+        datatype = pb.DataType.Name(t.data_type).removeprefix("TYPE_")
+        if datatype not in DATATYPE_TO_NUMPY:
+            raise ConfigError(f"{source}: {what}[{i}] ({t.name}) data_type TYPE_{datatype} is not "
+                              "supported by wattserve")  # fmt: skip
+        dims = tuple(int(d) for d in t.dims)
+        if any(d < 0 for d in dims):
+            raise ConfigError(f"{source}: {what}[{i}] ({t.name}) dims {list(dims)}: variable dimensions "
+                              "(-1) are not supported; give fixed dims")  # fmt: skip
+        shape = tuple(int(d) for d in t.reshape.shape) if t.HasField("reshape") else dims
+        outer.append(TensorSpec(t.name, dims, datatype, allow_nonfinite=outputs))
+        inner.append(TensorSpec(t.name, shape, datatype, allow_nonfinite=outputs))
+    return outer, inner
+
+
+def _engine_factory(
+    kind: str, path: Path, name: str, config: pb.ModelConfig, batching: bool, source: str
+) -> EngineFactory:
+    in_outer, in_inner = config_tensors(config.input, source, "input", outputs=False)
+    out_outer, out_inner = config_tensors(config.output, source, "output", outputs=True)
+    if kind == "torchscript" and (not in_inner or not out_inner):
+        raise ConfigError(f"{source}: pytorch_libtorch models need 'input' and 'output' in the config "
+                          "(TorchScript files carry no tensor names or shapes)")  # fmt: skip
+    if kind == "tensorrt" and not batching:
+        raise ConfigError(f"{source}: tensorrt_plan with max_batch_size 0 is not supported")
+
+    def build(settings: Settings) -> Engine:
+        engine: Engine
+        max_batch = settings.max_batch_size if batching else 1
+        if kind == "onnx":
+            from engines.onnxruntime_engine import OnnxRuntimeEngine
+
+            engine = OnnxRuntimeEngine(path, name=name, max_batch_size=max_batch, device=settings.device,
+                                       threads=settings.torch_threads, batched=batching)  # fmt: skip
+        elif kind == "torchscript":
+            from engines.torchscript_engine import TorchScriptEngine
+
+            engine = TorchScriptEngine(path, name=name, inputs=in_inner, outputs=out_inner,
+                                       max_batch_size=max_batch, device=settings.device,
+                                       batched=batching, threads=settings.torch_threads)  # fmt: skip
+        elif kind == "tensorrt":
+            from engines.tensorrt_engine import TensorRTEngine, cuda_device_index
+
+            engine = TensorRTEngine(
+                path.read_bytes(), name=name, device_index=cuda_device_index(settings.device)
+            )
+        else:
+            engine = build_engine(settings)
+        _check_against_config(engine, in_inner, out_inner, source)
+        if in_outer != in_inner or out_outer != out_inner:
+            from engines.reshape import ReshapedEngine
+
+            engine = ReshapedEngine(engine, in_outer or engine.inputs, out_outer or engine.outputs)
+        return engine
+
+    return build
+
+
+def _check_against_config(
+    engine: Engine, inputs: list[TensorSpec], outputs: list[TensorSpec], source: str
+) -> None:
+    """A config that declares tensors must agree with what the model file says."""
+    for what, declared, actual in (("input", inputs, engine.inputs), ("output", outputs, engine.outputs)):
+        if not declared:
+            continue
+        have = {s.name: s for s in actual}
+        if set(have) != {s.name for s in declared}:
+            raise EngineUnavailable(f"{source}: {what} names {sorted(s.name for s in declared)} but the "
+                                    f"model has {sorted(have)}")  # fmt: skip
+        for spec in declared:
+            real = have[spec.name]
+            if real.datatype != spec.datatype or tuple(real.shape) != tuple(spec.shape):
+                raise EngineUnavailable(
+                    f"{source}: {what} {spec.name!r} is TYPE_{spec.datatype} {list(spec.shape)} in the "
+                    f"config but TYPE_{real.datatype} {list(real.shape)} in the model"
+                )

@@ -1,0 +1,99 @@
+"""What every router needs: JSON and refusal answers, the gone-client watch, timing headers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from batchers.types import Result, WorkItem
+from server.admission import Refused
+from server.runtime import ModelRuntime
+
+WATCH_AFTER_S = 0.02  # answers slower than this get a task watching for a gone client
+
+
+def json_response(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(doc), status_code=status, media_type="application/json",
+                    headers=headers)  # fmt: skip
+
+
+def error_response(message: str, status: int, retry_after: int | None = None) -> Response:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return json_response({"error": message}, status, headers)
+
+
+DRAIN_UNREAD_BODY_BYTES = 64 * 1024  # a refused request's unread body up to this is read, not cut off
+
+
+def refusal_response(refused: Refused, retry_after_s: int, request: Request | None = None) -> Response:
+    """The error answer; a refusal that left a large (or chunked) body unread closes the
+    connection instead of draining a body nobody will use."""
+    answer = error_response(str(refused), refused.status, retry_after_s if refused.retry_after else None)
+    if refused.body_unread and request is not None:
+        declared = request.headers.get("content-length", "")
+        if refused.status == 413 or not declared.isdigit() or int(declared) > DRAIN_UNREAD_BODY_BYTES:
+            answer.headers["connection"] = "close"
+    return answer
+
+
+def watching_submit(request: Request) -> Callable[[ModelRuntime, list[WorkItem]], Awaitable[list[Result]]]:
+    """A submit for the admission path that cancels the request's items (never computed if
+    still queued) when the client goes away first.
+
+    The watcher starts only after ``WATCH_AFTER_S``: most answers come sooner, and a
+    watcher task per request costs more than the identity model's whole budget.
+    """
+
+    async def submit(runtime: ModelRuntime, items: list[WorkItem]) -> list[Result]:
+        loop = asyncio.get_running_loop()
+        watcher: list[asyncio.Task[None]] = []
+
+        def start_watching() -> None:
+            watcher.append(loop.create_task(_cancel_on_disconnect(request.receive, runtime, items)))
+
+        timer = loop.call_later(WATCH_AFTER_S, start_watching)
+        try:
+            return await runtime.infer(items)
+        finally:
+            timer.cancel()
+            for task in watcher:
+                task.cancel()
+
+    return submit
+
+
+async def _cancel_on_disconnect(
+    receive: Callable[[], Awaitable[dict[str, Any]]], runtime: ModelRuntime, items: list[WorkItem]
+) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            runtime.cancel(items)
+            return
+
+
+def timing_headers(results: list[Result]) -> dict[str, str]:
+    """Batching made visible: worst queue and compute time over the request's rows."""
+    first = results[0]
+    if len(results) == 1:
+        queue_s, compute_s, size, energy = (first.queue_time_s, first.compute_time_s,
+                                            first.batch_size, first.energy_j)  # fmt: skip
+    else:
+        queue_s = max(r.queue_time_s for r in results)
+        compute_s = max(r.compute_time_s for r in results)
+        size = max(r.batch_size for r in results)
+        shares = [r.energy_j for r in results]
+        energy = None if None in shares else sum(shares)  # type: ignore[arg-type]
+    headers = {
+        "X-Queue-Time-Ms": f"{queue_s * 1e3:.3f}",
+        "X-Compute-Time-Ms": f"{compute_s * 1e3:.3f}",
+        "X-Batch-Size": str(size),
+    }
+    if energy is not None:
+        headers["X-Energy-Joules"] = f"{energy:.6f}"
+    return headers

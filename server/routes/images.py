@@ -1,0 +1,112 @@
+"""Conveniences over the same admission path as KServe infer: images in, images out.
+
+- ``POST /v2/models/{m}/classify``: a JPEG/PNG upload (multipart field 'file', or the raw
+  body) -> top-k classes of an image classifier.
+- ``GET /v2/models/{m}/generate?seed=7&steps=20&scale=4``: a diffusion model's ``image``
+  output as an 8-bit PNG, enlarged ``scale`` times with nearest-neighbour pixels so a 32x32
+  sample is visible in a browser. It runs exactly what infer runs for inputs ``seed=[7]``,
+  ``steps=[20]`` (same batcher, queue, limits and timing headers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import numpy as np
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+
+from server.admission import Refused, admit, read_upload
+from server.codec import BadRequest, InferRequest
+from server.model_set import ModelSet
+from server.routes.common import (
+    error_response,
+    json_response,
+    refusal_response,
+    timing_headers,
+    watching_submit,
+)
+from server.runtime import ModelRuntime
+from server.settings import Settings
+
+MAX_SCALE = 16
+
+
+def image_to_png(image: np.ndarray, scale: int = 1) -> bytes:
+    """FP32 [C, H, W] in [0, 1] (C = 1 or 3) -> PNG bytes, each pixel ``scale`` x ``scale``."""
+    from PIL import Image
+
+    if image.ndim != 3 or image.shape[0] not in (1, 3):
+        raise ValueError(f"expected an image [1 or 3, H, W], got shape {image.shape}")
+    pixels = np.clip(np.rint(np.asarray(image, np.float32) * 255.0), 0, 255).astype(np.uint8)
+    pixels = pixels.transpose(1, 2, 0)
+    if scale > 1:
+        pixels = pixels.repeat(scale, axis=0).repeat(scale, axis=1)
+    picture = Image.fromarray(pixels[..., 0] if pixels.shape[2] == 1 else pixels)
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def images_router(models: ModelSet, settings: Settings) -> APIRouter:
+    router = APIRouter()
+    retry_after_s = settings.retry_after_s
+
+    @router.post("/v2/models/{name}/classify")
+    async def classify(name: str, request: Request, top_k: int = 5) -> Response:
+        """Upload a JPEG/PNG (multipart field 'file', or the raw body); get the top-k classes."""
+        from server.images import preprocess_image
+        from server.images import top_k as best_classes
+
+        if not 1 <= top_k <= 1000:
+            return error_response("top_k must be within 1..1000", 400)
+
+        async def decode(runtime: ModelRuntime) -> InferRequest:
+            engine = runtime.engine
+            if engine is None or [s.name for s in engine.inputs] != ["input"]:
+                raise BadRequest(f"model {name!r} takes tensors, not images")
+            data = await read_upload(request, settings.max_body_bytes)
+            tensor = await asyncio.to_thread(preprocess_image, data, runtime.settings.model,
+                                             settings.max_image_pixels)  # fmt: skip
+            expected = tuple(engine.inputs[0].shape)
+            if tensor.shape != expected:
+                raise BadRequest(f"preprocessed image is {tensor.shape}, model expects {expected}")
+            return InferRequest(id=None, items=[{"input": tensor}], batched=False)
+
+        try:
+            done = await admit(models, name, None, decode, watching_submit(request))
+        except Refused as refused:
+            return refusal_response(refused, retry_after_s, request)
+        logits = next(iter(done.results[0].outputs.values()))
+        classes = best_classes(logits, done.runtime.settings.model, top_k)
+        return json_response({"model_name": name, "top_k": classes}, headers=timing_headers(done.results))
+
+    @router.get("/v2/models/{name}/generate")
+    async def generate_png(
+        name: str,
+        request: Request,
+        seed: int = Query(0, ge=0, description="Seed of the request's own noise generator."),
+        steps: int = Query(0, ge=0, description="Denoising steps; 0: the server's default."),
+        scale: int = Query(1, ge=1, le=MAX_SCALE, description="Nearest-neighbour enlargement."),
+        priority: int = Query(0, ge=0, description="Triton priority level; 0: the default."),
+        timeout_ms: float | None = Query(None, gt=0, description="Deadline; 504 when passed."),
+    ) -> Response:
+        async def decode(runtime: ModelRuntime) -> InferRequest:
+            engine = runtime.engine
+            if engine is not None and {s.name for s in engine.inputs} != {"seed", "steps"}:
+                raise BadRequest(f"model {name!r} is not a diffusion model (no seed/steps inputs)")
+            inputs = {"seed": np.array([seed], np.int64), "steps": np.array([steps], np.int32)}
+            timeout_us = int(timeout_ms * 1000) if timeout_ms is not None else None
+            return InferRequest(
+                id=None, items=[inputs], batched=False, priority=priority, timeout_us=timeout_us
+            )
+
+        try:
+            done = await admit(models, name, None, decode, watching_submit(request))
+        except Refused as refused:
+            return refusal_response(refused, retry_after_s)
+        png = await asyncio.to_thread(image_to_png, done.results[0].outputs["image"], scale)
+        return Response(png, media_type="image/png", headers=timing_headers(done.results))
+
+    return router

@@ -1,0 +1,224 @@
+"""The adaptive batcher's pure parts: the decision, the cost model and the arrival model.
+
+No clocks: a small discrete-event simulation drives ``decide`` with seeded Poisson arrivals
+and a known cost curve, so every assertion is about the policy, not about this machine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from batchers.adaptive_decision import CostView, Objective, QueueState, allowed_cap, decide, doomed
+from batchers.arrival_model import ArrivalModel
+from batchers.cost_model import CostModel
+
+MAX = 32
+OBJ = Objective(slo_s=0.050, percentile=99, headroom_s=0.005)  # budget 45 ms
+
+
+def affine(a_ms: float, c_ms: float, n: int = MAX) -> list[float]:
+    return [0.0] + [(a_ms + c_ms * b) / 1000 for b in range(1, n + 1)]
+
+
+GPU_LIKE = affine(10, 0.5)  # identity's benchmark curve: 10 ms + 0.5 ms per item
+VIEW = CostView(GPU_LIKE, margin_s=0.002)
+
+
+def simulate(rate: float, seconds: float, view: CostView, objective: Objective, seed: int = 0):
+    """One engine instance, Poisson arrivals at ``rate``; returns (latencies, batch sizes).
+
+    The engine really takes ``view.seconds[b]`` (the model is exact): what is tested is
+    the policy's use of it."""
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1 / rate, int(rate * seconds * 1.2) + 10))
+    arrivals = arrivals[arrivals < seconds]
+    latencies, sizes = [], []
+    t, head, nxt = 0.0, 0, 0  # clock; first queued index; first not-yet-arrived index
+    while head < len(arrivals):
+        while nxt < len(arrivals) and arrivals[nxt] <= t:
+            nxt += 1
+        if nxt == head:  # nothing queued: idle until the next arrival
+            t = arrivals[nxt]
+            continue
+        d = decide(QueueState(nxt - head, t - arrivals[head]), view, rate, objective)
+        if d.dispatch:
+            batch = arrivals[head : head + d.dispatch]
+            t += view.seconds[d.dispatch]
+            latencies.extend(t - batch)
+            sizes.append(d.dispatch)
+            head += d.dispatch
+        else:
+            t = min(t + d.wait_s, arrivals[nxt]) if nxt < len(arrivals) else t + d.wait_s
+    return np.array(latencies), np.array(sizes)
+
+
+# ---------------------------------------------------------------------------- decision
+def test_waits_when_slack_allows_and_the_batch_grows():
+    d = decide(QueueState(queued=1, oldest_age_s=0.0), VIEW, arrival_rate=400, objective=OBJ)
+    assert d.dispatch == 0 and d.target > 1
+    # the wait ends at the last moment the batch expected by then can still go
+    assert d.wait_s == pytest.approx(OBJ.budget_s - VIEW.margin_s - GPU_LIKE[d.target])
+    assert d.wait_s <= OBJ.budget_s - VIEW.margin_s - GPU_LIKE[2]
+    # and the bigger batch is cheaper per request: that is why it waits
+    assert GPU_LIKE[d.target] / d.target < GPU_LIKE[1]
+
+
+def test_does_not_hold_a_request_when_nobody_is_coming():
+    d = decide(QueueState(1, 0.0), VIEW, arrival_rate=0.5, objective=OBJ)  # one every 2 s
+    assert d.dispatch == 1 and d.reason == "nobody coming"
+
+
+def test_more_slack_or_more_traffic_means_a_bigger_target():
+    slow = decide(QueueState(1, 0.0), VIEW, 100, OBJ)
+    fast = decide(QueueState(1, 0.0), VIEW, 600, OBJ)
+    older = decide(QueueState(1, 0.020), VIEW, 600, OBJ)
+    assert slow.target < fast.target
+    assert older.target < fast.target
+
+
+def test_dispatches_when_waiting_would_miss_the_objective():
+    # oldest has waited so long that only the compute of what is queued still fits
+    age = OBJ.budget_s - VIEW.margin_s - GPU_LIKE[3] - 0.0001
+    d = decide(QueueState(3, age), VIEW, 300, OBJ)
+    assert d.dispatch == 3
+
+
+def test_never_waits_past_the_objective():
+    """Whatever the queue, age and rate: if it waits, then at the end of the wait the queue
+    plus one more request still finishes within the budget."""
+    rng = np.random.default_rng(1)
+    for _ in range(5000):
+        q = int(rng.integers(1, MAX))
+        age = float(rng.uniform(0, OBJ.budget_s))
+        rate = float(rng.uniform(1, 3000))
+        d = decide(QueueState(q, age), VIEW, rate, OBJ)
+        if d.dispatch == 0:
+            assert d.target > q
+            # even one more request, arriving at the very end of the wait, still fits
+            assert age + d.wait_s + GPU_LIKE[q + 1] + VIEW.margin_s <= OBJ.budget_s + 1e-12
+            assert GPU_LIKE[d.target] <= (OBJ.budget_s - VIEW.margin_s) / 2 + 1e-12  # the cap
+        else:
+            assert d.dispatch == min(q, MAX)
+
+
+@pytest.mark.parametrize("load", [0.05, 0.3, 0.7])
+def test_simulated_load_meets_the_objective_at_every_load(load):
+    capacity = MAX / GPU_LIKE[MAX]
+    latencies, sizes = simulate(load * capacity, 20, VIEW, OBJ)
+    assert np.percentile(latencies, 99) <= OBJ.slo_s
+    # it batches: never below what serving them one at a time would need
+    assert sizes.mean() > 1.5
+
+
+def test_full_batches_under_overload():
+    assert decide(QueueState(40, 0.0), VIEW, 10, OBJ).dispatch == MAX
+    capacity = MAX / GPU_LIKE[MAX]
+    d = decide(QueueState(5, 0.0), VIEW, 1.2 * capacity, OBJ)
+    assert d.dispatch == 5 and d.reason == "overload"  # work-conserving: the queue refills
+    _, sizes = simulate(1.2 * capacity, 5, VIEW, OBJ)
+    assert np.mean(sizes[len(sizes) // 4 :]) > 0.97 * MAX  # once the backlog builds: full
+
+
+def test_prefers_joules_where_measured():
+    # energy says batch 4 is the sweet spot (say, power jumps beyond it): no waiting past 4
+    joules = [0.0] + [1.0 * b if b <= 4 else 10.0 * b for b in range(1, MAX + 1)]
+    view = CostView(GPU_LIKE, margin_s=0.002, joules=joules)
+    d = decide(QueueState(1, 0.0), view, 1000, OBJ)
+    assert d.target == 1 or d.target <= 4
+    plain = decide(QueueState(1, 0.0), VIEW, 1000, OBJ)
+    assert plain.target > 4
+
+
+def test_cap_leaves_room_for_a_request_arriving_during_the_batch():
+    cap = allowed_cap(VIEW, OBJ)
+    assert GPU_LIKE[cap] <= (OBJ.budget_s - VIEW.margin_s) / 2 < GPU_LIKE[cap + 1]
+
+
+def test_doomed_counts_batches_ahead():
+    view = CostView(affine(10, 0.5, 4), margin_s=0.0)  # max batch 4: 12 ms a full batch
+    obj = Objective(0.030, 99, 0.0)
+    ages = [0.020, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    # first: 20 + 12 > 30 -> doomed; positions 4..7 ride second (24 ms) -> fine; 8 third (36)
+    assert doomed(ages, view, obj) == [0, 8]
+
+
+# ---------------------------------------------------------------------------- cost model
+def test_cost_model_seeds_and_fills_sizes_it_did_not_time():
+    model = CostModel(MAX)
+    model.seed({b: GPU_LIKE[b] for b in (1, 2, 4, 8, 16, 32)})
+    for b in (3, 5, 12, 24):
+        assert model.seconds(b) == pytest.approx(GPU_LIKE[b], rel=1e-6)
+    a, c = model.fit()
+    assert a == pytest.approx(0.010) and c == pytest.approx(0.0005)
+
+
+def test_learns_a_changed_cost_curve():
+    """The engine gets twice as slow and steeper (20 ms + 1 ms/item); mostly small batches
+    are observed, yet the prediction for every size follows, and the decision with it."""
+    model = CostModel(MAX)
+    model.seed({b: GPU_LIKE[b] for b in (1, 2, 4, 8, 16, 32)})
+    new = affine(20, 1.0)
+    rng = np.random.default_rng(0)
+    for _ in range(150):
+        b = int(rng.choice([1, 2, 3, 4, 6, 8]))
+        model.observe(b, new[b] * float(rng.uniform(0.97, 1.03)))
+    for b in (1, 4, 8):
+        assert model.seconds(b) == pytest.approx(new[b], rel=0.06)
+    for b in (16, 32):  # never observed after the change: moved by the global scale
+        assert model.seconds(b) > 1.6 * GPU_LIKE[b]
+    before = decide(QueueState(1, 0.0), VIEW, 400, OBJ)
+    after = decide(QueueState(1, 0.0), CostView(model.curve().tolist(), model.margin()), 400, OBJ)
+    assert after.target < before.target
+
+
+def test_one_stall_does_not_rewrite_the_model_but_raises_the_margin():
+    model = CostModel(MAX, percentile=99)
+    model.seed({b: GPU_LIKE[b] for b in (1, 32)})
+    for _ in range(50):
+        model.observe(8, GPU_LIKE[8])
+    model.observe(8, 1.0)  # a one-second stall
+    assert model.seconds(8) < 3.1 * GPU_LIKE[8]
+    assert model.margin() > 0.1
+
+
+def test_predictions_never_decrease_with_size():
+    model = CostModel(8)
+    model.seed({1: 0.010, 2: 0.009, 4: 0.012, 8: 0.011})  # noisy timings
+    curve = model.curve()
+    assert all(curve[b] <= curve[b + 1] for b in range(1, 8))
+
+
+def test_joules_where_measured_and_scaled_by_seconds_elsewhere():
+    model = CostModel(4)
+    model.seed({1: 0.010, 4: 0.040})
+    assert model.joule_curve() is None
+    model.observe(1, 0.010, joules=2.0)  # 200 W
+    curve = model.joule_curve()
+    assert curve[1] == pytest.approx(2.0)
+    assert curve[4] == pytest.approx(0.040 * 200, rel=0.05)
+
+
+# ---------------------------------------------------------------------------- arrival model
+def test_arrival_rate_sees_a_burst_at_once_and_steadies_on_the_long_window():
+    m = ArrivalModel(short_s=0.1, long_s=2.0, min_short=8)
+    t = 0.0
+    for _ in range(200):  # 100 req/s for 2 s
+        t += 0.01
+        m.arrived(t)
+    assert m.rate(t) == pytest.approx(100, rel=0.15)
+    for _ in range(100):  # then 1000 req/s for 0.1 s
+        t += 0.001
+        m.arrived(t)
+    assert m.rate(t) == pytest.approx(1000, rel=0.15)
+    _, long_ = m.rates(t)
+    assert long_ < 200
+    quiet = t + 1.0  # a second of silence: too few in the short window, the long one speaks
+    assert m.rate(quiet) == pytest.approx(m.rates(quiet)[1])
+
+
+def test_arrival_model_memory_is_bounded():
+    m = ArrivalModel(max_kept=100)
+    for i in range(10_000):
+        m.arrived(i * 1e-6)
+    assert len(m._long.times) <= 100

@@ -19,6 +19,7 @@ import contextlib
 import http.client
 import io
 import json
+import re
 import resource
 import signal
 import statistics
@@ -346,8 +347,12 @@ def probe_disconnect_storm(run: Run) -> dict[str, Any]:
     def delta(key: str) -> float:
         return after.get(key, 0.0) - before.get(key, 0.0)
 
-    outcomes = {k.split("outcome=")[1].rstrip("}"): int(delta(k)) for k in after
-                if k.startswith("wattserve_requests_total{") and delta(k)}  # fmt: skip
+    outcomes: dict[str, int] = {}
+    for key in after:
+        if key.startswith("wattserve_requests_total{") and delta(key):
+            outcome = re.search(r"outcome=([^,}]+)", key)
+            name = outcome.group(1) if outcome else key
+            outcomes[name] = outcomes.get(name, 0) + int(delta(key))  # summed over other labels
     computed = int(delta("wattserve_inferences_total"))
     return {
         "hung_up_after_request": full, "left_mid_upload": mid, "outcomes": outcomes,

@@ -84,6 +84,8 @@ def guarded_protocol(limits: GuardLimits) -> type[HttpToolsProtocol]:
         _header_timer: asyncio.TimerHandle | None = None
         _header_bytes = 0
         _in_header = True  # from connection start (and after each response) to headers complete
+        _lingering = False
+        _lingered = 0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -99,6 +101,11 @@ def guarded_protocol(limits: GuardLimits) -> type[HttpToolsProtocol]:
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
+            if self._lingering:  # the answer is sent: read and drop the rest of the body
+                self._lingered += len(data)
+                if self._lingered > LINGER_MAX_BYTES:
+                    self.transport.close()
+                return
             if self._in_header:
                 self._header_bytes += len(data)
                 if self._header_bytes > limits.max_header_bytes + _BODY_SLACK:
@@ -131,6 +138,24 @@ def guarded_protocol(limits: GuardLimits) -> type[HttpToolsProtocol]:
             if self.transport.is_closing():
                 return
             super().on_headers_complete()
+            if self.cycle is not None:  # its close() lingers when the body was not read
+                self.cycle.transport = _LingeringClose(self.transport, self)  # type: ignore[assignment]
+
+        def linger(self) -> None:
+            """Closing with an unread body: a plain close makes the kernel answer the
+            client's next bytes with a reset, which can destroy the answer (a 413 or a
+            503 + Retry-After) before the client reads it. Like nginx's lingering close:
+            send FIN, keep reading and dropping for a while, then close."""
+            if self._lingering or self.transport.is_closing():
+                return
+            self._lingering = True
+            self.flow.resume_reading()  # reading may be paused on a full body buffer
+            try:
+                self.transport.write_eof()
+            except (OSError, RuntimeError, NotImplementedError):
+                self.transport.close()
+                return
+            self.loop.call_later(LINGER_S, self.transport.close)
 
         def on_body(self, body: bytes) -> None:
             if self.cycle is None or self.transport.is_closing():
@@ -191,3 +216,27 @@ def guarded_protocol(limits: GuardLimits) -> type[HttpToolsProtocol]:
 # the header's own size is known to be too large: the parsed check in on_header is exact; this
 # raw one only stops a header that never ends.
 _BODY_SLACK = 512 * 1024
+
+# Lingering close: how long, and how many body bytes, a connection closed with an unread
+# body keeps reading (and dropping) so the client can read its answer.
+LINGER_S = 2.0
+LINGER_MAX_BYTES = 64 * 1024 * 1024
+
+
+class _LingeringClose:
+    """The transport as a request cycle sees it: ``close()`` lingers while the request
+    body is still arriving; everything else is the real transport."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: Any) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def close(self) -> None:
+        cycle = self._protocol.cycle
+        if cycle is not None and cycle.more_body and not self._transport.is_closing():
+            self._protocol.linger()
+        else:
+            self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)

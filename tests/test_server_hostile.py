@@ -427,3 +427,21 @@ def test_service_rate_is_optimistic_until_a_full_batch_is_measured():
     for _ in range(50):
         rate.observe(8, 0.08)  # overload: full batches measured, 4x slower than assumed
     assert rate.wait_s(240) == pytest.approx(240 / (8 / 0.08), rel=0.01)
+
+
+def test_refused_large_body_is_read_and_dropped_so_the_client_sees_its_answer(server):
+    """Closing at once with a body still arriving makes the kernel reset the connection,
+    and the client loses the 413. The server lingers: FIN, read and drop, then close."""
+    url, _, _ = server
+    head = (f"POST {INFER} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"content-length: {24 * 1024 * 1024}\r\n\r\n").encode()  # fmt: skip
+    with socket.create_connection(host_port(url), timeout=10) as s:
+        s.sendall(head)
+        sent = 0
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for _ in range(64):  # 4 MiB of the 24 MiB body, after the server has answered
+                s.sendall(b"0" * 65536)
+                sent += 65536
+        answer = s.recv(65536)
+    assert sent == 64 * 65536  # the server kept reading: no reset while we were sending
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:100]

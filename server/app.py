@@ -21,7 +21,7 @@ from engines.registry import build_engine
 from server.admission import BodyBudget
 from server.lifecycle import IdleTrimmer
 from server.metrics import ServingMetrics, server_metrics
-from server.middleware import ConnectionHeaders
+from server.middleware import internal_error
 from server.model_plan import EngineFactory, ModelPlan, ModelSource, SettingsSource
 from server.model_set import ModelSet, ModelSetActivity
 from server.routes.health import VERSION, health_router
@@ -100,7 +100,7 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
             await asyncio.to_thread(telemetry.stop)
 
     app = FastAPI(title="wattserve", version=VERSION, lifespan=lifespan)
-    app.add_middleware(ConnectionHeaders, keep_alive_s=settings.keep_alive_s, draining=models.closing)
+    app.add_exception_handler(Exception, internal_error)
     if restrictions or settings.api_token:
         app.add_middleware(AccessControl, restrictions=restrictions, api_token=settings.api_token)
     app.state.settings = settings

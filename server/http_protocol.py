@@ -121,19 +121,17 @@ def guarded_protocol(limits: GuardLimits) -> type[HttpToolsProtocol]:
             if self._header_timer is None:
                 self._arm_header_timer()
 
-        def on_header(self, name: bytes, value: bytes) -> None:
-            self._header_bytes_parsed = getattr(self, "_header_bytes_parsed", 0) + len(name) + len(value)
-            if self._header_bytes_parsed > limits.max_header_bytes:
+        def on_headers_complete(self) -> None:
+            self._in_header = False
+            # Exact size only when the raw bytes (which may hold the body's start) say it
+            # could be over: almost every request skips the sum.
+            if self._header_bytes > limits.max_header_bytes and (
+                len(self.url) + sum(len(n) + len(v) for n, v in self.headers) > limits.max_header_bytes
+            ):
                 limits.log.warn("header", f"request header over {limits.max_header_bytes} bytes; 431")
                 limits.count("header_too_large")
                 self._refuse(431)
-                return
-            super().on_header(name, value)
-
-        def on_headers_complete(self) -> None:
-            self._in_header = False
             self._header_bytes = 0
-            self._header_bytes_parsed = 0
             self._cancel_header_timer()
             if self.transport.is_closing():
                 return
@@ -230,6 +228,8 @@ class _LingeringClose:
     def __init__(self, transport: asyncio.Transport, protocol: Any) -> None:
         self._transport = transport
         self._protocol = protocol
+        self.write = transport.write  # what a response uses, bound once (no __getattr__)
+        self.is_closing = transport.is_closing
 
     def close(self) -> None:
         cycle = self._protocol.cycle

@@ -142,7 +142,18 @@ class DrainingServer(uvicorn.Server):
         if self._drain_task is None:
             self._drain_task = asyncio.ensure_future(self._drain_then_exit())
 
+    def announce_draining(self) -> None:
+        """From now on every answer says ``Connection: close`` (and no keep-alive hint), so
+        no client reuses a connection this server is about to close."""
+        close = [(b"connection", b"close")]
+        self.config.encoded_headers = [
+            h for h in self.config.encoded_headers if h[0] != b"keep-alive"
+        ] + close
+        state = self.server_state
+        state.default_headers = [h for h in state.default_headers if h[0] != b"keep-alive"] + close
+
     async def _drain_then_exit(self) -> None:
+        self.announce_draining()
         try:
             await self.runtime.drain(self.drain_grace_s)
         finally:
@@ -160,6 +171,9 @@ def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Co
         "loop": "auto",  # uvloop where installed
         "http": http_protocol(settings, getattr(app.state, "metrics", None)),
         "timeout_keep_alive": settings.keep_alive_s,
+        # a hint below the server's own idle timeout, so a client stops reusing a connection
+        # before the server closes it; replaced by Connection: close once a drain begins
+        "headers": [("keep-alive", f"timeout={max(1, settings.keep_alive_s - 1)}")],
         "timeout_graceful_shutdown": settings.drain_timeout_s,
         "h11_max_incomplete_event_size": settings.max_header_bytes,
         "lifespan": "on",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 
@@ -38,18 +39,20 @@ HANDOFF_S = 0.0002
 RESPONSE_S = 0.0005
 
 
-class Policy:
+class Policy(ABC):
     """Given the engine is free at ``t`` with ``queue`` (arrival times, FIFO): how many to
     dispatch now (0: none), and until when to wait otherwise (math.inf: next arrival)."""
 
     max_batch = live.MAX_BATCH
 
-    def arrived(self, t: float) -> None: ...
+    def arrived(self, t: float) -> None:
+        return None
 
-    def decide(self, t: float, queue: deque[float]) -> tuple[int, float]:
-        raise NotImplementedError
+    @abstractmethod
+    def decide(self, t: float, queue: deque[float]) -> tuple[int, float]: ...
 
-    def finished(self, n: int, seconds: float) -> None: ...
+    def finished(self, n: int, seconds: float) -> None:
+        return None
 
 
 class Static(Policy):

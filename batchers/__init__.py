@@ -1,11 +1,11 @@
 """Interchangeable batching policies behind one contract (see ``batchers.base``)."""
 
-from batchers.base import Batcher, BatcherConfig, RequestBatcher
-from batchers.continuous import ContinuousBatcher
-from batchers.dynamic import DynamicBatcher, DynamicConfig
-from batchers.iteration import IterationBatcher
-from batchers.static import StaticBatcher
-from batchers.types import (
+from wattserve.batchers.base import Batcher, BatcherConfig, RequestBatcher
+from wattserve.batchers.continuous import ContinuousBatcher
+from wattserve.batchers.dynamic import DynamicBatcher, DynamicConfig
+from wattserve.batchers.iteration import IterationBatcher
+from wattserve.batchers.static import StaticBatcher
+from wattserve.batchers.types import (
     BatchFailed,
     DeadlineExceeded,
     Draining,

@@ -24,14 +24,13 @@ from time import monotonic
 
 import numpy as np
 from prometheus_client.core import GaugeMetricFamily, Metric
-
-from batchers.adaptive_decision import CostView, Decision, Objective, QueueState, decide, doomed
-from batchers.arrival_model import ArrivalModel
-from batchers.base import BatcherConfig, BatchOutcome, RequestBatcher, padded_size
-from batchers.cost_model import CostModel
-from batchers.slo_metrics import SloCollector, SloCounts
-from batchers.types import ItemState, QueueFull, WorkItem
-from engines.base import zeros_batch
+from wattserve.batchers.adaptive_decision import CostView, Decision, Objective, QueueState, decide, doomed
+from wattserve.batchers.arrival_model import ArrivalModel
+from wattserve.batchers.base import BatcherConfig, BatchOutcome, RequestBatcher, padded_size
+from wattserve.batchers.cost_model import CostModel
+from wattserve.batchers.slo_metrics import SloCollector, SloCounts
+from wattserve.batchers.types import ItemState, QueueFull, WorkItem
+from wattserve.engines.base import zeros_batch
 
 log = logging.getLogger("wattserve.batcher.adaptive")
 

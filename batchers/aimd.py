@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from time import monotonic
 
 from prometheus_client.core import GaugeMetricFamily, Metric
-
-from batchers.base import BatcherConfig, BatchOutcome, RequestBatcher
-from batchers.slo_metrics import SloCollector, SloCounts
-from batchers.types import ItemState, WorkItem
+from wattserve.batchers.base import BatcherConfig, BatchOutcome, RequestBatcher
+from wattserve.batchers.slo_metrics import SloCollector, SloCounts
+from wattserve.batchers.types import ItemState, WorkItem
 
 
 @dataclass

@@ -23,10 +23,9 @@ from time import monotonic
 from typing import Any
 
 import numpy as np
-
-from batchers.queue import PriorityFifo
-from batchers.service_rate import ServiceRate
-from batchers.types import (
+from wattserve.batchers.queue import PriorityFifo
+from wattserve.batchers.service_rate import ServiceRate
+from wattserve.batchers.types import (
     BatchFailed,
     ClientGone,
     DeadlineExceeded,
@@ -36,7 +35,7 @@ from batchers.types import (
     Result,
     WorkItem,
 )
-from engines.base import Engine
+from wattserve.engines.base import Engine
 
 log = logging.getLogger("wattserve.batcher")
 

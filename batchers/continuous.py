@@ -7,8 +7,8 @@ No timer: a batch is as large as the queue that built up while the previous batc
 
 from __future__ import annotations
 
-from batchers.base import RequestBatcher
-from batchers.types import WorkItem
+from wattserve.batchers.base import RequestBatcher
+from wattserve.batchers.types import WorkItem
 
 
 class ContinuousBatcher(RequestBatcher):

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from time import monotonic
 
-from batchers.base import BatcherConfig, RequestBatcher
-from batchers.types import WorkItem
+from wattserve.batchers.base import BatcherConfig, RequestBatcher
+from wattserve.batchers.types import WorkItem
 
 
 @dataclass

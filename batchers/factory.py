@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from batchers.adaptive import AdaptiveBatcher, AdaptiveConfig
-from batchers.aimd import AimdBatcher, AimdConfig
-from batchers.base import Batcher, BatcherConfig
-from batchers.continuous import ContinuousBatcher
-from batchers.dynamic import DynamicBatcher, DynamicConfig
-from batchers.iteration import IterationBatcher
-from batchers.iteration_metrics import attach_iteration_metrics, iteration_metrics_for
-from batchers.static import StaticBatcher
-from engines.base import Engine, StepEngine
+from wattserve.batchers.adaptive import AdaptiveBatcher, AdaptiveConfig
+from wattserve.batchers.aimd import AimdBatcher, AimdConfig
+from wattserve.batchers.base import Batcher, BatcherConfig
+from wattserve.batchers.continuous import ContinuousBatcher
+from wattserve.batchers.dynamic import DynamicBatcher, DynamicConfig
+from wattserve.batchers.iteration import IterationBatcher
+from wattserve.batchers.iteration_metrics import attach_iteration_metrics, iteration_metrics_for
+from wattserve.batchers.static import StaticBatcher
+from wattserve.engines.base import Engine, StepEngine
 
 
 def build_batcher(settings: Any, engines: Sequence[Engine], **hooks: Any) -> Batcher:

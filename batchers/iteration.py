@@ -32,11 +32,14 @@ from time import monotonic
 from typing import Any
 
 import numpy as np
-
-from batchers.base import Batcher, BatcherConfig, EngineInstance
-from batchers.iteration_metrics import IterationMetrics, attach_iteration_metrics, iteration_metrics_for
-from batchers.types import BatchFailed, Draining, ItemState, RequestError, Result, WorkItem
-from engines.base import StepEngine
+from wattserve.batchers.base import Batcher, BatcherConfig, EngineInstance
+from wattserve.batchers.iteration_metrics import (
+    IterationMetrics,
+    attach_iteration_metrics,
+    iteration_metrics_for,
+)
+from wattserve.batchers.types import BatchFailed, Draining, ItemState, RequestError, Result, WorkItem
+from wattserve.engines.base import StepEngine
 
 log = logging.getLogger("wattserve.batcher.iteration")
 

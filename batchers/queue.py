@@ -9,7 +9,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 
-from batchers.types import ItemState, WorkItem
+from wattserve.batchers.types import ItemState, WorkItem
 
 
 class PriorityFifo:

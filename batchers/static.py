@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from batchers.base import RequestBatcher
-from batchers.types import WorkItem
+from wattserve.batchers.base import RequestBatcher
+from wattserve.batchers.types import WorkItem
 
 
 class StaticBatcher(RequestBatcher):

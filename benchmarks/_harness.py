@@ -63,7 +63,7 @@ def wattserve(env: dict[str, str], root: Path = ROOT) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {"WATTSERVE_LOG_LEVEL": "warning", "WATTSERVE_GRPC_PORT": "0", **env, "WATTSERVE_PORT": str(port)}
-    with process([sys.executable, "-m", "server", "serve"], env, url + "/v2/health/ready", root=root):
+    with process([sys.executable, "-m", "wattserve", "serve"], env, url + "/v2/health/ready", root=root):
         yield url
 
 

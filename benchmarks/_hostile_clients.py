@@ -47,7 +47,7 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, headers: d
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError,
             ConnectionResetError):  # fmt: skip
         return Outcome(sent_at, time.monotonic() - start, error="reset")
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return Outcome(sent_at, time.monotonic() - start, error="timeout")
     except aiohttp.ClientError as exc:
         return Outcome(sent_at, time.monotonic() - start, error=type(exc).__name__)
@@ -197,7 +197,7 @@ async def raw_request(host: str, port: int, head: bytes, body: Iterable[bytes] =
     sent = 0
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
-    except (OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError) as exc:
         return RawAnswer(None, f"connect: {type(exc).__name__}", time.monotonic() - start, 0)
     answer = asyncio.create_task(reader.read(4096))
     try:
@@ -212,7 +212,7 @@ async def raw_request(host: str, port: int, head: bytes, body: Iterable[bytes] =
         data = answer.result() if answer.done() and not answer.exception() else b""
         if not data:
             return RawAnswer(None, type(exc).__name__, time.monotonic() - start, sent)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         answer.cancel()
         return RawAnswer(None, "timeout", time.monotonic() - start, sent)
     finally:
@@ -249,7 +249,7 @@ async def idle_connections(host: str, port: int, count: int) -> AsyncIterator[li
         for _ in range(count):
             try:
                 streams.append(await asyncio.wait_for(asyncio.open_connection(host, port), 5))
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 break
         yield [r for r, _ in streams]
     finally:
@@ -264,7 +264,7 @@ async def time_to_close(readers: list[asyncio.StreamReader], seconds: float) -> 
     async def watch(reader: asyncio.StreamReader) -> float | None:
         try:
             await asyncio.wait_for(reader.read(65536), seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
         except (ConnectionError, OSError):
             pass

@@ -30,10 +30,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from wattserve.loadgen import client, stats
+from wattserve.loadgen.arrivals import BurstSpec
+from wattserve.loadgen.runner import LoadSpec, RunResult, prepare_target, run_async, run_load
+
 from benchmarks._harness import RESULTS, save, wattserve
-from loadgen import client, stats
-from loadgen.arrivals import BurstSpec
-from loadgen.runner import LoadSpec, RunResult, prepare_target, run_async, run_load
 
 PERCENTILE = 99.0
 MAX_BATCH = 32

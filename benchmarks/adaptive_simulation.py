@@ -24,16 +24,16 @@ from collections import deque
 from collections.abc import Callable
 
 import numpy as np
+from wattserve.batchers.adaptive import calibration_sizes
+from wattserve.batchers.adaptive_decision import CostView, Objective, QueueState, decide
+from wattserve.batchers.aimd import AimdConfig, next_limit
+from wattserve.batchers.arrival_model import ArrivalModel
+from wattserve.batchers.cost_model import CostModel
+from wattserve.loadgen import stats
+from wattserve.loadgen.arrivals import make_schedule
 
-from batchers.adaptive import calibration_sizes
-from batchers.adaptive_decision import CostView, Objective, QueueState, decide
-from batchers.aimd import AimdConfig, next_limit
-from batchers.arrival_model import ArrivalModel
-from batchers.cost_model import CostModel
 from benchmarks import adaptive_batching as live
 from benchmarks._harness import RESULTS, save
-from loadgen import stats
-from loadgen.arrivals import make_schedule
 
 HANDOFF_S = 0.0002
 RESPONSE_S = 0.0005

@@ -32,10 +32,10 @@ import aiohttp
 import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
+from wattserve.loadgen.payloads import PreparedRequest
+from wattserve.loadgen.runner import LoadSpec, RunResult, Target, run_load
 
 from benchmarks._harness import RESULTS, ROOT, free_port
-from loadgen.payloads import PreparedRequest
-from loadgen.runner import LoadSpec, RunResult, Target, run_load
 
 MODEL = "tiny_unet"
 COMMON_ENV = {
@@ -144,14 +144,14 @@ def summarize(policy: str, rate: float, result: RunResult, before: dict, after: 
 
 @contextlib.contextmanager
 def server(policy: str, log_dir: Path, timeout: float = 300) -> Iterator[str]:
-    """``python -m server serve`` for one policy, its output in ``log_dir/<policy>.log``."""
+    """``python -m wattserve serve`` for one policy, its output in ``log_dir/<policy>.log``."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, **COMMON_ENV, **POLICIES[policy], "WATTSERVE_PORT": str(port),
            "WATTSERVE_GRPC_PORT": "0", "WATTSERVE_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT)}  # fmt: skip
     log_path = log_dir / f"{policy}.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "server", "serve"], env=env, cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-m", "wattserve", "serve"], env=env, cwd=ROOT,
                                 stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
         try:
             deadline = time.monotonic() + timeout

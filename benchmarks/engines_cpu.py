@@ -81,10 +81,10 @@ class OneThreadTorch:
 
 
 def build_engines(model: str, cache_dir: Path, threads: int | None, spin_variant: bool) -> dict:
-    from engines.onnx_export import ensure_onnx
-    from engines.onnxruntime_engine import OnnxRuntimeEngine
-    from engines.torch_engine import TorchVisionEngine
-    from server.settings import Settings
+    from wattserve.engines.onnx_export import ensure_onnx
+    from wattserve.engines.onnxruntime_engine import OnnxRuntimeEngine
+    from wattserve.engines.torch_engine import TorchVisionEngine
+    from wattserve.server.settings import Settings
 
     settings = Settings(
         model=model, device="cpu", cache_dir=cache_dir, max_batch_size=32, torch_threads=threads
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tuned = False
     if not args.no_tune_malloc:
-        from server.lifecycle import tune_malloc
+        from wattserve.server.lifecycle import tune_malloc
 
         tuned = tune_malloc()
     import onnxruntime

@@ -9,7 +9,7 @@ protocol front end (framing, decode, encode) and its client.
 
 Both clients are Python asyncio in this process (aiohttp with a prebuilt body; grpc.aio with
 a prebuilt ModelInferRequest), so each side pays a comparable client cost; the server is a
-subprocess (``python -m server serve``) whose own CPU time per request is reported too: on a
+subprocess (``python -m wattserve serve``) whose own CPU time per request is reported too: on a
 machine where client and server share the cores, req/s partly measures the clients, while
 server CPU per request is the protocol's cost to the server. The machine may be shared:
 compare the two protocols as ratios within one run, never across runs.
@@ -159,7 +159,7 @@ def run_case(
         "WATTSERVE_PORT": str(port),
         "WATTSERVE_GRPC_PORT": str(grpc_port),
     }
-    with process([sys.executable, "-m", "server", "serve"], env, url + "/v2/health/ready") as server:
+    with process([sys.executable, "-m", "wattserve", "serve"], env, url + "/v2/health/ready") as server:
         raw = asyncio.run(
             alternate(url, f"127.0.0.1:{grpc_port}", server.pid, model, name, array, seconds, rounds)
         )

@@ -57,9 +57,9 @@ def p2_prime(root: Path, seconds: float) -> dict:
 
 def engine_only(seconds: float) -> dict:
     """The bare engine in this process, with the server's own settings and allocator."""
-    from engines.registry import build_engine
-    from server.lifecycle import tune_malloc
-    from server.settings import Settings
+    from wattserve.engines.registry import build_engine
+    from wattserve.server.lifecycle import tune_malloc
+    from wattserve.server.settings import Settings
 
     tune_malloc()
     engine = build_engine(Settings(model="mobilenet_v2"))

@@ -23,20 +23,20 @@ import platform
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from loadgen.client import make_session  # noqa: E402
-from loadgen.runner import LoadSpec, prepare_target, run_load  # noqa: E402
-from loadgen.server_process import free_port  # noqa: E402
+from wattserve.loadgen.client import make_session  # noqa: E402
+from wattserve.loadgen.runner import LoadSpec, prepare_target, run_load  # noqa: E402
+from wattserve.loadgen.server_process import free_port  # noqa: E402
 
 
 def start_endpoint(port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "loadgen", "calibration-server", "--port", str(port)]
+    cmd = [sys.executable, "-m", "wattserve.loadgen", "calibration-server", "--port", str(port)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
@@ -126,7 +126,7 @@ def main() -> None:
     best = max(valid, key=lambda r: r["rate"]) if valid else None
     doc = {
         "benchmark": "loadgen_capacity",
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),

@@ -19,8 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from loadgen.client import make_session  # noqa: E402
-from loadgen.runner import LoadSpec, prepare_target, run_load  # noqa: E402
+from wattserve.loadgen.client import make_session  # noqa: E402
+from wattserve.loadgen.runner import LoadSpec, prepare_target, run_load  # noqa: E402
+
 from tests.loadgen_support import calibration_server  # noqa: E402
 
 

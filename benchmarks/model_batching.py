@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 import orjson
+from wattserve.engines.torch_engine import TorchVisionEngine
+from wattserve.server.lifecycle import tune_malloc
 
 from benchmarks._harness import save, wattserve, wrk
-from engines.torch_engine import TorchVisionEngine
-from server.lifecycle import tune_malloc
 
 ROUNDS = 3  # engine and served figures are each the best of this many rounds
 

@@ -3,7 +3,7 @@
     python -m benchmarks.reliability [--quick] [--probe NAME ...] [--repo PATH] [--label L]
                                      [--soak-seconds S] [--json OUT]
 
-Each probe starts its own server exactly as a user would (``python -m server serve`` with
+Each probe starts its own server exactly as a user would (``python -m wattserve serve`` with
 WATTSERVE_* env; ``--repo`` serves another checkout, e.g. an older main, with the same
 client), misbehaves in one way, prints a table and adds a row to
 ``results/reliability-<label>.json``. Probes: overload_identity, overload_mobilenet,

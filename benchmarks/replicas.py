@@ -40,11 +40,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-
-from loadgen import client
-from loadgen.runner import LoadSpec, RunResult, Target, prepare_target, run_load
-from loadgen.search import Objective, SearchLimits, find_max_rate
-from loadgen.server_process import ServerProcess, free_port, server_env
+from wattserve.loadgen import client
+from wattserve.loadgen.runner import LoadSpec, RunResult, Target, prepare_target, run_load
+from wattserve.loadgen.search import Objective, SearchLimits, find_max_rate
+from wattserve.loadgen.server_process import ServerProcess, free_port, server_env
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "identity"
@@ -204,7 +203,7 @@ class HAProxy:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(self.proc.wait(), 10)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
 
@@ -225,7 +224,7 @@ class ReplicaSet:
         self.starts[i] += 1
         env = server_env(log_level="warning", **self.settings)
         log = self.logdir / f"replica{i}-{self.starts[i]}.log"
-        cmd = ("{python}", "-m", "server", "serve", "--port", "{port}")
+        cmd = ("{python}", "-m", "wattserve", "serve", "--port", "{port}")
         return ServerProcess(cmd, env, self.ports[i], log, cwd=str(ROOT))
 
     async def start(self) -> None:

@@ -30,8 +30,8 @@ BODY = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "
 
 async def measure(requests: int, concurrency: int) -> float:
     """Microseconds of process CPU per request (identity, dynamic batcher, no delay)."""
-    from server.app import create_app
-    from server.settings import Settings
+    from wattserve.server.app import create_app
+    from wattserve.server.settings import Settings
 
     app = create_app(Settings(model="identity", batcher="dynamic", max_batch_size=16, max_queue_delay_ms=0,
                               telemetry=False))  # fmt: skip

@@ -28,10 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from telemetry.cumulative import CounterEnergy, RaplEnergy  # noqa: E402
-from telemetry.energy import EnergyLedger, EnergyMeter  # noqa: E402
-from telemetry.nvml_gpu import open_gpus  # noqa: E402
-from telemetry.rapl import find_packages  # noqa: E402
+from wattserve.telemetry.cumulative import CounterEnergy, RaplEnergy  # noqa: E402
+from wattserve.telemetry.energy import EnergyLedger, EnergyMeter  # noqa: E402
+from wattserve.telemetry.nvml_gpu import open_gpus  # noqa: E402
+from wattserve.telemetry.rapl import find_packages  # noqa: E402
 
 
 def timed(call: Callable[[], object], reads: int) -> dict[str, float]:

@@ -106,8 +106,7 @@ def tune_malloc() -> bool:
 def build_engines(cfg: ServeConfig) -> list:
     """One wattserve TorchVisionEngine per instance, warmed at every batch size."""
     import numpy as np
-
-    from engines.torch_engine import TorchVisionEngine
+    from wattserve.engines.torch_engine import TorchVisionEngine
 
     engines = [
         TorchVisionEngine(

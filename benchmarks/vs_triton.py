@@ -8,7 +8,7 @@ Triton runs through PyTriton in its own virtualenv (not a wattserve dependency).
     # = python3 -m venv /work/.venv-triton && /work/.venv-triton/bin/pip install \\
     #     torch==2.14.1 torchvision==0.29.1 nvidia-pytriton==0.7.0 numpy
 
-What runs: wattserve (``python -m server serve``, dynamic batcher) and Triton
+What runs: wattserve (``python -m wattserve serve``, dynamic batcher) and Triton
 (benchmarks/triton_mobilenet.py, Triton's dynamic batcher) serve the same model built by
 wattserve's own ``engines.torch_engine`` (same seed, BatchNorm calibration, channels_last,
 torch threads), with the same max batch (8), max queue delay (5 ms) and one instance. Both are
@@ -118,7 +118,7 @@ class ServingKnobs:
 
 def default_knobs(model: str, torch_threads: int | None) -> ServingKnobs:
     """wattserve's own defaults (server.settings) for everything not given on the command line."""
-    from server.settings import Settings
+    from wattserve.server.settings import Settings
 
     s = Settings()
     return ServingKnobs(
@@ -300,9 +300,9 @@ def triton(knobs: ServingKnobs, triton_python: str) -> Iterator[tuple[str, str]]
 async def _run_point(
     session, target, spec, objective, server: str, metrics_url: str | None
 ) -> dict[str, Any]:
-    from loadgen import client
-    from loadgen.runner import run_load
-    from loadgen.search import step_verdict
+    from wattserve.loadgen import client
+    from wattserve.loadgen.runner import run_load
+    from wattserve.loadgen.search import step_verdict
 
     before = await client.get_text(session, metrics_url) if metrics_url else None
     run = await run_load(session, target, spec)
@@ -321,9 +321,9 @@ async def _run_point(
 async def measure(
     args: argparse.Namespace, win: Windows, urls: dict[str, str], triton_metrics: str
 ) -> dict[str, Any]:
-    from loadgen import client
-    from loadgen.runner import LoadSpec, prepare_target
-    from loadgen.search import Objective, SearchLimits, find_max_rate
+    from wattserve.loadgen import client
+    from wattserve.loadgen.runner import LoadSpec, prepare_target
+    from wattserve.loadgen.search import Objective, SearchLimits, find_max_rate
 
     objective = Objective(slo_ms=args.slo_ms, percentile=args.percentile)
     doc: dict[str, Any] = {"search": {}, "points": []}
@@ -429,9 +429,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.point_queries:
         win = dataclasses.replace(win, point_queries=args.point_queries)
     knobs = default_knobs(args.model, args.torch_threads)
-    from loadgen.runner import run_async
+    from wattserve.loadgen.runner import run_async
 
-    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     la_start = loadavg()
     print(
         f"load average at start: {la_start} on {os.cpu_count()} CPUs (a shared machine: compare ratios only)"
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> None:
             ["python -m benchmarks.vs_triton", *(argv if argv is not None else sys.argv[1:])]
         ),
         "started_at": started,
-        "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "loadavg_start": la_start,
         "loadavg_end": loadavg(),
         "cpus": os.cpu_count(),

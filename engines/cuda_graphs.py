@@ -22,9 +22,8 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-
-from engines.base import Batch, EngineError, EngineUnavailable
-from engines.profiles import choose_bucket, default_buckets, normalize_buckets
+from wattserve.engines.base import Batch, EngineError, EngineUnavailable
+from wattserve.engines.profiles import choose_bucket, default_buckets, normalize_buckets
 
 log = logging.getLogger(__name__)
 

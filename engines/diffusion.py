@@ -34,10 +34,9 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from engines.base import EngineError, TensorSpec
-from engines.schedulers import PerSampleScheduler, Schedule, make_scheduler
-from engines.torch_engine import resolve_device
+from wattserve.engines.base import EngineError, TensorSpec
+from wattserve.engines.schedulers import PerSampleScheduler, Schedule, make_scheduler
+from wattserve.engines.torch_engine import resolve_device
 
 log = logging.getLogger("wattserve.engine.diffusion")
 

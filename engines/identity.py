@@ -11,8 +11,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-
-from engines.base import Batch, TensorSpec
+from wattserve.engines.base import Batch, TensorSpec
 
 
 class IdentityEngine:

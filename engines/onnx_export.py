@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from engines.base import EngineUnavailable
+from wattserve.engines.base import EngineUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +44,8 @@ def build_torchvision_model(name: str, seed: int = 0, weights: str | None = None
 
     Random weights from ``seed`` unless ``weights`` names a local state dict (or 'pretrained').
     """
-    from engines.torch_engine import TORCHVISION_MODELS as SERVED
-    from engines.torch_engine import load_torchvision_model
+    from wattserve.engines.torch_engine import TORCHVISION_MODELS as SERVED
+    from wattserve.engines.torch_engine import load_torchvision_model
 
     if name not in SERVED:
         raise EngineUnavailable(f"ONNX export supports {', '.join(SERVED)}; not {name!r}")
@@ -64,11 +63,10 @@ def recipe_digest(model: str, seed: int, weights: str | None = None) -> str:
 
     import torch
     import torchvision
-
-    from engines import torch_engine
+    from wattserve.engines import torch_engine
 
     if weights and weights != "pretrained":
-        from engines.profiles import file_sha256
+        from wattserve.engines.profiles import file_sha256
 
         weights = file_sha256(weights)
     recipe = {

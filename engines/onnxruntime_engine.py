@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from engines.base import Batch, EngineError, EngineUnavailable, TensorSpec
+from wattserve.engines.base import Batch, EngineError, EngineUnavailable, TensorSpec
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +138,7 @@ class OnnxRuntimeEngine:
     @classmethod
     def from_settings(cls, settings) -> OnnxRuntimeEngine:
         """Build from server settings, exporting the ONNX file first if needed."""
-        from engines.onnx_export import ensure_onnx
+        from wattserve.engines.onnx_export import ensure_onnx
 
         return cls(
             ensure_onnx(settings),

@@ -13,9 +13,8 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-
-from engines.base import Batch, Engine, EngineError, TensorSpec
-from engines.profiles import (
+from wattserve.engines.base import Batch, Engine, EngineError, TensorSpec
+from wattserve.engines.profiles import (
     batch_length,
     choose_bucket,
     normalize_buckets,

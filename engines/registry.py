@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engines.base import Engine
-from engines.identity import IdentityEngine
+from wattserve.engines.base import Engine
+from wattserve.engines.identity import IdentityEngine
 
 MODELS = ("identity", "resnet50", "mobilenet_v2", "mobilenet_v3_large", "tiny_unet")
 
@@ -21,7 +21,7 @@ def build_engine(settings: Any) -> Engine:
             delay_per_item_s=settings.identity_delay_per_item_ms / 1000.0,
         )
     if model == "tiny_unet" and settings.engine == "torch":
-        from engines.diffusion import DiffusionEngine
+        from wattserve.engines.diffusion import DiffusionEngine
 
         return DiffusionEngine(
             model,
@@ -35,7 +35,7 @@ def build_engine(settings: Any) -> Engine:
             threads=settings.torch_threads,
         )
     if settings.engine == "torch":
-        from engines.torch_engine import TORCHVISION_MODELS, TorchVisionEngine
+        from wattserve.engines.torch_engine import TORCHVISION_MODELS, TorchVisionEngine
 
         if model in TORCHVISION_MODELS:
             engine = TorchVisionEngine(
@@ -49,16 +49,16 @@ def build_engine(settings: Any) -> Engine:
                 threads=settings.torch_threads,
             )
             if settings.cuda_graphs:
-                from engines.cuda_graphs import CudaGraphEngine
+                from wattserve.engines.cuda_graphs import CudaGraphEngine
 
                 return CudaGraphEngine.from_settings(engine, settings)
             return engine
     if settings.engine == "onnxruntime":
-        from engines.onnxruntime_engine import OnnxRuntimeEngine
+        from wattserve.engines.onnxruntime_engine import OnnxRuntimeEngine
 
         return OnnxRuntimeEngine.from_settings(settings)
     if settings.engine == "tensorrt":
-        from engines.tensorrt_engine import TensorRTEngine
+        from wattserve.engines.tensorrt_engine import TensorRTEngine
 
         return TensorRTEngine.from_settings(settings)
     raise ValueError(f"no {settings.engine} engine for model {model!r}; models: {', '.join(MODELS)}")

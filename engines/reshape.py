@@ -10,8 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-
-from engines.base import Batch, Engine, TensorSpec
+from wattserve.engines.base import Batch, Engine, TensorSpec
 
 
 class ReshapedEngine:

@@ -42,9 +42,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from engines.base import NUMPY_TO_DATATYPE, Batch, EngineError, EngineUnavailable, TensorSpec
-from engines.profiles import (
+from wattserve.engines.base import NUMPY_TO_DATATYPE, Batch, EngineError, EngineUnavailable, TensorSpec
+from wattserve.engines.profiles import (
     BatchProfile,
     batch_length,
     file_sha256,
@@ -425,7 +424,7 @@ class TensorRTEngine:
     @classmethod
     def from_settings(cls, settings: Any) -> TensorRTEngine:
         """Export ONNX if needed; load or build the plan on ``settings.device``; deserialize it."""
-        from engines.onnx_export import ensure_onnx
+        from wattserve.engines.onnx_export import ensure_onnx
 
         import_tensorrt()
         cuda = import_pycuda()
@@ -557,7 +556,7 @@ def run(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> int:
     from types import SimpleNamespace
 
-    from engines.onnx_export import ensure_onnx
+    from wattserve.engines.onnx_export import ensure_onnx
 
     import_tensorrt()
     cuda = import_pycuda()

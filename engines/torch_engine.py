@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 import torchvision
-
-from engines.base import Batch, EngineError, TensorSpec
+from wattserve.engines.base import Batch, EngineError, TensorSpec
 
 log = logging.getLogger("wattserve.engines.torch")
 

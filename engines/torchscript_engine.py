@@ -14,9 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from engines.base import Batch, EngineError, EngineUnavailable, TensorSpec
-from engines.torch_engine import resolve_device
+from wattserve.engines.base import Batch, EngineError, EngineUnavailable, TensorSpec
+from wattserve.engines.torch_engine import resolve_device
 
 log = logging.getLogger("wattserve.engines.torchscript")
 

@@ -1,4 +1,4 @@
-"""``python -m loadgen loadgen|study|calibration-server ...``."""
+"""``python -m wattserve.loadgen loadgen|study|calibration-server ...``."""
 
 import sys
 

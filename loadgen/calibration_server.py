@@ -7,7 +7,7 @@ measured apart from any real server. It can also freeze once, for ``stall_s`` se
 the freeze waits until it ends. That is the scenario that exposes coordinated omission.
 
 It is not wattserve: no queue, no metrics. Start it with
-``python -m loadgen calibration-server --port 8009``.
+``python -m wattserve.loadgen calibration-server --port 8009``.
 """
 
 from __future__ import annotations

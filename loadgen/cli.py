@@ -2,7 +2,7 @@
 
 The server's CLI registers both with ``add_loadgen_parser(subparsers)`` and
 ``add_study_parser(subparsers)``; each sets ``func``, which takes the parsed namespace and
-returns the process exit code. ``python -m loadgen`` offers the same commands on its own.
+returns the process exit code. ``python -m wattserve.loadgen`` offers the same commands on its own.
 """
 
 from __future__ import annotations
@@ -399,10 +399,10 @@ def run_study_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m loadgen``: loadgen, study and calibration-server subcommands."""
+    """``python -m wattserve.loadgen``: loadgen, study and calibration-server subcommands."""
     from . import calibration_server
 
-    parser = argparse.ArgumentParser(prog="python -m loadgen")
+    parser = argparse.ArgumentParser(prog="python -m wattserve.loadgen")
     sub = parser.add_subparsers(dest="command", required=True)
     add_loadgen_parser(sub)
     add_study_parser(sub)

@@ -73,7 +73,7 @@ async def send(
                 _float(h.get(H_ENERGY)),
                 detail,
             )
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return Outcome("timeout")
     except aiohttp.ClientConnectionError as exc:
         return Outcome("connection_error", detail=str(exc) if keep_detail else None)
@@ -92,7 +92,7 @@ async def wait_ready(session: aiohttp.ClientSession, base_url: str, timeout_s: f
                 if resp.status == 200:
                     return
                 last = f"HTTP {resp.status}"
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             last = type(exc).__name__
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{base_url} not ready after {timeout_s:.0f} s ({last})")
@@ -115,7 +115,7 @@ async def get_text(session: aiohttp.ClientSession, url: str) -> str | None:
                 await resp.read()
                 return None
             return await resp.text()
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+    except (TimeoutError, aiohttp.ClientError):
         return None
 
 

@@ -6,7 +6,7 @@ import base64
 import html
 import math
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +192,7 @@ def write_report(
     extra_html: str = "",
 ) -> None:
     targets = sorted({(r.target.get("url"), r.target.get("model"), r.target.get("protocol")) for r in runs})
-    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    created = datetime.now(UTC).isoformat(timespec="seconds")
     if len(targets) == 1:
         url, model, protocol = targets[0]
         where = f"Target {fmt(url)}, model {fmt(model)}, protocol {fmt(protocol)}."

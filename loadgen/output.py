@@ -7,7 +7,7 @@ import csv
 import json
 import math
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +138,7 @@ def results_document(
 ) -> dict[str, Any]:
     return {
         "tool": "wattserve loadgen",
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": list(command) if command else None,
         "valid": all(r.summary["valid"] for r in runs),
         "runs": [r.to_json() for r in runs],

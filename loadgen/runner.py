@@ -26,7 +26,7 @@ import itertools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import aiohttp
@@ -217,7 +217,7 @@ async def run_load(
         schedule = make_schedule(spec.arrival, spec.rate, horizon, spec.seed, spec.burst, spec.trace)
     records: list[RequestRecord] = []
     live = LiveCounts()
-    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
     total_s = spec.warmup_s + spec.duration_s
     label = spec.label or _default_label(spec)
     gc.collect()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import aiohttp
 
-DEFAULT_COMMAND = ("{python}", "-m", "server", "serve", "--port", "{port}")
+DEFAULT_COMMAND = ("{python}", "-m", "wattserve", "serve", "--port", "{port}")
 
 
 def free_port() -> int:
@@ -81,7 +81,7 @@ class ServerProcess:
                     async with session.get(self.url + "/v2/health/ready") as resp:
                         if resp.status == 200:
                             return time.monotonic() - t0
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     pass
                 if time.monotonic() - t0 > timeout_s:
                     raise RuntimeError(f"server not ready after {timeout_s:.0f} s:\n" + self.log_tail())
@@ -95,7 +95,7 @@ class ServerProcess:
             try:
                 self.proc.send_signal(signal.SIGTERM)
                 self.exit_code = await asyncio.wait_for(self.proc.wait(), timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.killed = True
                 self.proc.kill()
                 self.exit_code = await self.proc.wait()
@@ -116,7 +116,7 @@ class ServerProcess:
 def server_env(base: Mapping[str, str] | None = None, **settings: object) -> dict[str, str]:
     """The environment for a wattserve subprocess: ours, plus WATTSERVE_* for each setting.
 
-    The folder holding the ``server`` package goes on PYTHONPATH, so ``python -m server``
+    The folder holding the ``server`` package goes on PYTHONPATH, so ``python -m wattserve``
     works from any directory in a source checkout as well as in an installed wattserve.
     """
     env = dict(os.environ if base is None else base)

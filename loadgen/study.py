@@ -1,6 +1,6 @@
 """The study runner: models x batching configurations x workloads, from one TOML file.
 
-For every (model, batching) pair it starts the server itself (``python -m server serve`` with
+For every (model, batching) pair it starts the server itself (``python -m wattserve serve`` with
 WATTSERVE_* settings), waits for readiness, runs every workload against it, stops it with
 SIGTERM, and finally writes one report with the tables, the plots and a verdict: which
 configuration wins under the latency objective (lowest energy per inference where the server
@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import sys
+import tomllib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,11 +32,6 @@ from .arrivals import BurstSpec
 from .progress import RichProgress, make_console
 from .runner import LoadSpec, RunResult, prepare_target, run_load
 from .server_process import DEFAULT_COMMAND, ServerProcess, free_port, server_env
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 TIE = 0.02  # achieved rates within 2% of each other count as equal throughput
 

@@ -227,9 +227,8 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     torch = require_cuda()
     import torchvision
     from prometheus_client import CollectorRegistry
-
-    from telemetry.nvml_gpu import open_gpus
-    from telemetry.service import TelemetryService
+    from wattserve.telemetry.nvml_gpu import open_gpus
+    from wattserve.telemetry.service import TelemetryService
 
     device = torch.device(f"cuda:{args.cuda_device}")
     props = torch.cuda.get_device_properties(device)
@@ -243,7 +242,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     import pynvml
 
     report: dict[str, Any] = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
         "device": gpu.name,
         "nvml_index": nvml_index,

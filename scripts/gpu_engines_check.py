@@ -148,9 +148,8 @@ class Report:
 
 def check_model(model: str, args, report: Report, env: dict) -> None:
     import torch
-
-    from engines.cuda_graphs import CudaGraphEngine
-    from engines.torch_engine import TorchVisionEngine
+    from wattserve.engines.cuda_graphs import CudaGraphEngine
+    from wattserve.engines.torch_engine import TorchVisionEngine
 
     sizes = args.batch_sizes
     log(f"\n== {model}")
@@ -199,7 +198,7 @@ def onnx_file(model: str, args) -> Path:
     """The cached ONNX export (plain attributes: no server settings, so no pydantic here)."""
     from types import SimpleNamespace
 
-    from engines.onnx_export import ensure_onnx
+    from wattserve.engines.onnx_export import ensure_onnx
 
     return ensure_onnx(SimpleNamespace(model=model, cache_dir=args.cache_dir, onnx_path=None, seed=0,
                                        weights=None))  # fmt: skip
@@ -211,7 +210,7 @@ def check_onnxruntime(model: str, args, report: Report, env: dict, refs: dict) -
             f"onnxruntime here has no CUDAExecutionProvider ({env.get('onnxruntime')}): ORT on GPU not run"
         )
         return
-    from engines.onnxruntime_engine import OnnxRuntimeEngine
+    from wattserve.engines.onnxruntime_engine import OnnxRuntimeEngine
 
     engine = OnnxRuntimeEngine(onnx_file(model, args), name=model, max_batch_size=max(args.batch_sizes),
                                device="cuda:0")  # fmt: skip
@@ -221,9 +220,9 @@ def check_onnxruntime(model: str, args, report: Report, env: dict, refs: dict) -
 
 
 def check_tensorrt(model: str, args, report: Report, env: dict, refs: dict) -> None:
-    from engines.base import EngineUnavailable
-    from engines.profiles import parse_profiles, select_profile
-    from engines.tensorrt_engine import (
+    from wattserve.engines.base import EngineUnavailable
+    from wattserve.engines.profiles import parse_profiles, select_profile
+    from wattserve.engines.tensorrt_engine import (
         TensorRTEngine,
         gpu_identity,
         import_pycuda,

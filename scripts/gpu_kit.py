@@ -45,10 +45,8 @@ def read_list(path: Path) -> set[str]:
 
 
 def project_requirements() -> list[Requirement]:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # pragma: no cover - 3.10
-        import tomli as tomllib
+    import tomllib
+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     return [Requirement(r) for r in project["dependencies"]]
 

@@ -69,7 +69,7 @@ serve() {  # serve MODEL: start `wattserve serve` from the kit venv, outside the
   curl -fs -H 'Content-Type: application/json' --data-binary "@$TMP/body.json" "http://127.0.0.1:$port/v2/models/$model/infer" \
     | "$PY" -c 'import json,sys; d=json.load(sys.stdin); print("  infer ok:", d["model_name"], [(o["name"], o["shape"]) for o in d["outputs"]])'
   curl -fs "http://127.0.0.1:$port/metrics" | grep -E '^wattserve_gpu_telemetry_available' | sed 's/^/  /'
-  (cd "$TMP" && env -u PYTHONPATH "$TMP/venv/bin/python" -c 'import server; print("  served from", server.__path__[0])')
+  (cd "$TMP" && env -u PYTHONPATH "$TMP/venv/bin/python" -c 'import wattserve.server as s; print("  served from", s.__path__[0])')
   kill -TERM "$SERVER_PID"; wait "$SERVER_PID" || true; SERVER_PID=
   echo "  wattserve serve ($model) from the kit: OK"
 }
@@ -92,10 +92,10 @@ if [ -z "$PY312" ]; then echo "no Python 3.12 here: B skipped"; exit 0; fi
 (cd "$TMP" && env -u PYTHONPATH "$TMP/venv312/bin/python" -) <<'PYEOF'
 # Only what needs nothing from the image: the compiled cp312 wheels, and the settings stack.
 import hdrh, httptools, orjson, pydantic, pydantic_core, pydantic_settings, watchfiles, websockets
-from server.settings import Settings  # the kit's wattserve, not the tree
-import server
+from wattserve.server.settings import Settings  # the kit's wattserve, not the tree
+import wattserve.server
 print(f"  3.12 kit imports: pydantic {pydantic.__version__} (core {pydantic_core.__version__}), orjson "
       f"{orjson.__version__}, httptools, websockets, watchfiles, hdrh; Settings().model={Settings().model}; "
-      f"from {server.__path__[0]}")
+      f"from {wattserve.server.__path__[0]}")
 PYEOF
 echo "gpu kit self-test: OK"

@@ -134,7 +134,7 @@ CAPACITY_COLUMNS = [("model", "model"), ("capacity req/s", "capacity"), ("stoppe
 
 
 def build(results: Path) -> tuple[dict[str, Any], list[str], Path | None]:
-    from loadgen.plots import energy_latency_per_config
+    from wattserve.loadgen.plots import energy_latency_per_config
 
     env = environment(results)
     engines = load(results / "gpu_engines_check.json")

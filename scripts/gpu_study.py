@@ -4,9 +4,9 @@
 1. For every model in the study file, start the live server (dynamic batching, the study's
    environment: cuda:0, fp16, NVML telemetry on), check its telemetry (NVML available, the
    energy counter's update period published), and find the highest Poisson rate whose
-   percentile meets the study's objective (``python -m loadgen --slo-ms ...``).
+   percentile meets the study's objective (``python -m wattserve.loadgen --slo-ms ...``).
 2. Rewrite the study's rates: low = 0.25, medium = 0.5, high = 0.8 of that capacity.
-3. Run the study (``python -m loadgen study``): every configuration x workload, with
+3. Run the study (``python -m wattserve.loadgen study``): every configuration x workload, with
    throughput, percentiles, power, counter-based energy per inference (idle apart) and GPU
    utilization from the server's own metrics.
 
@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 LEVELS = {"low": 0.25, "medium": 0.5, "high": 0.8}  # fractions of the measured capacity
 CAPACITY_BATCHING = {"batcher": "dynamic", "max_batch_size": 32, "max_queue_delay_ms": 2}
@@ -90,14 +86,14 @@ def free_port() -> int:
 
 
 def start_server(model: str, env_extra: dict[str, str], log_path: Path) -> tuple[subprocess.Popen, str]:
-    from loadgen.server_process import server_env
+    from wattserve.loadgen.server_process import server_env
 
     port = free_port()
     env = server_env(None, model=model, host="127.0.0.1", port=port, **CAPACITY_BATCHING)
     env.update(env_extra)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "server", "serve"], env=env, stdout=out,
+        proc = subprocess.Popen([sys.executable, "-m", "wattserve", "serve"], env=env, stdout=out,
                                 stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
     return proc, f"http://127.0.0.1:{port}"
 
@@ -154,8 +150,8 @@ def find_capacity(model: str, study: dict[str, Any], args: argparse.Namespace) -
     result: dict[str, Any] = {"model": model, "batching": CAPACITY_BATCHING, "url": url}
     try:
         wait_ready(proc, url, s.get("ready_timeout_s", 300))
-        command = [sys.executable, "-m", "loadgen", "loadgen", "--url", url, "--model", model, "--binary",
-                   "--slo-ms", str(s["slo_ms"]), "--percentile", str(s.get("percentile", 95)),
+        command = [sys.executable, "-m", "wattserve.loadgen", "loadgen", "--url", url, "--model", model,
+                   "--binary", "--slo-ms", str(s["slo_ms"]), "--percentile", str(s.get("percentile", 95)),
                    "--search-start", str(args.search_start), "--search-max", str(args.search_max),
                    "--search-steps", str(args.search_steps), "--duration", str(args.search_duration),
                    "--min-queries", str(args.min_queries),
@@ -254,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     scaled = args.results / "gpu-thesis-scaled.toml"
     scaled.write_text(to_toml(study))
     report["scaled_study"] = str(scaled)
-    command = [sys.executable, "-m", "loadgen", "study", str(scaled), "--no-progress"]
+    command = [sys.executable, "-m", "wattserve.loadgen", "study", str(scaled), "--no-progress"]
     log(f"study: {' '.join(command[2:])}")
     done = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     report["study_exit"] = done.returncode

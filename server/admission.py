@@ -19,11 +19,10 @@ from dataclasses import dataclass
 
 from starlette.formparsers import MultiPartParser
 from starlette.requests import ClientDisconnect, Request
-
-from batchers.types import ClientGone, RequestError, Result, WorkItem
-from server.codec import BadRequest, InferRequest
-from server.model_set import ModelSet, ModelState, UnknownModel
-from server.runtime import ModelRuntime
+from wattserve.batchers.types import ClientGone, RequestError, Result, WorkItem
+from wattserve.server.codec import BadRequest, InferRequest
+from wattserve.server.model_set import ModelSet, ModelState, UnknownModel
+from wattserve.server.runtime import ModelRuntime
 
 log = logging.getLogger("wattserve.admission")
 

@@ -16,23 +16,22 @@ from typing import Any
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
-
-from engines.registry import build_engine
-from server.admission import BodyBudget
-from server.lifecycle import IdleTrimmer
-from server.metrics import ServingMetrics, server_metrics
-from server.middleware import internal_error
-from server.model_plan import EngineFactory, ModelPlan, ModelSource, SettingsSource
-from server.model_set import ModelSet, ModelSetActivity
-from server.routes.health import VERSION, health_router
-from server.routes.images import images_router
-from server.routes.inference import inference_routes
-from server.routes.repository import repository_router
-from server.runtime import ModelRuntime
-from server.schemas import ErrorBody, InferRequestBody, InferResponseBody
-from server.security import AccessControl, parse_restricted_api
-from server.settings import Settings
-from telemetry import TelemetryService
+from wattserve.engines.registry import build_engine
+from wattserve.server.admission import BodyBudget
+from wattserve.server.lifecycle import IdleTrimmer
+from wattserve.server.metrics import ServingMetrics, server_metrics
+from wattserve.server.middleware import internal_error
+from wattserve.server.model_plan import EngineFactory, ModelPlan, ModelSource, SettingsSource
+from wattserve.server.model_set import ModelSet, ModelSetActivity
+from wattserve.server.routes.health import VERSION, health_router
+from wattserve.server.routes.images import images_router
+from wattserve.server.routes.inference import inference_routes
+from wattserve.server.routes.repository import repository_router
+from wattserve.server.runtime import ModelRuntime
+from wattserve.server.schemas import ErrorBody, InferRequestBody, InferResponseBody
+from wattserve.server.security import AccessControl, parse_restricted_api
+from wattserve.server.settings import Settings
+from wattserve.telemetry import TelemetryService
 
 log = logging.getLogger("wattserve.server")
 
@@ -40,7 +39,7 @@ log = logging.getLogger("wattserve.server")
 def model_source(settings: Settings, engine_factory: EngineFactory) -> ModelSource:
     """A repository when one is configured, else the one built-in model the settings name."""
     if settings.model_repository is not None:
-        from server.repository.plan import RepositorySource
+        from wattserve.server.repository.plan import RepositorySource
 
         return RepositorySource(settings.model_repository, settings)
     return SettingsSource(settings, engine_factory)
@@ -75,7 +74,7 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     trimmer = IdleTrimmer(ModelSetActivity(models), settings.idle_trim_s) if settings.tune_malloc else None  # type: ignore[arg-type]
     grpc_front = None
     if settings.grpc_port:  # same models, admission path and batchers as HTTP; same event loop
-        from server.grpc_service import GrpcFrontEnd
+        from wattserve.server.grpc_service import GrpcFrontEnd
 
         grpc_front = GrpcFrontEnd(models, settings, body_budget, restrictions)
 

@@ -7,12 +7,12 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from server.settings import Settings
+from wattserve.server.settings import Settings
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from server.app import create_app
-    from server.lifecycle import DrainingServer, tune_malloc, uvicorn_config
+    from wattserve.server.app import create_app
+    from wattserve.server.lifecycle import DrainingServer, tune_malloc, uvicorn_config
 
     given = (("host", args.host), ("port", args.port), ("model_repository", args.model_repository),
              ("strict", args.strict or None))  # fmt: skip
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("settings", help="print every WATTSERVE_* setting as a table")
     show.set_defaults(func=cmd_settings)
     _add_engine_tools(sub)
-    from loadgen.cli import add_loadgen_parser, add_study_parser  # imports its deps lazily
+    from wattserve.loadgen.cli import add_loadgen_parser, add_study_parser  # imports its deps lazily
 
     add_loadgen_parser(sub)
     add_study_parser(sub)
@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_engine_tools(sub: argparse._SubParsersAction) -> None:
     """``export`` (torch -> ONNX) and ``build-engine`` (ONNX -> TensorRT plan)."""
-    from engines import tensorrt_engine
-    from server.repository import export as repository_export
+    from wattserve.engines import tensorrt_engine
+    from wattserve.server.repository import export as repository_export
 
     export = sub.add_parser("export", help="export a torchvision model to ONNX (dynamic batch axis), "
                             "optionally as a Triton repository entry")  # fmt: skip

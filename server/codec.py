@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 import orjson
-
-from engines.base import DATATYPE_TO_NUMPY, TensorSpec
+from wattserve.engines.base import DATATYPE_TO_NUMPY, TensorSpec
 
 BINARY_HEADER = "Inference-Header-Content-Length"
 

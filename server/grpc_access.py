@@ -15,8 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-
-from server.security import Restriction
+from wattserve.server.security import Restriction
 
 TRITON_PREFIX = b"triton-grpc-protocol-"
 

@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 from tritonclient.grpc import service_pb2
-
-from engines.base import TensorSpec
-from server.codec import (
+from wattserve.engines.base import TensorSpec
+from wattserve.server.codec import (
     BadRequest,
     InferRequest,
     assemble_request,

@@ -22,19 +22,25 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
-
-from server.admission import BodyBudget, BudgetExceeded, Refused, admit
-from server.codec import InferRequest
-from server.grpc_access import GrpcAccessControl
-from server.grpc_codec import build_response, parse_grpc_request, payload_bytes
-from server.metrics import request_protocol
-from server.model_set import ModelLoadError, ModelSet, ModelState, UnknownModel
-from server.routes.common import timing_headers
-from server.routes.health import EXTENSIONS, VERSION, metadata_doc, serving_runtime, stats_doc, triton_config
-from server.routes.inference import OFFLOAD_DECODE_BYTES
-from server.runtime import ModelRuntime
-from server.security import Restriction
-from server.settings import Settings
+from wattserve.server.admission import BodyBudget, BudgetExceeded, Refused, admit
+from wattserve.server.codec import InferRequest
+from wattserve.server.grpc_access import GrpcAccessControl
+from wattserve.server.grpc_codec import build_response, parse_grpc_request, payload_bytes
+from wattserve.server.metrics import request_protocol
+from wattserve.server.model_set import ModelLoadError, ModelSet, ModelState, UnknownModel
+from wattserve.server.routes.common import timing_headers
+from wattserve.server.routes.health import (
+    EXTENSIONS,
+    VERSION,
+    metadata_doc,
+    serving_runtime,
+    stats_doc,
+    triton_config,
+)
+from wattserve.server.routes.inference import OFFLOAD_DECODE_BYTES
+from wattserve.server.runtime import ModelRuntime
+from wattserve.server.security import Restriction
+from wattserve.server.settings import Settings
 
 log = logging.getLogger("wattserve.grpc")
 

@@ -6,8 +6,7 @@ import io
 from functools import lru_cache
 
 import numpy as np
-
-from server.codec import BadRequest
+from wattserve.server.codec import BadRequest
 
 
 @lru_cache(maxsize=8)

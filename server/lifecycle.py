@@ -12,9 +12,8 @@ from types import FrameType
 from typing import Any, Protocol
 
 import uvicorn
-
-from server.runtime import ModelRuntime
-from server.settings import Settings
+from wattserve.server.runtime import ModelRuntime
+from wattserve.server.settings import Settings
 
 log = logging.getLogger("wattserve.lifecycle")
 
@@ -185,7 +184,7 @@ def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Co
 def http_protocol(settings: Settings, metrics: Any) -> type | str:
     """uvicorn's httptools protocol with the header deadline, header size and connection
     caps (server.http_protocol); plain h11 (with its own header cap) without httptools."""
-    from server.http_protocol import GuardLimits, guarded_protocol, raise_open_file_limit
+    from wattserve.server.http_protocol import GuardLimits, guarded_protocol, raise_open_file_limit
 
     soft, _hard = raise_open_file_limit()
     max_connections = min(settings.max_connections, max(16, soft - 64))  # fds for files, threads

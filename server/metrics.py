@@ -12,8 +12,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-from server.statistics import ModelStatistics
+from wattserve.server.statistics import ModelStatistics
 
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,

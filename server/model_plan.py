@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engines.base import Engine
-from server.settings import Settings
+from wattserve.engines.base import Engine
+from wattserve.server.settings import Settings
 
 EngineFactory = Callable[[Settings], Engine]
 

@@ -12,16 +12,16 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
-from server.model_plan import ModelPlan, ModelSource
-from server.runtime import ModelRuntime
+from wattserve.server.model_plan import ModelPlan, ModelSource
+from wattserve.server.runtime import ModelRuntime
 
 log = logging.getLogger("wattserve.models")
 
 
-class ModelState(str, Enum):  # Triton's repository index states
+class ModelState(StrEnum):  # Triton's repository index states
     LOADING = "LOADING"
     READY = "READY"
     UNLOADING = "UNLOADING"

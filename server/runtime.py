@@ -12,13 +12,13 @@ from collections.abc import Sequence
 from time import monotonic
 from typing import Any
 
-from batchers.base import Batcher
-from batchers.factory import build_batcher
-from batchers.types import Draining, RequestError, Result, WorkItem
-from engines.base import Engine, warmup_sizes, zeros_batch
-from server.metrics import ServingMetrics
-from server.model_plan import EngineFactory
-from server.settings import Settings
+from wattserve.batchers.base import Batcher
+from wattserve.batchers.factory import build_batcher
+from wattserve.batchers.types import Draining, RequestError, Result, WorkItem
+from wattserve.engines.base import Engine, warmup_sizes, zeros_batch
+from wattserve.server.metrics import ServingMetrics
+from wattserve.server.model_plan import EngineFactory
+from wattserve.server.settings import Settings
 
 log = logging.getLogger("wattserve.runtime")
 

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from telemetry.nvml_gpu import NvmlGpu
-from telemetry.rapl import RaplDomain, unwrap_delta_uj
+from wattserve.telemetry.nvml_gpu import NvmlGpu
+from wattserve.telemetry.rapl import RaplDomain, unwrap_delta_uj
 
 Clock = Callable[[], float]
 

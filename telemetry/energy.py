@@ -21,8 +21,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from telemetry.cumulative import NVML_COUNTER, NVML_POWER_INTEGRATED, RAPL, Clock, CumulativeEnergy
-from telemetry.windows import BatchSpan, DeviceWindows
+from wattserve.telemetry.cumulative import NVML_COUNTER, NVML_POWER_INTEGRATED, RAPL, Clock, CumulativeEnergy
+from wattserve.telemetry.windows import BatchSpan, DeviceWindows
 
 log = logging.getLogger(__name__)
 

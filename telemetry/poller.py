@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 
-from telemetry.energy import EnergyLedger
+from wattserve.telemetry.energy import EnergyLedger
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from telemetry.cumulative import RAPL, Clock, RaplEnergy
-from telemetry.energy import EnergyLedger
-from telemetry.metrics import TelemetryMetrics
-from telemetry.nvml_gpu import NvmlGpu
+from wattserve.telemetry.cumulative import RAPL, Clock, RaplEnergy
+from wattserve.telemetry.energy import EnergyLedger
+from wattserve.telemetry.metrics import TelemetryMetrics
+from wattserve.telemetry.nvml_gpu import NvmlGpu
 
 log = logging.getLogger(__name__)
 

@@ -16,21 +16,20 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry
-
-from telemetry.cumulative import (
+from wattserve.telemetry.cumulative import (
     Clock,
     CounterEnergy,
     CumulativeEnergy,
     IntegratedPowerEnergy,
     RaplEnergy,
 )
-from telemetry.energy import EnergyLedger, EnergyMeter
-from telemetry.metrics import TelemetryMetrics
-from telemetry.nvml_gpu import NvmlGpu, open_gpus
-from telemetry.poller import EnergyPoller, poll_interval
-from telemetry.rapl import find_packages
-from telemetry.sampler import Sampler
-from telemetry.windows import BatchSpan
+from wattserve.telemetry.energy import EnergyLedger, EnergyMeter
+from wattserve.telemetry.metrics import TelemetryMetrics
+from wattserve.telemetry.nvml_gpu import NvmlGpu, open_gpus
+from wattserve.telemetry.poller import EnergyPoller, poll_interval
+from wattserve.telemetry.rapl import find_packages
+from wattserve.telemetry.sampler import Sampler
+from wattserve.telemetry.windows import BatchSpan
 
 log = logging.getLogger("wattserve.telemetry")
 

@@ -12,8 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-
-from server.lifecycle import tune_malloc
+from wattserve.server.lifecycle import tune_malloc
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -10,8 +10,7 @@ import threading
 import time
 
 import numpy as np
-
-from engines.base import TensorSpec
+from wattserve.engines.base import TensorSpec
 
 
 class GatedEngine:

@@ -7,8 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
-
-from loadgen.calibration_server import CalibrationServer
+from wattserve.loadgen.calibration_server import CalibrationServer
 
 
 @contextlib.asynccontextmanager

@@ -1,5 +1,5 @@
 """Real wattserve servers on loopback for tests: in a thread, or as a subprocess
-started exactly as a user would (``python -m server serve`` with WATTSERVE_* env)."""
+started exactly as a user would (``python -m wattserve serve`` with WATTSERVE_* env)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,9 @@ from pathlib import Path
 
 import httpx
 import uvicorn
-
-from server.app import create_app
-from server.lifecycle import uvicorn_config
-from server.settings import Settings
+from wattserve.server.app import create_app
+from wattserve.server.lifecycle import uvicorn_config
+from wattserve.server.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,7 +54,7 @@ def threaded_server(settings: Settings, engine_factory=None) -> Iterator[tuple[s
 
 
 class ServerProcess:
-    """``python -m server serve`` from ``root`` (default: this checkout; another checkout
+    """``python -m wattserve serve`` from ``root`` (default: this checkout; another checkout
     lets a benchmark compare an older version with the same client)."""
 
     def __init__(self, env: dict[str, str], port: int, root: Path = ROOT) -> None:
@@ -67,7 +66,7 @@ class ServerProcess:
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"wattserve-test-{port}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server", "serve"], env=full_env, cwd=root,
+            [sys.executable, "-m", "wattserve", "serve"], env=full_env, cwd=root,
             stdout=self._log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 

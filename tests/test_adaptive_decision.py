@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from batchers.adaptive_decision import CostView, Objective, QueueState, allowed_cap, decide, doomed
-from batchers.arrival_model import ArrivalModel
-from batchers.cost_model import CostModel
+from wattserve.batchers.adaptive_decision import CostView, Objective, QueueState, allowed_cap, decide, doomed
+from wattserve.batchers.arrival_model import ArrivalModel
+from wattserve.batchers.cost_model import CostModel
 
 MAX = 32
 OBJ = Objective(slo_s=0.050, percentile=99, headroom_s=0.005)  # budget 45 ms

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from batchers.aimd import AimdConfig, next_limit
+from wattserve.batchers.aimd import AimdConfig, next_limit
 
 CONFIG = AimdConfig(max_batch_size=32, slo_s=0.050, step=1, backoff=0.9)
 

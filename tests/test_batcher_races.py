@@ -9,8 +9,7 @@ import random
 
 import numpy as np
 import pytest
-
-from batchers import (
+from wattserve.batchers import (
     BatcherConfig,
     ContinuousBatcher,
     DynamicBatcher,
@@ -19,7 +18,8 @@ from batchers import (
     StaticBatcher,
     WorkItem,
 )
-from batchers.types import ItemState
+from wattserve.batchers.types import ItemState
+
 from tests.gated_engine import GatedEngine, item_input
 from tests.test_batchers import wait_until
 

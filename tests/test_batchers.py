@@ -8,8 +8,7 @@ from time import monotonic
 
 import numpy as np
 import pytest
-
-from batchers import (
+from wattserve.batchers import (
     BatcherConfig,
     ContinuousBatcher,
     DeadlineExceeded,
@@ -20,8 +19,9 @@ from batchers import (
     StaticBatcher,
     WorkItem,
 )
-from batchers.base import padded_size
-from batchers.types import BatchFailed
+from wattserve.batchers.base import padded_size
+from wattserve.batchers.types import BatchFailed
+
 from tests.gated_engine import GatedEngine, item_input
 
 

@@ -134,7 +134,7 @@ def test_sigterm_drain_answers_every_accepted_request_once():
 
 
 def test_settings_come_only_from_the_environment(monkeypatch):
-    from server.settings import Settings
+    from wattserve.server.settings import Settings
 
     monkeypatch.setenv("WATTSERVE_BATCHER", "static")
     monkeypatch.setenv("WATTSERVE_MAX_BATCH_SIZE", "4")

@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from wattserve.engines.base import Engine, EngineError, EngineUnavailable
+from wattserve.engines.cuda_graphs import CudaGraphEngine, CudaGraphRunner
+from wattserve.engines.padding import padded_slots
+from wattserve.server.settings import Settings
 
-from engines.base import Engine, EngineError, EngineUnavailable
-from engines.cuda_graphs import CudaGraphEngine, CudaGraphRunner
-from engines.padding import padded_slots
-from server.settings import Settings
 from tests.doubles.fake_cuda_graphs import FakeCapture
 
 
@@ -74,7 +74,7 @@ def test_padding_repeats_last_row_and_results_survive_the_next_replay():
 
 @pytest.mark.slow
 def test_engine_wraps_the_torch_engine(monkeypatch):
-    from engines.torch_engine import TorchVisionEngine
+    from wattserve.engines.torch_engine import TorchVisionEngine
 
     torch_engine = TorchVisionEngine("mobilenet_v2", device="cpu", max_batch_size=4)
     capture = FakeCapture()

@@ -14,8 +14,8 @@ import subprocess
 import kubernetes_validate
 import pytest
 import yaml
+from wattserve.server.settings import Settings
 
-from server.settings import Settings
 from tests.deploy_support import DEPLOY, KUSTOMIZATIONS, by_kind, env_of, pod_spec, render
 
 KUBERNETES_VERSION = "1.33.0"  # the oldest release still in upstream support (Dec 2026: 1.33-1.35)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 from diffusers.utils.torch_utils import randn_tensor
+from wattserve.engines.base import Engine, StepEngine
+from wattserve.engines.diffusion import DiffusionEngine, tiny_unet
 
-from engines.base import Engine, StepEngine
-from engines.diffusion import DiffusionEngine, tiny_unet
 from tests.diffusion_support import quiet_cpu  # noqa: F401  (autouse fixture)
 
 # Measured: < 1e-4 up to 50 DDIM steps (kernel float differences between batch sizes).
@@ -110,7 +110,7 @@ def test_steps_zero_means_default_and_bad_requests_are_refused(engine):
 
 
 def test_result_before_finish_and_step_after_finish_fail(engine):
-    from engines.base import EngineError
+    from wattserve.engines.base import EngineError
 
     s = engine.start(item(1, 2))
     with pytest.raises(EngineError):
@@ -150,7 +150,7 @@ def test_loads_a_local_diffusers_folder(tmp_path, engine):
 
 
 def test_missing_folder_is_a_clear_error(tmp_path):
-    from engines.base import EngineError
+    from wattserve.engines.base import EngineError
 
     with pytest.raises(EngineError, match="does not exist"):
         DiffusionEngine(model_path=tmp_path / "nope", device="cpu")

@@ -7,8 +7,7 @@ import copy
 import pytest
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler
-
-from engines.schedulers import PerSampleScheduler, make_scheduler
+from wattserve.engines.schedulers import PerSampleScheduler, make_scheduler
 
 STEPS = (1, 3, 10, 20, 50, 7)  # one request each, all in one batch
 

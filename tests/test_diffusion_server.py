@@ -18,9 +18,9 @@ import httpx
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from wattserve.engines.diffusion import DiffusionEngine
+from wattserve.server.settings import Settings
 
-from engines.diffusion import DiffusionEngine
-from server.settings import Settings
 from tests.diffusion_support import quiet_cpu  # noqa: F401  (autouse fixture)
 from tests.servers import ServerProcess, free_port, threaded_server
 

@@ -20,8 +20,8 @@ import tritonclient.http as thttp
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
+from wattserve.server.settings import Settings
 
-from server.settings import Settings
 from tests.gated_engine import GatedEngine
 from tests.servers import free_port, server_process, threaded_server
 

@@ -14,14 +14,14 @@ from time import monotonic
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
+from wattserve.batchers.base import BatcherConfig
+from wattserve.batchers.factory import build_batcher
+from wattserve.batchers.iteration import InvalidRequest, IterationBatcher
+from wattserve.batchers.types import ClientGone, DeadlineExceeded, Draining, QueueFull, Result, WorkItem
+from wattserve.engines.diffusion import DiffusionEngine
+from wattserve.server.metrics import ServingMetrics
+from wattserve.server.settings import Settings
 
-from batchers.base import BatcherConfig
-from batchers.factory import build_batcher
-from batchers.iteration import InvalidRequest, IterationBatcher
-from batchers.types import ClientGone, DeadlineExceeded, Draining, QueueFull, Result, WorkItem
-from engines.diffusion import DiffusionEngine
-from server.metrics import ServingMetrics
-from server.settings import Settings
 from tests.diffusion_support import quiet_cpu  # noqa: F401  (autouse fixture)
 
 TOL = 1e-3  # same-seed images alone vs batched (see tests/test_diffusion_engine.py)

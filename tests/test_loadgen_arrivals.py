@@ -10,8 +10,7 @@ import math
 
 import numpy as np
 import pytest
-
-from loadgen.arrivals import BurstSpec, bursty, constant, load_trace, make_schedule, poisson
+from wattserve.loadgen.arrivals import BurstSpec, bursty, constant, load_trace, make_schedule, poisson
 
 
 def ks_exponential(samples: np.ndarray, rate: float) -> tuple[float, float]:

@@ -12,9 +12,9 @@ import asyncio
 import time
 
 import pytest
+from wattserve.loadgen.client import make_session
+from wattserve.loadgen.runner import LoadSpec, prepare_target, run_load
 
-from loadgen.client import make_session
-from loadgen.runner import LoadSpec, prepare_target, run_load
 from tests.loadgen_support import calibration_server
 
 pytestmark = pytest.mark.slow

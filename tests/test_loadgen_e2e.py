@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from wattserve.loadgen.arrivals import make_schedule
+from wattserve.loadgen.cli import main
 
-from loadgen.arrivals import make_schedule
-from loadgen.cli import main
 from tests.servers import server_process
 
 pytestmark = pytest.mark.slow

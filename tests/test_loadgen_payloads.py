@@ -8,9 +8,8 @@ import numpy as np
 import orjson
 import pytest
 from PIL import Image
-
-from loadgen.client import make_session, send
-from loadgen.payloads import (
+from wattserve.loadgen.client import make_session, send
+from wattserve.loadgen.payloads import (
     InputSpec,
     binary_body,
     image_requests,
@@ -18,7 +17,8 @@ from loadgen.payloads import (
     json_body,
     tensor_requests,
 )
-from loadgen.runner import prepare_target
+from wattserve.loadgen.runner import prepare_target
+
 from tests.loadgen_support import calibration_server
 
 META = {

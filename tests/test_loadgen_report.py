@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import math
 
-from loadgen import report
-from loadgen.plots import pareto_front
-from loadgen.runner import LoadSpec, RunResult, summarize
-from loadgen.stats import RequestRecord
+from wattserve.loadgen import report
+from wattserve.loadgen.plots import pareto_front
+from wattserve.loadgen.runner import LoadSpec, RunResult, summarize
+from wattserve.loadgen.stats import RequestRecord
 
 
 def test_pareto_front_keeps_points_not_beaten_on_both_axes() -> None:

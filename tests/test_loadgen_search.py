@@ -8,11 +8,10 @@ end-to-end test.
 from __future__ import annotations
 
 import pytest
-
-from loadgen import search
-from loadgen.runner import LoadSpec, RunResult, summarize
-from loadgen.search import Objective, SearchLimits, find_max_rate
-from loadgen.stats import RequestRecord
+from wattserve.loadgen import search
+from wattserve.loadgen.runner import LoadSpec, RunResult, summarize
+from wattserve.loadgen.search import Objective, SearchLimits, find_max_rate
+from wattserve.loadgen.stats import RequestRecord
 
 
 def fake_server(capacity: float, errors_above: float | None = None, invalid_above: float | None = None):

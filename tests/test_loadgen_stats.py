@@ -6,8 +6,7 @@ import math
 
 import numpy as np
 import pytest
-
-from loadgen.stats import (
+from wattserve.loadgen.stats import (
     PERCENTILES,
     min_queries_for,
     percentile_key,

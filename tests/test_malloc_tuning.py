@@ -17,9 +17,9 @@ SCRIPT = """
 import json, resource, sys, threading
 import numpy as np
 if sys.argv[1] == "tuned":
-    from server.lifecycle import tune_malloc
+    from wattserve.server.lifecycle import tune_malloc
     assert tune_malloc()
-from engines.torch_engine import TorchVisionEngine
+from wattserve.engines.torch_engine import TorchVisionEngine
 engine = TorchVisionEngine("mobilenet_v2", device="cpu")
 batch = {"input": np.zeros((16, 3, 224, 224), dtype=np.float32)}
 out = {}

@@ -13,8 +13,8 @@ import onnxruntime as ort
 import pytest
 import torch
 import tritonclient.http as triton
+from wattserve.server.settings import Settings
 
-from server.settings import Settings
 from tests.repository_support import IMAGE, make_repository
 from tests.servers import threaded_server
 

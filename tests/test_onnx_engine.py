@@ -14,9 +14,8 @@ import pytest
 import torch
 import tritonclient.http as triton
 from onnx import TensorProto, helper
-
-from engines.base import Engine, EngineError, EngineUnavailable, TensorSpec
-from engines.onnx_export import (
+from wattserve.engines.base import Engine, EngineError, EngineUnavailable, TensorSpec
+from wattserve.engines.onnx_export import (
     DEFAULT_RTOL,
     build_torchvision_model,
     check_onnx,
@@ -27,8 +26,9 @@ from engines.onnx_export import (
     main,
     recipe_digest,
 )
-from engines.onnxruntime_engine import OnnxRuntimeEngine, resolve_providers
-from server.settings import Settings
+from wattserve.engines.onnxruntime_engine import OnnxRuntimeEngine, resolve_providers
+from wattserve.server.settings import Settings
+
 from tests.servers import server_process
 
 MODEL = "mobilenet_v2"
@@ -247,7 +247,7 @@ def test_live_server_with_onnxruntime_matches_torch(onnx_file, torch_model):
 def test_registry_builds_each_engine_or_says_why_not(onnx_file, monkeypatch):
     import sys
 
-    from engines.registry import build_engine
+    from wattserve.engines.registry import build_engine
 
     engine = build_engine(Settings(model=MODEL, engine="onnxruntime", onnx_path=onnx_file, device="cpu"))
     assert isinstance(engine, OnnxRuntimeEngine)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from engines.base import Engine, EngineError, TensorSpec
-from engines.padding import PaddedEngine, PadsBatches, padded_slots
+from wattserve.engines.base import Engine, EngineError, TensorSpec
+from wattserve.engines.padding import PaddedEngine, PadsBatches, padded_slots
 
 
 class FixedSizeEngine:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from engines.profiles import (
+from wattserve.engines.profiles import (
     BatchProfile,
     batch_length,
     choose_bucket,

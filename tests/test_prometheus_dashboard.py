@@ -25,9 +25,9 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from wattserve.server.settings import Settings
+from wattserve.telemetry.metrics import needs_energy_hardware
 
-from server.settings import Settings
-from telemetry.metrics import needs_energy_hardware
 from tests.prometheus_fixture import prometheus_factory  # noqa: F401 - the fixture
 from tests.servers import threaded_server
 

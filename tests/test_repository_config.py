@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 import tritonclient
+from wattserve.server.app import create_app
+from wattserve.server.model_set import ModelLoadError
+from wattserve.server.repository.config import ConfigError, parse_config, read_config
+from wattserve.server.repository.plan import RepositorySource, plan_model
+from wattserve.server.settings import Settings
 
-from server.app import create_app
-from server.model_set import ModelLoadError
-from server.repository.config import ConfigError, parse_config, read_config
-from server.repository.plan import RepositorySource, plan_model
-from server.settings import Settings
 from tests.servers import ROOT, threaded_server
 
 
@@ -239,7 +239,7 @@ def test_export_writes_an_entry_triton_parses_and_wattserve_serves(tmp_path):
     from google.protobuf import text_format
 
     repo = tmp_path / "repo"
-    done = subprocess.run([sys.executable, "-m", "server", "export", "--model", "mobilenet_v2", "--legacy",
+    done = subprocess.run([sys.executable, "-m", "wattserve", "export", "--model", "mobilenet_v2", "--legacy",
                            "--verify", "1", "--repository", str(repo), "--cache-dir", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -282,9 +282,9 @@ def test_tensorrt_plan_served_through_the_tensorrt_engine_on_the_double(tmp_path
     machine lacks; real TensorRT runs only in scripts/gpu_check.sh."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
+    from wattserve.engines.profiles import parse_profiles
+    from wattserve.engines.tensorrt_engine import GpuIdentity, load_or_build_plan
 
-    from engines.profiles import parse_profiles
-    from engines.tensorrt_engine import GpuIdentity, load_or_build_plan
     from tests.doubles import fake_tensorrt
 
     w = np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)
@@ -312,8 +312,8 @@ def test_tensorrt_plan_served_through_the_tensorrt_engine_on_the_double(tmp_path
 
 
 def test_queue_policy_timeout_override_with_triton_meaning():
-    from server.metrics import ServingMetrics
-    from server.runtime import ModelRuntime
+    from wattserve.server.metrics import ServingMetrics
+    from wattserve.server.runtime import ModelRuntime
 
     def deadline_in(settings: Settings, timeout_us: int | None) -> float | None:
         runtime = ModelRuntime(settings, lambda s: None, ServingMetrics("m", "dynamic"))

@@ -10,8 +10,8 @@ import time
 import httpx
 import numpy as np
 import pytest
+from wattserve.server.settings import Settings
 
-from server.settings import Settings
 from tests.gated_engine import GatedEngine
 from tests.servers import threaded_server
 

@@ -13,11 +13,11 @@ import time
 import httpx
 import numpy as np
 import pytest
+from wattserve.batchers import BatcherConfig, ContinuousBatcher, QueueFull, WorkItem
+from wattserve.server.lifecycle import IdleTrimmer
+from wattserve.server.security import api_of, parse_restricted_api
+from wattserve.server.settings import Settings
 
-from batchers import BatcherConfig, ContinuousBatcher, QueueFull, WorkItem
-from server.lifecycle import IdleTrimmer
-from server.security import api_of, parse_restricted_api
-from server.settings import Settings
 from tests.gated_engine import GatedEngine, item_input
 from tests.servers import threaded_server
 from tests.test_batchers import wait_until
@@ -138,9 +138,8 @@ def test_decompression_bomb_is_refused_from_its_header(server):
 
 def test_preprocess_checks_pixels_before_decoding():
     from PIL import Image, ImageFile
-
-    from server.codec import BadRequest
-    from server.images import preprocess_image
+    from wattserve.server.codec import BadRequest
+    from wattserve.server.images import preprocess_image
 
     buf = io.BytesIO()
     Image.new("L", (8000, 8000)).save(buf, format="PNG", optimize=True)
@@ -158,8 +157,7 @@ def test_preprocess_checks_pixels_before_decoding():
 
 def test_jpeg_is_decoded_scaled_down_and_still_preprocessed_right():
     from PIL import Image
-
-    from server.images import preprocess_image
+    from wattserve.server.images import preprocess_image
 
     buf = io.BytesIO()
     rng = np.random.default_rng(0)
@@ -268,8 +266,7 @@ def test_chunked_multipart_upload_is_held_to_the_body_limit(server):
 
 def test_chunked_multipart_limit_on_an_image_model():
     from starlette.datastructures import Headers
-
-    from server.admission import read_upload
+    from wattserve.server.admission import read_upload
 
     class FakeRequest:  # only what read_upload reads: headers and stream()
         headers = Headers({"content-type": "multipart/form-data; boundary=b"})
@@ -280,7 +277,7 @@ def test_chunked_multipart_limit_on_an_image_model():
                 yield b"\0" * 1024
             yield b"\r\n--b--\r\n"
 
-    from server.codec import BadRequest
+    from wattserve.server.codec import BadRequest
 
     with pytest.raises(BadRequest) as info:
         asyncio.run(read_upload(FakeRequest(), 10 * 1024))  # type: ignore[arg-type]
@@ -415,7 +412,7 @@ def test_drain_grace_reports_not_ready_but_keeps_serving_then_drains():
 
 
 def test_service_rate_is_optimistic_until_a_full_batch_is_measured():
-    from batchers.service_rate import ServiceRate
+    from wattserve.batchers.service_rate import ServiceRate
 
     rate = ServiceRate(instances=1, max_batch_size=8)
     rate.observe(1, 0.02)  # light load: batches of one, 20 ms each

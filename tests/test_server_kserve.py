@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tritonclient.http as triton
+from wattserve.server.settings import Settings
 
-from server.settings import Settings
 from tests.servers import threaded_server
 
 

@@ -11,9 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from loadgen.cli import main
-from loadgen.study import load_study, server_environment, verdict
+from wattserve.loadgen.cli import main
+from wattserve.loadgen.study import load_study, server_environment, verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "studies" / "ci-tiny.toml"
@@ -97,8 +96,8 @@ def test_tiny_study_runs_end_to_end(tmp_path: Path) -> None:
 
 def fake_row(batching: str, workload: str, achieved: float, p95_ok: bool, energy=None):
     """A minimal RunResult stand-in for the verdict's arithmetic."""
-    from loadgen.runner import LoadSpec, RunResult
-    from loadgen.stats import RequestRecord
+    from wattserve.loadgen.runner import LoadSpec, RunResult
+    from wattserve.loadgen.stats import RequestRecord
 
     spec = LoadSpec("poisson", rate=achieved, warmup_s=0.0, duration_s=1.0)
     latency = 0.010 if p95_ok else 1.0

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import pytest
 from prometheus_client import CollectorRegistry
+from wattserve.server.settings import Settings
+from wattserve.telemetry import TelemetryService
 
-from server.settings import Settings
-from telemetry import TelemetryService
 from tests.doubles.fake_nvml import FakeGpu, FakeNvml
 
 IDLE_W, BUSY_W = 90.0, 450.0

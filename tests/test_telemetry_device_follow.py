@@ -10,8 +10,8 @@ import sys
 
 import httpx
 import numpy as np
+from wattserve.server.settings import Settings
 
-from server.settings import Settings
 from tests.doubles.fake_nvml import FakeGpu, FakeNvml
 from tests.servers import threaded_server
 

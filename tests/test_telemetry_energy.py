@@ -9,13 +9,13 @@ import threading
 
 import pytest
 from prometheus_client import CollectorRegistry
+from wattserve.server.settings import Settings
+from wattserve.telemetry import EnergyMeter, TelemetryService
+from wattserve.telemetry.cumulative import CounterEnergy, IntegratedPowerEnergy
+from wattserve.telemetry.energy import EnergyLedger
+from wattserve.telemetry.nvml_gpu import open_gpus
+from wattserve.telemetry.windows import union_length
 
-from server.settings import Settings
-from telemetry import EnergyMeter, TelemetryService
-from telemetry.cumulative import CounterEnergy, IntegratedPowerEnergy
-from telemetry.energy import EnergyLedger
-from telemetry.nvml_gpu import open_gpus
-from telemetry.windows import union_length
 from tests.doubles.fake_nvml import NVML_ERROR_GPU_IS_LOST, FakeGpu, FakeNvml
 
 
@@ -242,8 +242,7 @@ def test_record_batch_shares_energy_equally_per_request():
 
 def test_observe_many_matches_one_by_one_observations():
     from prometheus_client import Histogram
-
-    from telemetry.service import observe_many
+    from wattserve.telemetry.service import observe_many
 
     registry = CollectorRegistry()
     buckets = (0.1, 1.0, 10.0)

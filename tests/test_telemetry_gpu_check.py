@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
+from wattserve.server.settings import Settings
+from wattserve.telemetry import TelemetryService
+from wattserve.telemetry.nvml_gpu import open_gpus
 
-from server.settings import Settings
-from telemetry import TelemetryService
-from telemetry.nvml_gpu import open_gpus
 from tests.doubles.fake_nvml import FakeGpu, FakeNvml
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,13 +9,12 @@ import json
 import subprocess
 import sys
 import tarfile
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
-
-from loadgen.plots import energy_latency_per_config
-from loadgen.study import Study
+from wattserve.loadgen.plots import energy_latency_per_config
+from wattserve.loadgen.study import Study
 
 ROOT = Path(__file__).resolve().parent.parent
 

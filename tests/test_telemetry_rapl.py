@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
+from wattserve.server.settings import Settings
+from wattserve.telemetry import TelemetryService
+from wattserve.telemetry.cumulative import RaplEnergy
+from wattserve.telemetry.rapl import find_packages, unwrap_delta_uj
 
-from server.settings import Settings
-from telemetry import TelemetryService
-from telemetry.cumulative import RaplEnergy
-from telemetry.rapl import find_packages, unwrap_delta_uj
 from tests.doubles.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGpu, FakeNvml
 
 MAX_RANGE = 262_143_328_850  # a typical package max_energy_range_uj

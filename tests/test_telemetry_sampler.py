@@ -6,9 +6,9 @@ import time
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from wattserve.server.settings import Settings
+from wattserve.telemetry import TelemetryService
 
-from server.settings import Settings
-from telemetry import TelemetryService
 from tests.doubles.fake_nvml import NVML_ERROR_GPU_IS_LOST, FakeGpu, FakeNvml
 
 

@@ -7,10 +7,10 @@ import re
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from wattserve.server.settings import Settings
+from wattserve.telemetry import TelemetryService
+from wattserve.telemetry.metrics import needs_energy_hardware
 
-from server.settings import Settings
-from telemetry import TelemetryService
-from telemetry.metrics import needs_energy_hardware
 from tests.doubles.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)", re.M)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from prometheus_client import CollectorRegistry
+from wattserve.server.settings import Settings
+from wattserve.telemetry import TelemetryService
 
-from server.settings import Settings
-from telemetry import TelemetryService
 from tests.doubles.fake_nvml import NVML_ERROR_GPU_IS_LOST, FakeGpu, FakeNvml
 
 

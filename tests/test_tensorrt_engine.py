@@ -16,11 +16,10 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-
-from engines.base import Engine, EngineError, EngineUnavailable
-from engines.padding import padded_slots
-from engines.profiles import parse_profiles, select_profile
-from engines.tensorrt_engine import (
+from wattserve.engines.base import Engine, EngineError, EngineUnavailable
+from wattserve.engines.padding import padded_slots
+from wattserve.engines.profiles import parse_profiles, select_profile
+from wattserve.engines.tensorrt_engine import (
     GpuIdentity,
     TensorRTEngine,
     build_plan,
@@ -30,7 +29,8 @@ from engines.tensorrt_engine import (
     load_or_build_plan,
     main,
 )
-from server.settings import Settings
+from wattserve.server.settings import Settings
+
 from tests.doubles import fake_tensorrt
 
 DEFAULT = "1:1:1,2:4:8,8:16:32"

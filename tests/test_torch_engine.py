@@ -11,9 +11,9 @@ import pytest
 import torch
 import tritonclient.http as triton
 from PIL import Image
+from wattserve.engines.torch_engine import TorchVisionEngine, load_torchvision_model
+from wattserve.server.settings import Settings
 
-from engines.torch_engine import TorchVisionEngine, load_torchvision_model
-from server.settings import Settings
 from tests.servers import threaded_server
 
 # Logits are O(0.1-1) after BatchNorm calibration; oneDNN picks different kernels per
@@ -66,7 +66,7 @@ def test_weights_from_a_local_checkpoint(tmp_path, images):
 def test_cuda_requested_without_gpu_is_a_clear_error():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    from engines.base import EngineError
+    from wattserve.engines.base import EngineError
 
     with pytest.raises(EngineError, match="no CUDA device"):
         TorchVisionEngine("mobilenet_v2", device="cuda")

@@ -8,10 +8,10 @@ import math
 
 import numpy as np
 import pytest
+from wattserve.server.settings import Settings
 
 from benchmarks import triton_mobilenet as tm
 from benchmarks import vs_triton as vt
-from server.settings import Settings
 
 
 def test_rates_cover_each_fraction_of_each_capacity_in_order():
@@ -136,7 +136,7 @@ def test_triton_script_refuses_nonsense():
 @pytest.mark.slow
 def test_triton_script_serves_the_same_model_as_wattserve(monkeypatch):
     """The weights Triton would serve are wattserve's: same logits for the same input."""
-    from engines.registry import build_engine
+    from wattserve.engines.registry import build_engine
 
     knobs = vt.ServingKnobs("mobilenet_v2", 2, 5.0, 0, True, None)
     cfg = tm.parse_args([*knobs.triton_args(1, 2, 3), "--no-warmup"])
@@ -160,8 +160,9 @@ def test_measure_wiring_against_two_v2_servers(capsys):
     """The search, the alternating fixed-rate runs and the document they fill, end to end, with
     two wattserve identity servers standing in for the pair (CI has no Triton; the real run
     is ``python -m benchmarks.vs_triton``). Tiny windows: this checks wiring, not speed."""
+    from wattserve.loadgen.runner import run_async
+
     from benchmarks._harness import wattserve
-    from loadgen.runner import run_async
 
     win = vt.Windows(warmup_s=0.2, duration_s=1.0, point_queries=10, search_queries=20,
                      search_tolerance=0.5, search_steps=2)  # fmt: skip

@@ -11,8 +11,7 @@ from pathlib import Path
 
 from google.protobuf import text_format
 from google.protobuf.message import Message
-
-from server.repository import model_config_pb2 as pb
+from wattserve.server.repository import model_config_pb2 as pb
 
 CONFIG_FILE = "config.pbtxt"
 

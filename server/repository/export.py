@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from engines import onnx_export
-from server.repository import model_config_pb2 as pb
-from server.repository.config import CONFIG_FILE, to_text
+from wattserve.engines import onnx_export
+from wattserve.server.repository import model_config_pb2 as pb
+from wattserve.server.repository.config import CONFIG_FILE, to_text
 
 
 def entry_config(model: str, max_batch_size: int, max_queue_delay_us: int) -> pb.ModelConfig:

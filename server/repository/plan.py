@@ -18,12 +18,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from engines.base import DATATYPE_TO_NUMPY, Engine, EngineUnavailable, TensorSpec
-from engines.registry import MODELS, build_engine
-from server.model_plan import EngineFactory, ModelPlan
-from server.repository import model_config_pb2 as pb
-from server.repository.config import ConfigError, read_config, select_versions, unhonoured_fields
-from server.settings import Settings
+from wattserve.engines.base import DATATYPE_TO_NUMPY, Engine, EngineUnavailable, TensorSpec
+from wattserve.engines.registry import MODELS, build_engine
+from wattserve.server.model_plan import EngineFactory, ModelPlan
+from wattserve.server.repository import model_config_pb2 as pb
+from wattserve.server.repository.config import ConfigError, read_config, select_versions, unhonoured_fields
+from wattserve.server.settings import Settings
 
 log = logging.getLogger("wattserve.repository")
 
@@ -232,18 +232,18 @@ def _engine_factory(
         engine: Engine
         max_batch = settings.max_batch_size if batching else 1
         if kind == "onnx":
-            from engines.onnxruntime_engine import OnnxRuntimeEngine
+            from wattserve.engines.onnxruntime_engine import OnnxRuntimeEngine
 
             engine = OnnxRuntimeEngine(path, name=name, max_batch_size=max_batch, device=settings.device,
                                        threads=settings.torch_threads, batched=batching)  # fmt: skip
         elif kind == "torchscript":
-            from engines.torchscript_engine import TorchScriptEngine
+            from wattserve.engines.torchscript_engine import TorchScriptEngine
 
             engine = TorchScriptEngine(path, name=name, inputs=in_inner, outputs=out_inner,
                                        max_batch_size=max_batch, device=settings.device,
                                        batched=batching, threads=settings.torch_threads)  # fmt: skip
         elif kind == "tensorrt":
-            from engines.tensorrt_engine import TensorRTEngine, cuda_device_index
+            from wattserve.engines.tensorrt_engine import TensorRTEngine, cuda_device_index
 
             engine = TensorRTEngine(
                 path.read_bytes(), name=name, device_index=cuda_device_index(settings.device)
@@ -252,7 +252,7 @@ def _engine_factory(
             engine = build_engine(settings)
         _check_against_config(engine, in_inner, out_inner, source)
         if in_outer != in_inner or out_outer != out_inner:
-            from engines.reshape import ReshapedEngine
+            from wattserve.engines.reshape import ReshapedEngine
 
             engine = ReshapedEngine(engine, in_outer or engine.inputs, out_outer or engine.outputs)
         return engine

@@ -9,10 +9,9 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-
-from batchers.types import Result, WorkItem
-from server.admission import Refused
-from server.runtime import ModelRuntime
+from wattserve.batchers.types import Result, WorkItem
+from wattserve.server.admission import Refused
+from wattserve.server.runtime import ModelRuntime
 
 WATCH_AFTER_S = 0.02  # answers slower than this get a task watching for a gone client
 

@@ -11,12 +11,11 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-
-from server.admission import Refused, select
-from server.model_set import ModelSet, ModelState, UnknownModel
-from server.routes.common import error_response, json_response, refusal_response
-from server.runtime import ModelRuntime
-from server.settings import Settings
+from wattserve.server.admission import Refused, select
+from wattserve.server.model_set import ModelSet, ModelState, UnknownModel
+from wattserve.server.routes.common import error_response, json_response, refusal_response
+from wattserve.server.runtime import ModelRuntime
+from wattserve.server.settings import Settings
 
 VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data", "schedule_policy", "model_configuration", "classification",

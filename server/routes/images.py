@@ -16,19 +16,18 @@ import io
 import numpy as np
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
-
-from server.admission import Refused, admit, read_upload
-from server.codec import BadRequest, InferRequest
-from server.model_set import ModelSet
-from server.routes.common import (
+from wattserve.server.admission import Refused, admit, read_upload
+from wattserve.server.codec import BadRequest, InferRequest
+from wattserve.server.model_set import ModelSet
+from wattserve.server.routes.common import (
     error_response,
     json_response,
     refusal_response,
     timing_headers,
     watching_submit,
 )
-from server.runtime import ModelRuntime
-from server.settings import Settings
+from wattserve.server.runtime import ModelRuntime
+from wattserve.server.settings import Settings
 
 MAX_SCALE = 16
 
@@ -56,8 +55,8 @@ def images_router(models: ModelSet, settings: Settings) -> APIRouter:
     @router.post("/v2/models/{name}/classify")
     async def classify(name: str, request: Request, top_k: int = 5) -> Response:
         """Upload a JPEG/PNG (multipart field 'file', or the raw body); get the top-k classes."""
-        from server.images import preprocess_image
-        from server.images import top_k as best_classes
+        from wattserve.server.images import preprocess_image
+        from wattserve.server.images import top_k as best_classes
 
         if not 1 <= top_k <= 1000:
             return error_response("top_k must be within 1..1000", 400)

@@ -11,13 +11,12 @@ import asyncio
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-
-from server.admission import BodyBudget, Refused, admit, check_content_type, reserved_body
-from server.codec import BINARY_HEADER, InferRequest, encode_infer_response, parse_infer_request
-from server.model_set import ModelSet
-from server.routes.common import refusal_response, timing_headers, watching_submit
-from server.runtime import ModelRuntime
-from server.settings import Settings
+from wattserve.server.admission import BodyBudget, Refused, admit, check_content_type, reserved_body
+from wattserve.server.codec import BINARY_HEADER, InferRequest, encode_infer_response, parse_infer_request
+from wattserve.server.model_set import ModelSet
+from wattserve.server.routes.common import refusal_response, timing_headers, watching_submit
+from wattserve.server.runtime import ModelRuntime
+from wattserve.server.settings import Settings
 
 OFFLOAD_DECODE_BYTES = 256 * 1024  # bodies above this are decoded on a worker thread
 

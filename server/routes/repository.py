@@ -11,9 +11,8 @@ from __future__ import annotations
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-
-from server.model_set import ModelLoadError, ModelSet, ModelState, UnknownModel
-from server.routes.common import error_response, json_response
+from wattserve.server.model_set import ModelLoadError, ModelSet, ModelState, UnknownModel
+from wattserve.server.routes.common import error_response, json_response
 
 
 def repository_router(models: ModelSet) -> APIRouter:

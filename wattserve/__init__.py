@@ -1,0 +1,21 @@
+"""wattserve: an energy-aware batching inference server (KServe v2 / Triton protocol).
+
+The source folders at the repository root (``server/``, ``batchers/``, ``engines/``,
+``telemetry/``, ``loadgen/``) install as subpackages of this one (pyproject's
+``package-dir``), so installing wattserve adds a single top-level name to site-packages.
+"""
+
+from importlib import metadata
+from pathlib import Path
+
+# In a source checkout (pyproject.toml beside this folder) the subpackages are the sibling
+# folders: found here, a checkout runs with only PYTHONPATH pointing at it, and an editable
+# install resolves them to the same files. An installed wheel has them inside this folder.
+_CHECKOUT = Path(__file__).resolve().parent.parent
+if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "server" / "__init__.py").is_file():
+    __path__.append(str(_CHECKOUT))
+
+try:
+    __version__ = metadata.version("wattserve")
+except metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"

@@ -20,6 +20,18 @@ def _pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
+def _copy_checkout(target: Path, *extra: str) -> Path:
+    """The files a build or a PYTHONPATH run needs, copied out of this checkout."""
+    target.mkdir()
+    for name in ("pyproject.toml", "wattserve", *SOURCE_FOLDERS, *extra):
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, target / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, target / name)
+    return target
+
+
 def test_every_source_package_is_listed_under_the_namespace() -> None:
     """A new subfolder with an ``__init__.py`` must be added to pyproject's list, or a wheel
     install would lack it while the editable install (which maps folders) still works."""
@@ -42,9 +54,10 @@ def test_console_script_points_into_the_namespace() -> None:
 def test_wheel_holds_only_the_wattserve_package(tmp_path: Path) -> None:
     """What ``pip install .`` would put into site-packages: one top-level package and its
     dist-info, with the server, its routes and the repository parser inside."""
+    source = _copy_checkout(tmp_path / "source", "README.md")  # setuptools writes build/ beside it
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-         str(tmp_path), str(ROOT)],
+         str(tmp_path), str(source)],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     (wheel,) = tmp_path.glob("wattserve-*.whl")
@@ -62,15 +75,7 @@ def test_wheel_holds_only_the_wattserve_package(tmp_path: Path) -> None:
 def test_a_source_checkout_runs_with_only_pythonpath(tmp_path: Path) -> None:
     """``python -m wattserve`` from a checkout that is not the installed one (how benchmarks
     compare two versions in one run) imports that checkout's files, not the installed ones."""
-    other = tmp_path / "other-checkout"
-    keep = ("pyproject.toml", "wattserve", *SOURCE_FOLDERS)
-    other.mkdir()
-    for name in keep:
-        source = ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, other / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(source, other / name)
+    other = _copy_checkout(tmp_path / "other-checkout")
     out = subprocess.run(
         [sys.executable, "-c", "import wattserve.server.settings as s; print(s.__file__)"],
         env={"PYTHONPATH": str(other), "PATH": "/usr/bin:/bin"}, cwd=tmp_path,

@@ -117,6 +117,18 @@ class RunResult:
     started_at: str
     extra: dict[str, Any] = field(default_factory=dict)  # study/search labels
 
+    def measured(self) -> list[RequestRecord]:
+        """The requests due inside the measurement window (after warm-up), by intended time."""
+        w0 = self.spec.warmup_s
+        w1 = w0 + self.spec.duration_s
+        return [r for r in self.records if w0 <= r.intended_s < w1]
+
+    def slo_percentile_ms(self, percentile: float) -> float:
+        """The window's latency percentile with every failed request counted as a miss."""
+        inside = self.measured()
+        ok = [r.latency_s for r in inside if r.ok]
+        return stats.slo_percentile_ms(ok, len(inside) - len(ok), percentile)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "label": self.label,

@@ -41,10 +41,7 @@ class SearchLimits:
 
 def step_verdict(run: RunResult, objective: Objective) -> dict[str, Any]:
     """Does this run meet the objective? Failed requests count as misses."""
-    w0, w1 = run.spec.warmup_s, run.spec.warmup_s + run.spec.duration_s
-    inside = [r for r in run.records if w0 <= r.intended_s < w1]
-    ok = [r.latency_s for r in inside if r.ok]
-    value = stats.slo_percentile_ms(ok, len(inside) - len(ok), objective.percentile)
+    value = run.slo_percentile_ms(objective.percentile)
     meets = value <= objective.slo_ms
     return {
         "rate": run.spec.rate,

@@ -307,10 +307,7 @@ def verdict(runs: Sequence[RunResult], percentile: float, slo_ms: float) -> dict
 def _verdict_row(run: RunResult, percentile: float, slo_ms: float) -> dict[str, Any]:
     """One run against the objective: its percentile over the measurement window, failures
     counted as misses."""
-    w0, w1 = run.spec.warmup_s, run.spec.warmup_s + run.spec.duration_s
-    inside = [r for r in run.records if w0 <= r.intended_s < w1]
-    ok = [r.latency_s for r in inside if r.ok]
-    value = stats.slo_percentile_ms(ok, len(inside) - len(ok), percentile)
+    value = run.slo_percentile_ms(percentile)
     return {
         "label": run.label,
         "model": run.extra.get("model"),

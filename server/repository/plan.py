@@ -7,7 +7,7 @@ names it). wattserve's own choices go in ``parameters`` (Triton's place for back
 - ``batcher``: static / dynamic / continuous. Unset: ``WATTSERVE_BATCHER`` when it is set,
   else dynamic.
 - ``builtin``: with ``backend: "wattserve"``, which built-in model (a name in
-  ``engines.registry.MODELS``); defaults to the directory name.
+  ``wattserve.engines.registry.MODELS``); defaults to the directory name.
 - ``check_values``: "true" rejects NaN/Inf in float inputs with a 400.
 - any key of ``MODEL_PARAMETERS`` below sets that WATTSERVE_* setting for this model only.
 """

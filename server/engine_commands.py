@@ -20,9 +20,11 @@ from wattserve.engines import tensorrt_engine as trt_engine
 from wattserve.engines.base import EngineUnavailable
 from wattserve.engines.profiles import parse_profiles
 from wattserve.engines.registry import TORCHVISION_MODELS
+from wattserve.server.settings import Settings
 
-DEFAULT_CACHE_DIR = Path(".cache/wattserve")
-DEFAULT_TRT_PROFILES = "1:1:1,2:4:8,8:16:32"
+# The server's own defaults, so a plan built here is the one `wattserve serve` finds.
+DEFAULT_CACHE_DIR: Path = Settings.model_fields["cache_dir"].default
+DEFAULT_TRT_PROFILES: str = Settings.model_fields["trt_profiles"].default
 
 
 def add_engine_commands(sub: argparse._SubParsersAction) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typing
+from pathlib import Path
 
 import pytest
 from wattserve.engines.identity import IdentityEngine
@@ -37,3 +38,5 @@ def test_every_torchvision_model_is_a_built_in_and_exportable():
         assert parser.parse_args(["export", "--model", name]).model == name
     with pytest.raises(SystemExit):
         parser.parse_args(["export", "--model", "identity"])
+    build = parser.parse_args(["build-engine"])  # builds where `wattserve serve` looks
+    assert (build.cache_dir, build.profiles) == (Path(".cache/wattserve"), "1:1:1,2:4:8,8:16:32")

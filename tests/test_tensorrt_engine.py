@@ -292,7 +292,7 @@ def test_cuda_resources_live_and_die_on_the_engine_thread(trt_engine):
 
 def test_profile_selection_failure_raises_in_tensorrt_10_and_is_unavailable(trt_engine, monkeypatch):
     engine, driver = trt_engine()
-    engine._trt.fail_profile_select = True
+    sys.modules["tensorrt"].fail_profile_select = True  # the double fake_tensorrt.install put there
     plan = engine._engine.plan
     import json
 

@@ -107,8 +107,7 @@ class Row:
 
 
 def row_from(run: RunResult, config: str, arrival: str, load: float) -> Row:
-    w0, w1 = run.spec.warmup_s, run.spec.warmup_s + run.spec.duration_s
-    inside = [r for r in run.records if w0 <= r.intended_s < w1]
+    inside = run.measured()
     ok = [r.latency_s for r in inside if r.ok]
     within = sum(1 for lat in ok if lat * 1000 <= SLO_MS)
     server = run.server or {}

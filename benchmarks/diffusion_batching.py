@@ -121,8 +121,7 @@ async def measure(url: str, rate: float, duration_s: float, warmup_s: float, req
 def summarize(policy: str, rate: float, result: RunResult, before: dict, after: dict, wall_s: float) -> Run:
     s = result.summary
     lat = s["latency_ms"]
-    w0, w1 = result.spec.warmup_s, result.spec.warmup_s + result.spec.duration_s
-    latencies = sorted(r.latency_s * 1e3 for r in result.records if r.ok and w0 <= r.intended_s < w1)
+    latencies = sorted(r.latency_s * 1e3 for r in result.measured() if r.ok)
     steps = after.get("wattserve_iteration_state_steps_total", 0) - before.get(
         "wattserve_iteration_state_steps_total", 0
     )

@@ -1,4 +1,4 @@
-"""Export a served torchvision model to ONNX with a dynamic batch axis (``wattserve export``).
+"""Export a served torchvision model to ONNX with a dynamic batch axis.
 
 The ONNX file feeds the ONNX Runtime and TensorRT engines. It must compute what the torch
 engine computes, for every batch size, so the export is checked with onnx's checker and its
@@ -9,17 +9,17 @@ It folds BatchNorm into the convolutions and gives a clean graph; measured here 
 torch to ~1e-5 relative on mobilenet_v2/resnet50. It takes ~8-12 s for mobilenet_v2 on this
 CPU against ~0.5 s for the legacy TorchScript exporter, but exports are cached, and the legacy one
 is deprecated; ``legacy=True`` (opset 17) remains for old TensorRT parsers.
+
+The command line (``wattserve export``) is in ``server/engine_commands.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
 import os
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,11 +44,11 @@ def build_torchvision_model(name: str, seed: int = 0, weights: str | None = None
 
     Random weights from ``seed`` unless ``weights`` names a local state dict (or 'pretrained').
     """
-    from wattserve.engines.torch_engine import TORCHVISION_MODELS as SERVED
+    from wattserve.engines.registry import TORCHVISION_MODELS
     from wattserve.engines.torch_engine import load_torchvision_model
 
-    if name not in SERVED:
-        raise EngineUnavailable(f"ONNX export supports {', '.join(SERVED)}; not {name!r}")
+    if name not in TORCHVISION_MODELS:
+        raise EngineUnavailable(f"ONNX export supports {', '.join(TORCHVISION_MODELS)}; not {name!r}")
     return load_torchvision_model(name, weights, seed).eval()
 
 
@@ -210,54 +210,3 @@ def ensure_onnx(settings) -> Path:
             f"exported {settings.model} disagrees with torch: relative diff {worst.rel_diff:.2e}"
         )
     return path
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model", default="mobilenet_v2", choices=("resnet50", "mobilenet_v2", "mobilenet_v3_large")
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed for random weights")
-    parser.add_argument("--weights", default=None, help="local state-dict file (optional)")
-    parser.add_argument("--out", type=Path, default=None, help="ONNX file (default: cache)")
-    parser.add_argument("--cache-dir", type=Path, default=Path(".cache/wattserve"))
-    parser.add_argument("--legacy", action="store_true", help="TorchScript exporter, opset 17 (deprecated)")
-    parser.add_argument(
-        "--verify",
-        default="1,2,4,8,16,32",
-        help="batch sizes to compare with torch (empty: skip)",
-    )
-    parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL)
-
-
-def run(args: argparse.Namespace) -> int:
-    """``wattserve export``: export, check, compare; exit 1 if torch and ONNX disagree."""
-    out = args.out or default_onnx_path(args.cache_dir, args.model, args.seed, args.legacy, args.weights)
-    model = build_torchvision_model(args.model, args.seed, args.weights)
-    start = time.perf_counter()
-    export_onnx(model, out, legacy=args.legacy)
-    exporter = "legacy (TorchScript)" if args.legacy else "dynamo (torch.export)"
-    print(
-        f"exported {args.model} -> {out} with the {exporter} exporter "
-        f"in {time.perf_counter() - start:.1f}s; onnx.checker passed"
-    )
-    sizes = [int(s) for s in args.verify.split(",") if s.strip()]
-    ok = True
-    for a in compare_with_torch(model, out, sizes):
-        good = a.rel_diff <= args.rtol
-        ok &= good
-        print(
-            f"  batch {a.batch_size:>3}: max|diff| {a.max_abs_diff:.3e}  "
-            f"max|torch| {a.max_abs_ref:.3e}  relative {a.rel_diff:.2e}  "
-            f"{'ok' if good else 'FAIL'}"
-        )
-    return 0 if ok else 1
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="wattserve export", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -169,11 +169,6 @@ def pad_batch(batch: Mapping[str, np.ndarray], size: int) -> dict[str, np.ndarra
     return out
 
 
-def slice_outputs(outputs: Mapping[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
-    """Keep the first ``n`` rows of every output (drop the padded rows)."""
-    return {name: arr[:n] for name, arr in outputs.items()}
-
-
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:

@@ -1,6 +1,7 @@
 """TensorRT engine: a plan built from the exported ONNX with min/opt/max batch profiles.
 
-Build (``wattserve build-engine``): parse the ONNX file, add one optimization profile per
+Build (``wattserve build-engine``, whose command line is ``server/engine_commands.py``; or
+at start-up): parse the ONNX file, add one optimization profile per
 ``settings.trt_profiles`` entry (e.g. 1:1:1, 2:4:8, 8:16:32), optionally fp16, reuse a
 timing cache file, and keep the serialized plan in a cache keyed by ONNX hash, GPU name,
 TensorRT version, profiles and precision (a plan is valid only for exactly those).
@@ -29,7 +30,6 @@ calibration data we do not have (random weights), and faking it would be dishone
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -280,6 +280,37 @@ def load_or_build_plan(
     return PlanRecord(path, key, True, seconds, fields)
 
 
+def load_or_build_plan_on_device(
+    device_index: int,
+    onnx_path: Path,
+    profiles: Sequence[BatchProfile],
+    *,
+    model: str,
+    fp16: bool,
+    cache_dir: Path,
+    workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
+) -> PlanRecord:
+    """``load_or_build_plan`` on GPU ``device_index``, from a thread that owns no CUDA context
+    (the command line): that GPU's primary context is current for the build, then released."""
+    import_tensorrt()
+    cuda = import_pycuda()
+    context = cuda.Device(device_index).retain_primary_context()
+    context.push()  # TensorRT builds on the current device: make it the one asked for
+    try:
+        return load_or_build_plan(
+            onnx_path,
+            profiles,
+            model=model,
+            gpu=gpu_identity(cuda, device_index),
+            fp16=fp16,
+            cache_dir=cache_dir,
+            workspace_bytes=workspace_bytes,
+        )
+    finally:
+        cuda.Context.pop()
+        context.detach()
+
+
 # --------------------------------------------------------------------------- run
 
 
@@ -303,9 +334,8 @@ class TensorRTEngine:
         expected_profiles: Sequence[BatchProfile] | None = None,
         build: Callable[[], PlanRecord] | None = None,
     ) -> None:
-        trt = import_tensorrt()
-        cuda = import_pycuda()
-        self._trt, self._cuda = trt, cuda
+        import_tensorrt()
+        self._cuda = import_pycuda()
         self.name = name
         self.device = f"cuda:{device_index}"
         self.plan: PlanRecord | None = None
@@ -527,71 +557,3 @@ class TensorRTEngine:
         finally:
             self._owner.shutdown(wait=True)
             self._owner = None
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="mobilenet_v2")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--onnx", type=Path, default=None, help="ONNX file (default: export)")
-    parser.add_argument("--profiles", default="1:1:1,2:4:8,8:16:32", help="min:opt:max,...")
-    parser.add_argument("--fp16", action="store_true")
-    parser.add_argument("--device", default="cuda:0")
-    parser.add_argument("--cache-dir", type=Path, default=Path(".cache/wattserve"))
-    parser.add_argument("--workspace-mib", type=int, default=DEFAULT_WORKSPACE_BYTES >> 20)
-
-
-def run(args: argparse.Namespace) -> int:
-    """``wattserve build-engine``: build (or find cached) the plan and print where it is.
-    Exit 2, saying what is missing, without TensorRT, pycuda or a GPU."""
-    try:
-        return _build(args)
-    except EngineUnavailable as exc:
-        print(f"wattserve build-engine: {exc}")
-        return 2
-
-
-def _build(args: argparse.Namespace) -> int:
-    from types import SimpleNamespace
-
-    from wattserve.engines.onnx_export import ensure_onnx
-
-    import_tensorrt()
-    cuda = import_pycuda()
-    index = cuda_device_index(args.device)
-    profiles = parse_profiles(args.profiles)
-    settings = SimpleNamespace(
-        model=args.model, seed=args.seed, onnx_path=args.onnx, cache_dir=args.cache_dir, weights=None
-    )
-    onnx_path = ensure_onnx(settings)
-    context = cuda.Device(index).retain_primary_context()
-    context.push()  # TensorRT builds on the current device: make it the one asked for
-    try:
-        record = load_or_build_plan(
-            onnx_path,
-            profiles,
-            model=args.model,
-            gpu=gpu_identity(cuda, index),
-            fp16=args.fp16,
-            cache_dir=args.cache_dir,
-            workspace_bytes=args.workspace_mib << 20,
-        )
-    finally:
-        cuda.Context.pop()
-        context.detach()
-    what = f"built in {record.build_seconds:.1f}s" if record.built else "found in cache"
-    print(f"TensorRT plan {record.path} ({what}); key {record.key}")
-    print(json.dumps(record.fields, indent=2))
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="wattserve build-engine", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

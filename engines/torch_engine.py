@@ -15,10 +15,10 @@ import numpy as np
 import torch
 import torchvision
 from wattserve.engines.base import Batch, EngineError, TensorSpec
+from wattserve.engines.registry import TORCHVISION_MODELS
 
 log = logging.getLogger("wattserve.engines.torch")
 
-TORCHVISION_MODELS = ("resnet50", "mobilenet_v2", "mobilenet_v3_large")
 IMAGE_SPEC = TensorSpec("input", (3, 224, 224), "FP32")
 LOGITS_SPEC = TensorSpec("logits", (1000,), "FP32", allow_nonfinite=True)
 

@@ -22,9 +22,7 @@ GroupKey = Callable[[RunResult], str]
 
 
 def _ok_latencies_ms(run: RunResult) -> np.ndarray:
-    w0 = run.spec.warmup_s
-    w1 = w0 + run.spec.duration_s
-    return np.sort(np.array([r.latency_s * 1000 for r in run.records if r.ok and w0 <= r.intended_s < w1]))
+    return np.sort(np.array([r.latency_s * 1000 for r in run.measured() if r.ok]))
 
 
 def _grid(n: int) -> tuple[plt.Figure, list[plt.Axes]]:

@@ -126,9 +126,6 @@ class _Delta:
     def __init__(self, start: Snapshot, end: Snapshot) -> None:
         self.start, self.end = start, end
 
-    def present(self, name: str) -> bool:
-        return any(True for _ in self.end.samples(name))
-
     def by_labels(self, name: str) -> dict[LabelKey, float]:
         return {
             labels: value - self.start.values.get((name, labels), 0.0)

@@ -117,6 +117,18 @@ class RunResult:
     started_at: str
     extra: dict[str, Any] = field(default_factory=dict)  # study/search labels
 
+    def measured(self) -> list[RequestRecord]:
+        """The requests due inside the measurement window (after warm-up), by intended time."""
+        w0 = self.spec.warmup_s
+        w1 = w0 + self.spec.duration_s
+        return [r for r in self.records if w0 <= r.intended_s < w1]
+
+    def slo_percentile_ms(self, percentile: float) -> float:
+        """The window's latency percentile with every failed request counted as a miss."""
+        inside = self.measured()
+        ok = [r.latency_s for r in inside if r.ok]
+        return stats.slo_percentile_ms(ok, len(inside) - len(ok), percentile)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "label": self.label,
@@ -317,15 +329,70 @@ async def _open_loop(
     conditions as the others: a static batcher still gets the arrivals that fill their batch,
     a dynamic one the same queueing. The requests sent after the window are not measured.
     """
-    loop = asyncio.get_running_loop()
-    sem = asyncio.Semaphore(spec.max_outstanding) if spec.max_outstanding > 0 else None
-    reqs, url = target.requests, target.url
-    window_end = t0 + spec.warmup_s + spec.duration_s
-    owed: set[asyncio.Task[None]] = set()  # due before the window's end: must be answered
-    extra: set[asyncio.Task[None]] = set()  # due after it: load only, cancelled at the end
-    owed_done = asyncio.Event()
+    await _OpenLoop(session, target, spec, t0, records, live).run(schedule)
 
-    async def one(index: int, offset: float, due: float) -> None:
+
+class _OpenLoop:
+    """One open-loop run: the requests owed an answer (due inside the window) and those sent
+    after it only to keep the load on."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        target: Target,
+        spec: LoadSpec,
+        t0: float,
+        records: list[RequestRecord],
+        live: LiveCounts,
+    ) -> None:
+        self.session, self.reqs, self.url = session, target.requests, target.url
+        self.t0, self.records, self.live = t0, records, live
+        self.sem = asyncio.Semaphore(spec.max_outstanding) if spec.max_outstanding > 0 else None
+        self.window_end = t0 + spec.warmup_s + spec.duration_s
+        self.owed: set[asyncio.Task[None]] = set()  # due before the window's end: must be answered
+        self.extra: set[asyncio.Task[None]] = set()  # due after it: load only, cancelled at the end
+        self.owed_done = asyncio.Event()
+
+    async def run(self, schedule: np.ndarray) -> None:
+        loop = asyncio.get_running_loop()
+        behind = 0
+        for index, offset in enumerate(schedule.tolist()):
+            due = self.t0 + offset
+            after = due >= self.window_end
+            if after and await self._nothing_owed_by(due):
+                break
+            if due > now():
+                await sleep_until(due)
+                behind = 0
+            else:
+                behind += 1
+                if behind >= 64:  # let responses be read while catching up
+                    await asyncio.sleep(0)
+                    behind = 0
+            task = loop.create_task(self._send(index, offset, due))
+            if after:
+                self.extra.add(task)
+                task.add_done_callback(self.extra.discard)
+            else:
+                self.owed.add(task)
+                task.add_done_callback(self._settle)
+        await self._finish()
+
+    async def _nothing_owed_by(self, due: float) -> bool:
+        """After the window: wait until ``due`` or the last owed answer, whichever is first;
+        True when no answer is owed any more (the run is over)."""
+        if not self.owed:
+            return True
+        self.owed_done.clear()
+        if due > now():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.owed_done.wait(), due - now())
+            if not self.owed:
+                return True
+        return False
+
+    async def _send(self, index: int, offset: float, due: float) -> None:
+        sem, live = self.sem, self.live
         sent = done = due
         out = client.Outcome("cancelled")
         try:
@@ -337,7 +404,7 @@ async def _open_loop(
                 lag_ms = (sent - due) * 1000.0
                 if lag_ms > live.max_lag_ms:
                     live.max_lag_ms = lag_ms
-                out = await client.send(session, url, reqs[index % len(reqs)])
+                out = await client.send(self.session, self.url, self.reqs[index % len(self.reqs)])
             finally:
                 if sem is not None:
                     sem.release()
@@ -345,47 +412,20 @@ async def _open_loop(
             done = now()
             # The schedule's own offset, not due - t0: rounding must not move a request
             # across the window's edge.
-            _record(records, live, index, offset, sent - t0, done - t0, out)
+            _record(self.records, live, index, offset, sent - self.t0, done - self.t0, out)
 
-    def settle(task: asyncio.Task[None]) -> None:
-        owed.discard(task)
-        if not owed:
-            owed_done.set()
+    def _settle(self, task: asyncio.Task[None]) -> None:
+        self.owed.discard(task)
+        if not self.owed:
+            self.owed_done.set()
 
-    behind = 0
-    for index, offset in enumerate(schedule.tolist()):
-        due = t0 + offset
-        after = due >= window_end
-        if after:
-            if not owed:
-                break
-            owed_done.clear()
-            if due > now():
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(owed_done.wait(), due - now())
-                if not owed:
-                    break
-        if due > now():
-            await sleep_until(due)
-            behind = 0
-        else:
-            behind += 1
-            if behind >= 64:  # let responses be read while catching up
-                await asyncio.sleep(0)
-                behind = 0
-        task = loop.create_task(one(index, offset, due))
-        if after:
-            extra.add(task)
-            task.add_done_callback(extra.discard)
-        else:
-            owed.add(task)
-            task.add_done_callback(settle)
-    if owed:  # the schedule ran out (trace, or the cooldown limit) before they were answered
-        await asyncio.gather(*owed)
-    for task in list(extra):
-        task.cancel()
-    if extra:
-        await asyncio.gather(*extra, return_exceptions=True)
+    async def _finish(self) -> None:
+        if self.owed:  # the schedule ran out (trace, or the cooldown limit) before they were answered
+            await asyncio.gather(*self.owed)
+        for task in list(self.extra):
+            task.cancel()
+        if self.extra:
+            await asyncio.gather(*self.extra, return_exceptions=True)
 
 
 async def _closed_loop(

@@ -41,10 +41,7 @@ class SearchLimits:
 
 def step_verdict(run: RunResult, objective: Objective) -> dict[str, Any]:
     """Does this run meet the objective? Failed requests count as misses."""
-    w0, w1 = run.spec.warmup_s, run.spec.warmup_s + run.spec.duration_s
-    inside = [r for r in run.records if w0 <= r.intended_s < w1]
-    ok = [r.latency_s for r in inside if r.ok]
-    value = stats.slo_percentile_ms(ok, len(inside) - len(ok), objective.percentile)
+    value = run.slo_percentile_ms(objective.percentile)
     meets = value <= objective.slo_ms
     return {
         "rate": run.spec.rate,
@@ -67,79 +64,109 @@ async def find_max_rate(
     progress: ProgressSink | None = None,
 ) -> tuple[dict[str, Any], list[RunResult]]:
     """Bisection on rate; returns the search summary and every step's run."""
-    min_queries = limits.min_queries or stats.min_queries_for(objective.percentile)
-    runs: list[RunResult] = []
-    steps: list[dict[str, Any]] = []
-    passed: float | None = None
-    failed: float | None = None
-    generator_limited = False
+    search = _RateSearch(session, target, base, objective, limits, progress)
+    await search.bracket()
+    await search.bisect()
+    return search.summary(), search.runs
 
-    async def attempt(rate: float) -> bool:
-        nonlocal generator_limited
+
+class _RateSearch:
+    """One search: every step's run and verdict, the highest passing and lowest failing rate."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        target: Target,
+        base: LoadSpec,
+        objective: Objective,
+        limits: SearchLimits,
+        progress: ProgressSink | None,
+    ) -> None:
+        self.session, self.target, self.base, self.progress = session, target, base, progress
+        self.objective, self.limits = objective, limits
+        self.min_queries = limits.min_queries or stats.min_queries_for(objective.percentile)
+        self.runs: list[RunResult] = []
+        self.steps: list[dict[str, Any]] = []
+        self.passed: float | None = None
+        self.failed: float | None = None
+        self.generator_limited = False
+
+    def _steps_left(self) -> bool:
+        return len(self.runs) < self.limits.max_steps
+
+    async def _attempt(self, rate: float) -> bool:
+        """One full run at ``rate``; it becomes the new highest pass or lowest fail."""
         # 20% headroom: a Poisson count falls short of its mean half the time.
-        duration = max(base.duration_s, QUERY_HEADROOM * min_queries / rate)
+        duration = max(self.base.duration_s, QUERY_HEADROOM * self.min_queries / rate)
         spec = dataclasses.replace(
-            base,
+            self.base,
             rate=rate,
             duration_s=duration,
-            min_queries=min_queries,
-            seed=base.seed + len(runs),
+            min_queries=self.min_queries,
+            seed=self.base.seed + len(self.runs),
             label=f"search {rate:.4g}/s",
         )
-        run = await run_load(session, target, spec, progress)
-        verdict = step_verdict(run, objective)
-        runs.append(run)
-        steps.append(verdict)
+        run = await run_load(self.session, self.target, spec, self.progress)
+        verdict = step_verdict(run, self.objective)
+        self.runs.append(run)
+        self.steps.append(verdict)
         if not run.summary["valid"] and any("generator" in r for r in run.summary["invalid_reasons"]):
-            generator_limited = True
+            self.generator_limited = True
+        if verdict["passed"]:
+            self.passed = rate
+        else:
+            self.failed = rate
         return verdict["passed"]
 
-    rate = min(max(limits.start_rate, limits.min_rate), limits.max_rate)
-    # Phase 1: bracket the answer.
-    while len(runs) < limits.max_steps:
-        if await attempt(rate):
-            passed = rate
-            if failed is not None or rate >= limits.max_rate:
-                break
-            rate = min(rate * 2, limits.max_rate)
-        else:
-            failed = rate
-            if passed is not None or rate <= limits.min_rate:
-                break
-            rate = max(rate / 2, limits.min_rate)
-    # Phase 2: bisect between the highest pass and the lowest fail.
-    while (
-        passed is not None
-        and failed is not None
-        and (failed - passed) / failed > limits.tolerance
-        and len(runs) < limits.max_steps
-    ):
-        mid = (passed + failed) / 2
-        if await attempt(mid):
-            passed = mid
-        else:
-            failed = mid
-    if passed is None:
-        bound = "no rate down to min_rate met the objective"
-    elif failed is None:
-        bound = (
-            "max_rate reached while still meeting the objective"
-            if passed >= limits.max_rate
-            else "step limit"
-        )
-    elif (failed - passed) / failed > limits.tolerance:
-        bound = "step limit reached before the tolerance"
-    else:
-        bound = "objective"
-    best = next((s for s in steps if s["passed"] and s["rate"] == passed), None)
-    summary = {
-        "objective": {"percentile": objective.percentile, "slo_ms": objective.slo_ms},
-        "min_queries_per_step": min_queries,
-        "best_rate": passed,
-        "best_achieved_rate": best["achieved_rate"] if best else None,
-        "lowest_failing_rate": failed,
-        "stopped_by": bound,
-        "generator_limited": generator_limited,
-        "steps": steps,
-    }
-    return summary, runs
+    async def bracket(self) -> None:
+        """Double from the start rate while it passes, halve while it fails, until one of
+        each is known (or a rate limit or the step limit is reached)."""
+        limits = self.limits
+        rate = min(max(limits.start_rate, limits.min_rate), limits.max_rate)
+        while self._steps_left():
+            if await self._attempt(rate):
+                if self.failed is not None or rate >= limits.max_rate:
+                    break
+                rate = min(rate * 2, limits.max_rate)
+            else:
+                if self.passed is not None or rate <= limits.min_rate:
+                    break
+                rate = max(rate / 2, limits.min_rate)
+
+    def _gap_too_wide(self) -> bool:
+        assert self.passed is not None and self.failed is not None
+        return (self.failed - self.passed) / self.failed > self.limits.tolerance
+
+    async def bisect(self) -> None:
+        """Halve the gap between the highest pass and the lowest fail down to the tolerance."""
+        while (
+            self.passed is not None
+            and self.failed is not None
+            and self._gap_too_wide()
+            and self._steps_left()
+        ):
+            await self._attempt((self.passed + self.failed) / 2)
+
+    def stopped_by(self) -> str:
+        if self.passed is None:
+            return "no rate down to min_rate met the objective"
+        if self.failed is None:
+            if self.passed >= self.limits.max_rate:
+                return "max_rate reached while still meeting the objective"
+            return "step limit"
+        if self._gap_too_wide():
+            return "step limit reached before the tolerance"
+        return "objective"
+
+    def summary(self) -> dict[str, Any]:
+        best = next((s for s in self.steps if s["passed"] and s["rate"] == self.passed), None)
+        return {
+            "objective": {"percentile": self.objective.percentile, "slo_ms": self.objective.slo_ms},
+            "min_queries_per_step": self.min_queries,
+            "best_rate": self.passed,
+            "best_achieved_rate": best["achieved_rate"] if best else None,
+            "lowest_failing_rate": self.failed,
+            "stopped_by": self.stopped_by(),
+            "generator_limited": self.generator_limited,
+            "steps": self.steps,
+        }

@@ -278,27 +278,7 @@ def verdict(runs: Sequence[RunResult], percentile: float, slo_ms: float) -> dict
     by the lower percentile.
     """
     key = stats.percentile_key(percentile)
-    rows = []
-    for run in runs:
-        w0, w1 = run.spec.warmup_s, run.spec.warmup_s + run.spec.duration_s
-        inside = [r for r in run.records if w0 <= r.intended_s < w1]
-        ok = [r.latency_s for r in inside if r.ok]
-        value = stats.slo_percentile_ms(ok, len(inside) - len(ok), percentile)
-        rows.append(
-            {
-                "label": run.label,
-                "model": run.extra.get("model"),
-                "batching": run.extra.get("batching"),
-                "workload": run.extra.get("workload"),
-                "target_rate": run.summary["target_rate"],
-                "achieved_rate": run.summary["achieved_rate"],
-                "percentile_ms": value,
-                "valid": run.summary["valid"],
-                "meets": bool(run.summary["valid"] and value <= slo_ms),
-                "energy_per_inference_j": (run.server or {}).get("energy_per_inference_j"),
-                "avg_batch_size": (run.server or {}).get("avg_batch_size"),
-            }
-        )
+    rows = [_verdict_row(run, percentile, slo_ms) for run in runs]
     qualifying = [r for r in rows if r["meets"]]
     by_energy = bool(qualifying) and all(r["energy_per_inference_j"] is not None for r in qualifying)
     objective = f"{key} <= {slo_ms:g} ms"
@@ -311,6 +291,41 @@ def verdict(runs: Sequence[RunResult], percentile: float, slo_ms: float) -> dict
             "this machine), so configurations are ranked by throughput meeting the objective, ties "
             f"(within {TIE:.0%}) broken by the lower {key}."
         )
+    per_workload = _per_workload_winners(rows, key, by_energy, lines)
+    per_model = _per_model_winners(rows, key, by_energy, lines)
+    return {
+        "objective": {"percentile": percentile, "slo_ms": slo_ms},
+        "ranked_by": "energy_per_inference" if by_energy else "throughput_meeting_objective",
+        "runs": rows,
+        "per_workload": per_workload,
+        "per_model": per_model,
+        "lines": lines,
+    }
+
+
+def _verdict_row(run: RunResult, percentile: float, slo_ms: float) -> dict[str, Any]:
+    """One run against the objective: its percentile over the measurement window, failures
+    counted as misses."""
+    value = run.slo_percentile_ms(percentile)
+    return {
+        "label": run.label,
+        "model": run.extra.get("model"),
+        "batching": run.extra.get("batching"),
+        "workload": run.extra.get("workload"),
+        "target_rate": run.summary["target_rate"],
+        "achieved_rate": run.summary["achieved_rate"],
+        "percentile_ms": value,
+        "valid": run.summary["valid"],
+        "meets": bool(run.summary["valid"] and value <= slo_ms),
+        "energy_per_inference_j": (run.server or {}).get("energy_per_inference_j"),
+        "avg_batch_size": (run.server or {}).get("avg_batch_size"),
+    }
+
+
+def _per_workload_winners(
+    rows: list[dict[str, Any]], key: str, by_energy: bool, lines: list[str]
+) -> list[dict[str, Any]]:
+    """The best configuration of each model x workload; one line each appended to ``lines``."""
     per_workload = []
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
@@ -327,27 +342,19 @@ def verdict(runs: Sequence[RunResult], percentile: float, slo_ms: float) -> dict
             + (f"{win['batching']} wins ({_describe(win, key, by_energy)}); " if win else "no winner; ")
             + f"{len(cands)}/{len(members)} configurations met the objective."
         )
+    return per_workload
+
+
+def _per_model_winners(
+    rows: list[dict[str, Any]], key: str, by_energy: bool, lines: list[str]
+) -> list[dict[str, Any]]:
+    """Each model's configurations ranked over all its workloads; one line each appended."""
     per_model = []
     models: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         models[r["model"]][r["batching"]].append(r)
     for model, batchings in models.items():
-        scored = []
-        for batching, members in batchings.items():
-            met = [r for r in members if r["meets"]]
-            energies = [r["energy_per_inference_j"] for r in met if r["energy_per_inference_j"]]
-            scored.append(
-                {
-                    "batching": batching,
-                    "met": len(met),
-                    "of": len(members),
-                    "max_rate_met": max((r["achieved_rate"] for r in met), default=None),
-                    "mean_energy_met_j": sum(energies) / len(energies) if energies else None,
-                    "mean_percentile_met_ms": (
-                        sum(r["percentile_ms"] for r in met) / len(met) if met else None
-                    ),
-                }
-            )
+        scored = [_score_config(batching, members) for batching, members in batchings.items()]
         ordered = _rank_configs(scored, by_energy)
         best = ordered[0] if ordered and ordered[0]["met"] else None
         per_model.append({"model": model, "winner": best["batching"] if best else None, "ranking": ordered})
@@ -363,13 +370,20 @@ def verdict(runs: Sequence[RunResult], percentile: float, slo_ms: float) -> dict
             )
         else:
             lines.append(f"{model} overall: no configuration met the objective in any workload.")
+    return per_model
+
+
+def _score_config(batching: str, members: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration of one model over its workloads: how many it met, and how well."""
+    met = [r for r in members if r["meets"]]
+    energies = [r["energy_per_inference_j"] for r in met if r["energy_per_inference_j"]]
     return {
-        "objective": {"percentile": percentile, "slo_ms": slo_ms},
-        "ranked_by": "energy_per_inference" if by_energy else "throughput_meeting_objective",
-        "runs": rows,
-        "per_workload": per_workload,
-        "per_model": per_model,
-        "lines": lines,
+        "batching": batching,
+        "met": len(met),
+        "of": len(members),
+        "max_rate_met": max((r["achieved_rate"] for r in met), default=None),
+        "mean_energy_met_j": sum(energies) / len(energies) if energies else None,
+        "mean_percentile_met_ms": sum(r["percentile_ms"] for r in met) / len(met) if met else None,
     }
 
 

@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 import logging
 import types
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -32,6 +32,9 @@ from wattserve.server.schemas import ErrorBody, InferRequestBody, InferResponseB
 from wattserve.server.security import AccessControl, parse_restricted_api
 from wattserve.server.settings import Settings
 from wattserve.telemetry import TelemetryService
+
+if TYPE_CHECKING:
+    from wattserve.server.grpc_service import GrpcFrontEnd
 
 log = logging.getLogger("wattserve.server")
 
@@ -78,6 +81,28 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
 
         grpc_front = GrpcFrontEnd(models, settings, body_budget, restrictions)
 
+    app = FastAPI(
+        title="wattserve",
+        version=VERSION,
+        lifespan=_lifespan(models, telemetry, grpc_front, trimmer, settings),
+    )
+    app.add_exception_handler(Exception, internal_error)
+    if restrictions or settings.api_token:
+        app.add_middleware(AccessControl, restrictions=restrictions, api_token=settings.api_token)
+    _publish_state(app, settings, models, telemetry, registry, grpc_front)
+    _add_routes(app, models, settings, registry, body_budget)
+    return app
+
+
+def _lifespan(
+    models: ModelSet,
+    telemetry: TelemetryService,
+    grpc_front: GrpcFrontEnd | None,
+    trimmer: IdleTrimmer | None,
+    settings: Settings,
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """Start: gRPC binds, telemetry, every model, gRPC serves, the trimmer. Stop: the reverse."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if grpc_front is not None:
@@ -98,10 +123,18 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
             await models.stop()
             await asyncio.to_thread(telemetry.stop)
 
-    app = FastAPI(title="wattserve", version=VERSION, lifespan=lifespan)
-    app.add_exception_handler(Exception, internal_error)
-    if restrictions or settings.api_token:
-        app.add_middleware(AccessControl, restrictions=restrictions, api_token=settings.api_token)
+    return lifespan
+
+
+def _publish_state(
+    app: FastAPI,
+    settings: Settings,
+    models: ModelSet,
+    telemetry: TelemetryService,
+    registry: CollectorRegistry,
+    grpc_front: GrpcFrontEnd | None,
+) -> None:
+    """What tools, tests and ``wattserve serve`` read from ``app.state``."""
     app.state.settings = settings
     app.state.models = models
     app.state.telemetry = telemetry
@@ -112,13 +145,16 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     # server-wide counters (refused connections) live on every ServingMetrics of the registry
     app.state.metrics = first[0].metrics if first else types.SimpleNamespace(**server_metrics(registry))
 
+
+def _add_routes(
+    app: FastAPI, models: ModelSet, settings: Settings, registry: CollectorRegistry, body_budget: BodyBudget
+) -> None:
     app.include_router(health_router(models, settings, registry))
     app.include_router(repository_router(models))
     app.include_router(images_router(models, settings))
     # The hot path: plain Starlette routes, first in the table.
     app.router.routes[0:0] = inference_routes(models, settings, body_budget)
     _document_infer_route(app)
-    return app
 
 
 def _document_infer_route(app: FastAPI) -> None:

@@ -98,26 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
         "settings", help="print every setting (WATTSERVE_* variable and serve flag) as a table"
     )
     show.set_defaults(func=cmd_settings)
-    _add_engine_tools(sub)
+    from wattserve.server.engine_commands import add_engine_commands
+
+    add_engine_commands(sub)
     from wattserve.loadgen.cli import add_loadgen_parser, add_study_parser  # imports its deps lazily
 
     add_loadgen_parser(sub)
     add_study_parser(sub)
     return parser
-
-
-def _add_engine_tools(sub: argparse._SubParsersAction) -> None:
-    """``export`` (torch -> ONNX) and ``build-engine`` (ONNX -> TensorRT plan)."""
-    from wattserve.engines import tensorrt_engine
-    from wattserve.server.repository import export as repository_export
-
-    export = sub.add_parser("export", help="export a torchvision model to ONNX (dynamic batch axis), "
-                            "optionally as a Triton repository entry")  # fmt: skip
-    repository_export.add_arguments(export)
-    export.set_defaults(func=repository_export.run)
-    build = sub.add_parser("build-engine", help="build a TensorRT plan with min/opt/max batch profiles")
-    tensorrt_engine.add_arguments(build)
-    build.set_defaults(func=tensorrt_engine.run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -77,137 +77,144 @@ class GuardLimits:
             self.counter.labels(reason=reason).inc()
 
 
-def guarded_protocol(limits: GuardLimits) -> type[HttpToolsProtocol]:
-    """An HttpToolsProtocol subclass bound to ``limits`` (uvicorn takes a class)."""
+def guarded_protocol(limits: GuardLimits) -> type[GuardedHttpToolsProtocol]:
+    """A GuardedHttpToolsProtocol subclass bound to ``limits`` (uvicorn takes a class)."""
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
 
-    class GuardedHttpToolsProtocol(HttpToolsProtocol):
-        _header_timer: asyncio.TimerHandle | None = None
-        _header_bytes = 0
-        _in_header = True  # from connection start (and after each response) to headers complete
-        _lingering = False
-        _lingered = 0
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            if len(self.connections) > limits.max_connections:
-                limits.log.warn("connections", f"connection cap {limits.max_connections} reached; refusing")
-                limits.count("connection_cap")
-                self._refuse(503)
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the guards; ``guarded_protocol`` binds ``limits``."""
+
+    limits: GuardLimits
+    _header_timer: asyncio.TimerHandle | None = None
+    _header_bytes = 0
+    _in_header = True  # from connection start (and after each response) to headers complete
+    _lingering = False
+    _lingered = 0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self.limits.log.warn(
+                "connections", f"connection cap {self.limits.max_connections} reached; refusing"
+            )
+            self.limits.count("connection_cap")
+            self._refuse(503)
+            return
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:  # the answer is sent: read and drop the rest of the body
+            self._lingered += len(data)
+            if self._lingered > LINGER_MAX_BYTES:
+                self.transport.close()
+            return
+        if self._in_header:
+            self._header_bytes += len(data)
+            if self._header_bytes > self.limits.max_header_bytes + _BODY_SLACK:
+                self.limits.log.warn(
+                    "header", f"request header over {self.limits.max_header_bytes} bytes; 431"
+                )
+                self.limits.count("header_too_large")
+                self._refuse(431)
                 return
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_header = True
+        if self._header_timer is None:
             self._arm_header_timer()
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._cancel_header_timer()
-            super().connection_lost(exc)
+    def on_headers_complete(self) -> None:
+        self._in_header = False
+        # Exact size only when the raw bytes (which may hold the body's start) say it
+        # could be over: almost every request skips the sum.
+        if self._header_bytes > self.limits.max_header_bytes and (
+            len(self.url) + sum(len(n) + len(v) for n, v in self.headers) > self.limits.max_header_bytes
+        ):
+            self.limits.log.warn("header", f"request header over {self.limits.max_header_bytes} bytes; 431")
+            self.limits.count("header_too_large")
+            self._refuse(431)
+        self._header_bytes = 0
+        self._cancel_header_timer()
+        if self.transport.is_closing():
+            return
+        super().on_headers_complete()
+        if self.cycle is not None:  # its close() lingers when the body was not read
+            self.cycle.transport = _LingeringClose(self.transport, self)  # type: ignore[assignment]
 
-        def data_received(self, data: bytes) -> None:
-            if self._lingering:  # the answer is sent: read and drop the rest of the body
-                self._lingered += len(data)
-                if self._lingered > LINGER_MAX_BYTES:
-                    self.transport.close()
-                return
-            if self._in_header:
-                self._header_bytes += len(data)
-                if self._header_bytes > limits.max_header_bytes + _BODY_SLACK:
-                    limits.log.warn("header", f"request header over {limits.max_header_bytes} bytes; 431")
-                    limits.count("header_too_large")
-                    self._refuse(431)
-                    return
-            super().data_received(data)
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._in_header = True
-            if self._header_timer is None:
-                self._arm_header_timer()
-
-        def on_headers_complete(self) -> None:
-            self._in_header = False
-            # Exact size only when the raw bytes (which may hold the body's start) say it
-            # could be over: almost every request skips the sum.
-            if self._header_bytes > limits.max_header_bytes and (
-                len(self.url) + sum(len(n) + len(v) for n, v in self.headers) > limits.max_header_bytes
-            ):
-                limits.log.warn("header", f"request header over {limits.max_header_bytes} bytes; 431")
-                limits.count("header_too_large")
-                self._refuse(431)
-            self._header_bytes = 0
-            self._cancel_header_timer()
-            if self.transport.is_closing():
-                return
-            super().on_headers_complete()
-            if self.cycle is not None:  # its close() lingers when the body was not read
-                self.cycle.transport = _LingeringClose(self.transport, self)  # type: ignore[assignment]
-
-        def linger(self) -> None:
-            """Closing with an unread body: a plain close makes the kernel answer the
-            client's next bytes with a reset, which can destroy the answer (a 413 or a
-            503 + Retry-After) before the client reads it. Like nginx's lingering close:
-            send FIN, keep reading and dropping for a while, then close."""
-            if self._lingering or self.transport.is_closing():
-                return
-            self._lingering = True
-            self.flow.resume_reading()  # reading may be paused on a full body buffer
-            try:
-                self.transport.write_eof()
-            except (OSError, RuntimeError, NotImplementedError):
-                self.transport.close()
-                return
-            self.loop.call_later(LINGER_S, self.transport.close)
-
-        def on_body(self, body: bytes) -> None:
-            if self.cycle is None or self.transport.is_closing():
-                return  # refused above: nothing reads this body
-            super().on_body(body)
-
-        def on_message_complete(self) -> None:
-            if self.cycle is None or self.transport.is_closing():
-                return
-            super().on_message_complete()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._in_header = True  # the next request's header counts from here
-            self._header_bytes = 0
-
-        # -------------------------------------------------------------- helpers
-        def _arm_header_timer(self) -> None:
-            self._cancel_header_timer()
-            self._header_timer = self.loop.call_later(limits.header_timeout_s, self._header_timed_out)
-
-        def _cancel_header_timer(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _header_timed_out(self) -> None:
-            self._header_timer = None
-            if self.transport.is_closing() or not self._in_header:
-                return
-            if self.cycle is not None and not self.cycle.response_complete:
-                return  # a request is being answered (pipelined next header may wait for it)
-            limits.count("header_timeout")
-            log.debug("no complete request header within %.1fs; closing", limits.header_timeout_s)
-            # An idle keep-alive connection gets uvicorn's own keep-alive timeout; a
-            # connection that began a header and stalled gets a 408.
-            self._refuse(408 if self._header_bytes else None)
-
-        def _refuse(self, status: int | None) -> None:
-            self._cancel_header_timer()
-            if status is not None and not self.transport.is_closing():
-                body = b'{"error":"' + _REASONS[status].lower() + b'"}'
-                head = [
-                    b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status]),
-                    b"content-type: application/json\r\n",
-                    b"content-length: %d\r\n" % len(body),
-                    b"connection: close\r\n",
-                ]
-                if status == 503:
-                    head.append(b"retry-after: %d\r\n" % limits.retry_after_s)
-                self.transport.write(b"".join(head) + b"\r\n" + body)
+    def linger(self) -> None:
+        """Closing with an unread body: a plain close makes the kernel answer the
+        client's next bytes with a reset, which can destroy the answer (a 413 or a
+        503 + Retry-After) before the client reads it. Like nginx's lingering close:
+        send FIN, keep reading and dropping for a while, then close."""
+        if self._lingering or self.transport.is_closing():
+            return
+        self._lingering = True
+        self.flow.resume_reading()  # reading may be paused on a full body buffer
+        try:
+            self.transport.write_eof()
+        except (OSError, RuntimeError, NotImplementedError):
             self.transport.close()
+            return
+        self.loop.call_later(LINGER_S, self.transport.close)
 
-    return GuardedHttpToolsProtocol
+    def on_body(self, body: bytes) -> None:
+        if self.cycle is None or self.transport.is_closing():
+            return  # refused above: nothing reads this body
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self.cycle is None or self.transport.is_closing():
+            return
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._in_header = True  # the next request's header counts from here
+        self._header_bytes = 0
+
+    # -------------------------------------------------------------- helpers
+    def _arm_header_timer(self) -> None:
+        self._cancel_header_timer()
+        self._header_timer = self.loop.call_later(self.limits.header_timeout_s, self._header_timed_out)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timed_out(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or not self._in_header:
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # a request is being answered (pipelined next header may wait for it)
+        self.limits.count("header_timeout")
+        log.debug("no complete request header within %.1fs; closing", self.limits.header_timeout_s)
+        # An idle keep-alive connection gets uvicorn's own keep-alive timeout; a
+        # connection that began a header and stalled gets a 408.
+        self._refuse(408 if self._header_bytes else None)
+
+    def _refuse(self, status: int | None) -> None:
+        self._cancel_header_timer()
+        if status is not None and not self.transport.is_closing():
+            body = b'{"error":"' + _REASONS[status].lower() + b'"}'
+            head = [
+                b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status]),
+                b"content-type: application/json\r\n",
+                b"content-length: %d\r\n" % len(body),
+                b"connection: close\r\n",
+            ]
+            if status == 503:
+                head.append(b"retry-after: %d\r\n" % self.limits.retry_after_s)
+            self.transport.write(b"".join(head) + b"\r\n" + body)
+        self.transport.close()
 
 
 # Bytes a client may send past the header in the same packets (the start of its body) before

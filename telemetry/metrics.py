@@ -37,7 +37,14 @@ class TelemetryMetrics:
     """Every telemetry metric; label children are created only for devices that exist."""
 
     def __init__(self, registry: CollectorRegistry):
-        r = self.registry = registry
+        self.registry = registry
+        self._declare_availability(registry)
+        self._declare_gpu(registry)
+        self._declare_cpu(registry)
+        self._declare_energy(registry)
+
+    def _declare_availability(self, r: CollectorRegistry) -> None:
+        """Always exported, so a dashboard can say "no GPU" instead of showing nothing."""
         self.gpu_available = Gauge(
             "wattserve_gpu_telemetry_available",
             "1 when NVML initialised and at least one GPU is sampled, else 0.",
@@ -48,6 +55,9 @@ class TelemetryMetrics:
             "1 when a readable RAPL package energy counter is sampled, else 0.",
             registry=r,
         )
+
+    def _declare_gpu(self, r: CollectorRegistry) -> None:
+        """NVML readings, one label child per sampled GPU."""
         gpu = ("gpu",)
         self.gpu_info = Gauge(
             "wattserve_gpu_info", "Sampled GPU (value 1).", ("gpu", "name", "uuid"), registry=r
@@ -101,6 +111,9 @@ class TelemetryMetrics:
         self.gpu_sample_errors = Counter(
             "wattserve_gpu_sample_errors", "Failed NVML samples.", gpu, registry=r
         )
+
+    def _declare_cpu(self, r: CollectorRegistry) -> None:
+        """RAPL package energy and power, one label child per domain."""
         self.cpu_energy = Counter(
             "wattserve_cpu_energy_joules",
             "CPU package energy from Linux powercap (RAPL), wraparound corrected.",
@@ -113,6 +126,9 @@ class TelemetryMetrics:
             ("domain",),
             registry=r,
         )
+
+    def _declare_energy(self, r: CollectorRegistry) -> None:
+        """Counter windows, batch and per-inference attribution, and the cost of measuring."""
         self.energy_state = Counter(
             "wattserve_energy_joules",
             "Energy of each metered device from its counter, booked per window between counter "

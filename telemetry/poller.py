@@ -31,7 +31,6 @@ class EnergyPoller:
     def __init__(self, ledger: EnergyLedger, interval_s: float):
         self.ledger = ledger
         self.interval_s = interval_s
-        self.polls = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -40,7 +39,6 @@ class EnergyPoller:
             self.ledger.tick()
         except Exception:  # a bug here must not kill the thread that keeps windows closing
             log.exception("energy poll failed")
-        self.polls += 1
 
     def start(self) -> None:
         if self._thread is None:

@@ -12,7 +12,6 @@ import pytest
 import torch
 from wattserve.engines.base import Engine, EngineError, EngineUnavailable
 from wattserve.engines.cuda_graphs import CudaGraphEngine, CudaGraphRunner
-from wattserve.engines.padding import padded_slots
 from wattserve.server.settings import Settings
 
 from support.doubles.fake_cuda_graphs import FakeCapture
@@ -81,7 +80,7 @@ def test_engine_wraps_the_torch_engine(monkeypatch):
     engine = CudaGraphEngine(torch_engine, [1, 4], capture=capture)
     assert isinstance(engine, Engine)
     assert engine.batch_sizes == (1, 4) and engine.max_batch_size == 4
-    assert padded_slots(engine, 3) == 1
+    assert engine.padded_size(3) == 4  # bucket 4: one padded row
     x = np.random.default_rng(0).standard_normal((3, 3, 224, 224)).astype(np.float32)
     got = engine.infer({"input": x})["logits"]
     ref = torch_engine.infer({"input": x})["logits"]

@@ -23,10 +23,10 @@ from wattserve.engines.onnx_export import (
     default_onnx_path,
     ensure_onnx,
     export_onnx,
-    main,
     recipe_digest,
 )
 from wattserve.engines.onnxruntime_engine import OnnxRuntimeEngine, resolve_providers
+from wattserve.server.cli import main as cli_main
 from wattserve.server.settings import Settings
 
 from tests.servers import server_process
@@ -178,7 +178,7 @@ def test_checker_rejects_fixed_batch_and_wrong_names(tmp_path):
 @pytest.mark.slow
 def test_export_cli_with_legacy_exporter(tmp_path, capsys):
     out = tmp_path / "legacy.onnx"
-    assert main(["--model", MODEL, "--out", str(out), "--legacy", "--verify", "1,2"]) == 0
+    assert cli_main(["export", "--model", MODEL, "--out", str(out), "--legacy", "--verify", "1,2"]) == 0
     text = capsys.readouterr().out
     assert "legacy" in text and "onnx.checker passed" in text
     assert text.count(" ok") == 2

@@ -17,7 +17,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from wattserve.engines.base import Engine, EngineError, EngineUnavailable
-from wattserve.engines.padding import padded_slots
 from wattserve.engines.profiles import parse_profiles, select_profile
 from wattserve.engines.tensorrt_engine import (
     GpuIdentity,
@@ -27,8 +26,8 @@ from wattserve.engines.tensorrt_engine import (
     import_pycuda,
     import_tensorrt,
     load_or_build_plan,
-    main,
 )
+from wattserve.server.cli import main as cli_main
 from wattserve.server.settings import Settings
 
 from support.doubles import fake_tensorrt
@@ -78,9 +77,14 @@ def test_missing_pycuda_is_a_clear_engine_unavailable(monkeypatch):
         import_pycuda()
 
 
+def build_engine_cli(argv: list[str]) -> int:
+    """``wattserve build-engine ARGV``, in process (the doubles are installed here)."""
+    return cli_main(["build-engine", *argv])
+
+
 def test_build_engine_cli_says_why_it_cannot_run(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "tensorrt", None)
-    assert main(["--model", "mobilenet_v2"]) == 2
+    assert build_engine_cli(["--model", "mobilenet_v2"]) == 2
     assert "TensorRT is not installed" in capsys.readouterr().out
 
 
@@ -219,7 +223,7 @@ def test_every_batch_runs_on_its_profile_with_correct_rows(trt_engine):
         np.testing.assert_allclose(out["logits"], x @ W + B, rtol=1e-5, atol=1e-5)
         index, _ = select_profile(n, engine.profiles)
         assert contexts[index].executions[-1] == (index, n)
-        assert padded_slots(engine, n) == 0
+        assert engine.padded_size(n) == n  # no profile gap: never padded
     assert sum(len(c.executions) for c in contexts) == 32
     assert driver.context_stack == []
 
@@ -234,7 +238,6 @@ def test_batches_in_a_gap_are_padded_and_sliced(trt_engine):
     np.testing.assert_allclose(out["logits"], x @ W + B, rtol=1e-5, atol=1e-5)
     assert engine._engine.contexts[1].executions == [(1, 8)]
     assert engine.padded_size(3) == 8
-    assert padded_slots(engine, 3) == 5
 
 
 def test_bad_batches_are_engine_errors(trt_engine):
@@ -289,7 +292,7 @@ def test_cuda_resources_live_and_die_on_the_engine_thread(trt_engine):
 
 def test_profile_selection_failure_raises_in_tensorrt_10_and_is_unavailable(trt_engine, monkeypatch):
     engine, driver = trt_engine()
-    engine._trt.fail_profile_select = True
+    sys.modules["tensorrt"].fail_profile_select = True  # the double fake_tensorrt.install put there
     plan = engine._engine.plan
     import json
 
@@ -348,17 +351,17 @@ def test_plan_is_built_on_the_configured_gpu(monkeypatch, tiny_onnx, tmp_path):
     engine.close()
     argv = ["--model", "tiny", "--onnx", str(tiny_onnx), "--cache-dir", str(tmp_path / "cli"),
             "--profiles", "1:2:4", "--device", "cuda:1"]  # fmt: skip
-    assert main(argv) == 0
+    assert build_engine_cli(argv) == 0
     assert [b["device"] for b in trt.builds] == [1, 1]  # the CLI too
 
 
 def test_build_engine_cli_builds_then_finds_the_cached_plan(monkeypatch, tiny_onnx, tmp_path, capsys):
     fake_tensorrt.install(monkeypatch)
     argv = ["--model", "tiny", "--onnx", str(tiny_onnx), "--cache-dir", str(tmp_path), "--profiles", "1:2:4"]
-    assert main([*argv, "--fp16"]) == 0
+    assert build_engine_cli([*argv, "--fp16"]) == 0
     assert "built in" in capsys.readouterr().out
-    assert main([*argv, "--fp16"]) == 0
+    assert build_engine_cli([*argv, "--fp16"]) == 0
     out = capsys.readouterr().out
     assert "found in cache" in out and '"precision": "fp16"' in out
-    assert main(argv) == 0
+    assert build_engine_cli(argv) == 0
     assert "built in" in capsys.readouterr().out

@@ -4,12 +4,11 @@ Writes ``DIR/<model>/1/model.onnx`` (the same checked export as ``wattserve expo
 ``config.pbtxt`` built as a ``ModelConfig`` message and printed by protobuf's text format,
 so Triton and wattserve both serve the directory unchanged. No ``instance_group``: each
 server puts the model on its default device (Triton: every GPU, else CPU; wattserve:
-``WATTSERVE_DEVICE``).
+``WATTSERVE_DEVICE``). The command line is in ``server/engine_commands.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from wattserve.engines import onnx_export
@@ -34,30 +33,3 @@ def write_entry(repository: Path, model: str, onnx_file: Path, config: pb.ModelC
         target.write_bytes(onnx_file.read_bytes())
     (entry / CONFIG_FILE).write_text(to_text(config))
     return entry
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    onnx_export.add_arguments(parser)
-    parser.add_argument(
-        "--repository",
-        type=Path,
-        default=None,
-        help="write a Triton repository entry <dir>/<model>/{config.pbtxt,1/model.onnx}",
-    )
-    parser.add_argument("--max-batch-size", type=int, default=8, help="config.pbtxt max_batch_size")
-    parser.add_argument("--max-queue-delay-us", type=int, default=1000,
-                        help="config.pbtxt dynamic_batching.max_queue_delay_microseconds")  # fmt: skip
-
-
-def run(args: argparse.Namespace) -> int:
-    """Plain export, or export straight into a repository entry."""
-    if args.repository is None:
-        return onnx_export.run(args)
-    args.out = Path(args.repository) / args.model / "1" / "model.onnx"
-    status = onnx_export.run(args)
-    if status != 0:
-        return status
-    config = entry_config(args.model, args.max_batch_size, args.max_queue_delay_us)
-    entry = write_entry(args.repository, args.model, args.out, config)
-    print(f"wrote {entry}/{CONFIG_FILE}:\n{to_text(config)}")
-    return 0

@@ -6,8 +6,8 @@ names it). wattserve's own choices go in ``parameters`` (Triton's place for back
 
 - ``batcher``: static / dynamic / continuous. Unset: ``WATTSERVE_BATCHER`` when it is set,
   else dynamic.
-- ``builtin``: with ``backend: "wattserve"``, which built-in model (mobilenet_v2, resnet50,
-  mobilenet_v3_large, tiny_unet, identity); defaults to the directory name.
+- ``builtin``: with ``backend: "wattserve"``, which built-in model (a name in
+  ``wattserve.engines.registry.MODELS``); defaults to the directory name.
 - ``check_values``: "true" rejects NaN/Inf in float inputs with a 400.
 - any key of ``MODEL_PARAMETERS`` below sets that WATTSERVE_* setting for this model only.
 """
@@ -15,6 +15,8 @@ names it). wattserve's own choices go in ``parameters`` (Triton's place for back
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -228,28 +230,10 @@ def _engine_factory(
     if kind == "tensorrt" and not batching:
         raise ConfigError(f"{source}: tensorrt_plan with max_batch_size 0 is not supported")
 
+    serve = KIND_ENGINES[kind]
+
     def build(settings: Settings) -> Engine:
-        engine: Engine
-        max_batch = settings.max_batch_size if batching else 1
-        if kind == "onnx":
-            from wattserve.engines.onnxruntime_engine import OnnxRuntimeEngine
-
-            engine = OnnxRuntimeEngine(path, name=name, max_batch_size=max_batch, device=settings.device,
-                                       threads=settings.torch_threads, batched=batching)  # fmt: skip
-        elif kind == "torchscript":
-            from wattserve.engines.torchscript_engine import TorchScriptEngine
-
-            engine = TorchScriptEngine(path, name=name, inputs=in_inner, outputs=out_inner,
-                                       max_batch_size=max_batch, device=settings.device,
-                                       batched=batching, threads=settings.torch_threads)  # fmt: skip
-        elif kind == "tensorrt":
-            from wattserve.engines.tensorrt_engine import TensorRTEngine, cuda_device_index
-
-            engine = TensorRTEngine(
-                path.read_bytes(), name=name, device_index=cuda_device_index(settings.device)
-            )
-        else:
-            engine = build_engine(settings)
+        engine = serve(ModelFile(path, name, batching, in_inner, out_inner), settings)
         _check_against_config(engine, in_inner, out_inner, source)
         if in_outer != in_inner or out_outer != out_inner:
             from wattserve.engines.reshape import ReshapedEngine
@@ -258,6 +242,55 @@ def _engine_factory(
         return engine
 
     return build
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """What a repository entry says about its model file: where, its name, batch axis, tensors."""
+
+    path: Path
+    name: str
+    batching: bool  # False: Triton's max_batch_size 0
+    inputs: list[TensorSpec]  # model-side specs from the config (empty: read from the file)
+    outputs: list[TensorSpec]
+
+
+def _onnx_file(model: ModelFile, settings: Settings) -> Engine:
+    from wattserve.engines.onnxruntime_engine import OnnxRuntimeEngine
+
+    max_batch = settings.max_batch_size if model.batching else 1
+    return OnnxRuntimeEngine(model.path, name=model.name, max_batch_size=max_batch, device=settings.device,
+                             threads=settings.torch_threads, batched=model.batching)  # fmt: skip
+
+
+def _torchscript_file(model: ModelFile, settings: Settings) -> Engine:
+    from wattserve.engines.torchscript_engine import TorchScriptEngine
+
+    max_batch = settings.max_batch_size if model.batching else 1
+    return TorchScriptEngine(model.path, name=model.name, inputs=model.inputs, outputs=model.outputs,
+                             max_batch_size=max_batch, device=settings.device,
+                             batched=model.batching, threads=settings.torch_threads)  # fmt: skip
+
+
+def _tensorrt_plan(model: ModelFile, settings: Settings) -> Engine:
+    from wattserve.engines.tensorrt_engine import TensorRTEngine, cuda_device_index
+
+    return TensorRTEngine(
+        model.path.read_bytes(), name=model.name, device_index=cuda_device_index(settings.device)
+    )
+
+
+def _builtin(model: ModelFile, settings: Settings) -> Engine:
+    return build_engine(settings)  # settings.model is the built-in's name (_model_settings)
+
+
+# PLATFORMS' kind -> the engine that serves that kind of model
+KIND_ENGINES: dict[str, Callable[[ModelFile, Settings], Engine]] = {
+    "onnx": _onnx_file,
+    "torchscript": _torchscript_file,
+    "tensorrt": _tensorrt_plan,
+    "builtin": _builtin,
+}
 
 
 def _check_against_config(

@@ -68,6 +68,7 @@ def _torchvision(settings: Any) -> Engine:
         seed=settings.seed,
         fp16=settings.fp16,
         channels_last=settings.channels_last,
+        fuse_conv_bn=settings.fuse_conv_bn,
         max_batch_size=settings.max_batch_size,
         threads=settings.torch_threads,
     )

@@ -75,6 +75,23 @@ def calibrate_batchnorm(model: torch.nn.Module, seed: int, batches: int = 2, siz
     model.eval()
 
 
+def fold_batchnorm(model: torch.nn.Module) -> torch.nn.Module:
+    """The same network with each eval-mode BatchNorm folded into the convolution before it.
+
+    At inference a BatchNorm is a per-channel affine map, so it can live in the conv's weights
+    and bias: one fewer pass over every activation (measured in the README's performance
+    section). torch.fx traces the model to find conv -> bn pairs; a model it cannot trace is
+    served as it is.
+    """
+    from torch.fx.experimental.optimization import fuse
+
+    try:
+        return fuse(model)
+    except Exception as exc:  # tracing is best effort: control flow on tensors, odd modules
+        log.warning("BatchNorm not folded (%s: %s); serving the model unchanged", type(exc).__name__, exc)
+        return model
+
+
 def _read_state_dict(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path} does not exist")
@@ -101,6 +118,7 @@ class TorchVisionEngine:
         seed: int = 0,
         fp16: bool = False,
         channels_last: bool = True,
+        fuse_conv_bn: bool = True,
         max_batch_size: int = 32,
         threads: int | None = None,
     ) -> None:
@@ -116,6 +134,8 @@ class TorchVisionEngine:
         self._half = fp16 and self._device.type == "cuda"
         self._channels_last = channels_last
         model = load_torchvision_model(model_name, weights, seed).eval()
+        if fuse_conv_bn:
+            model = fold_batchnorm(model)
         model = model.to(self._device)
         if self._channels_last:
             model = model.to(memory_format=torch.channels_last)

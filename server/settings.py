@@ -73,6 +73,11 @@ class Settings(BaseSettings):
     seed: int = Field(0, description="Seed for random weights, so two servers agree.")
     fp16: bool = Field(False, description="Half precision on CUDA (ignored on CPU).")
     channels_last: bool = Field(True, description="channels_last memory format for conv nets.")
+    fuse_conv_bn: bool = Field(
+        True,
+        description="Fold each BatchNorm into the convolution before it when a torchvision model "
+        "loads (inference only; outputs agree with the unfolded model to float rounding).",
+    )
     identity_elements: int = Field(16, ge=1, description="Element count of the identity model.")
     identity_delay_ms: float = Field(
         0.0, ge=0, description="identity: compute time per batch (Triton's execute_delay_ms)."

@@ -55,14 +55,15 @@ def p2_prime(root: Path, seconds: float) -> dict:
     return {**run, "ratio_to_800": run["rps"] / 800.0, "mean_batch": items / batches if batches else None}
 
 
-def engine_only(seconds: float) -> dict:
-    """The bare engine in this process, with the server's own settings and allocator."""
+def engine_only(seconds: float, fuse_conv_bn: bool = True) -> dict:
+    """The bare engine in this process, with the server's own settings and allocator.
+    ``fuse_conv_bn=False``: the engine as a checkout from before BatchNorm folding builds it."""
     from wattserve.engines.registry import build_engine
     from wattserve.server.lifecycle import tune_malloc
     from wattserve.server.settings import Settings
 
     tune_malloc()
-    engine = build_engine(Settings(model="mobilenet_v2"))
+    engine = build_engine(Settings(model="mobilenet_v2", fuse_conv_bn=fuse_conv_bn))
     rng = np.random.default_rng(0)
     one = {"input": rng.standard_normal((1, 3, 224, 224), dtype=np.float32)}
     eight = {"input": rng.standard_normal((8, 3, 224, 224), dtype=np.float32)}
@@ -111,6 +112,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip-mobilenet", action="store_true")
     parser.add_argument(
+        "--before-folds", action="store_true",
+        help="the --before checkout folds BatchNorm too (any checkout from 0e4f399 on): compare its "
+        "served figures with the folded engine",
+    )  # fmt: skip
+    parser.add_argument(
         "--variant", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE]",
         help="also serve mobilenet_v2 from this checkout with these env vars (same-run A/B), "
         "e.g. threads1:WATTSERVE_TORCH_THREADS=1 or passive:OMP_WAIT_POLICY=PASSIVE",
@@ -124,6 +130,7 @@ def main() -> None:
     results: dict[str, dict[str, list[dict]]] = {label: {"p2_prime": [], "mobilenet": []} for label in roots}
     by_variant: dict[str, list[dict]] = {name: [] for name in variants}
     engine: list[dict] = []
+    engine_unfolded: list[dict] = []
     for _ in range(args.rounds):
         for label, root in roots.items():  # alternating: the machine's drift hits both alike
             results[label]["p2_prime"].append(p2_prime(root, args.seconds))
@@ -133,6 +140,7 @@ def main() -> None:
             by_variant[name].append(mobilenet_served(ROOT, args.seconds, env))
         if not args.skip_mobilenet:
             engine.append(engine_only(args.seconds))
+            engine_unfolded.append(engine_only(args.seconds, fuse_conv_bn=False))
 
     def mean(rows: list[dict], key: str) -> float:
         return statistics.mean(r[key] for r in rows)
@@ -152,10 +160,17 @@ def main() -> None:
     if engine:
         e1 = statistics.mean(e["batch1_p50_ms"] for e in engine)
         e8 = statistics.mean(e["batch8_img_s"] for e in engine)
+        u1 = statistics.mean(e["batch1_p50_ms"] for e in engine_unfolded)
+        u8 = statistics.mean(e["batch8_img_s"] for e in engine_unfolded)
         print(f"\nengine only, this process: batch-1 p50 {e1:.2f} ms, batch 8 {e8:.1f} img/s")
+        print(f"engine only, BatchNorm not folded: batch-1 p50 {u1:.2f} ms, batch 8 {u8:.1f} img/s")
+        summary["engine only"] = {"batch1_p50_ms": e1, "batch8_img_s": e8}
+        summary["engine only, not folded"] = {"batch1_p50_ms": u1, "batch8_img_s": u8}
         for label in roots:
-            b1 = summary["mobilenet batch-1 served compute p50 ms"][label] / e1
-            p2 = summary["mobilenet saturated img/s (max 8)"][label] / e8
+            # a checkout from before the folding serves the unfolded model: compare like with like
+            ref1, ref8 = (u1, u8) if label == "before" and not args.before_folds else (e1, e8)
+            b1 = summary["mobilenet batch-1 served compute p50 ms"][label] / ref1
+            p2 = summary["mobilenet saturated img/s (max 8)"][label] / ref8
             summary[f"batch-1 served/engine ({label})"] = {label: b1}
             summary[f"P2 served/engine at batch 8 ({label})"] = {label: p2}
             print(
@@ -166,8 +181,10 @@ def main() -> None:
         sat = mean(rows, "saturated_img_s")
         print(f"variant {name} {variants[name]}: batch-1 compute p50 {b1:.2f} ms, saturated {sat:.1f} img/s, "
               f"p99 {mean(rows, 'p99_ms'):.0f} ms")  # fmt: skip
+        summary[f"variant {name}"] = {"batch1_compute_p50_ms": b1, "saturated_img_s": sat}
     doc = {"machine": platform.platform(), "args": {k: str(v) for k, v in vars(args).items()},
-           "runs": results, "variants": by_variant, "engine_only": engine, "summary": summary}  # fmt: skip
+           "runs": results, "variants": by_variant, "engine_only": engine,
+           "engine_only_not_folded": engine_unfolded, "summary": summary}  # fmt: skip
     print(f"\nwrote {save('hot_path', doc)}")
 
 

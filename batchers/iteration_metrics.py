@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from wattserve.server.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
+from wattserve.telemetry.buckets import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
 
 
 class _Families:

@@ -77,3 +77,29 @@ async def test_a_failing_observer_costs_no_answer():
     await batcher.drain(timeout=5)
     await task
     assert result.outputs["y"][0] == pytest.approx(10.0)
+
+
+async def test_the_runtime_wires_one_observer_and_the_policys_own_collector():
+    """Serving metrics come from the runtime's observer; the SLO collector is registered
+    with the model's name while the batcher serves and unregistered when it stops, so a
+    reload does not leave a stale copy behind."""
+    from prometheus_client import CollectorRegistry
+    from wattserve.server.metrics import ServingMetrics
+    from wattserve.server.runtime import ModelRuntime
+    from wattserve.server.settings import Settings
+
+    registry = CollectorRegistry()
+    settings = Settings(model="identity", batcher="aimd", warmup=False, max_batch_size=4)
+    labels = {"model": "gated", "batcher": "aimd"}
+    objective = ("wattserve_slo_objective_seconds", {**labels, "percentile": "99"})
+    for _ in range(2):  # a second start (a reload) registers its own collector again
+        runtime = ModelRuntime(settings, lambda s: GatedEngine(), ServingMetrics("gated", "aimd", registry),
+                               name="gated")  # fmt: skip
+        await runtime.start()
+        assert registry.get_sample_value(*objective) == 0.1
+        results = await runtime.infer([runtime.make_item(item_input(3.0), 0, None)])
+        assert results[0].outputs["y"][0] == pytest.approx(6.0)
+        assert registry.get_sample_value("wattserve_queue_duration_seconds_count", labels) >= 1
+        await runtime.stop()
+        assert registry.get_sample_value(*objective) is None
+    assert registry.get_sample_value("wattserve_batch_executions_total", labels) == 2

@@ -81,23 +81,23 @@ class ModelRuntime:
                 engines.append(await asyncio.to_thread(self._engine_factory, settings))
             if self.settings.warmup:
                 await asyncio.gather(*(asyncio.to_thread(self._warm, e) for e in engines))
+            observer = self._observer(engines[0])
+            batcher = build_batcher(self.settings, engines, observer)  # e.g. iteration needs a step engine
         except BaseException:
             for engine in engines:  # a failed load frees what it built
                 await asyncio.to_thread(engine.close)
             raise
-        self.engine = engines[0]
+        self.engine, self.batcher = engines[0], batcher
         self._validate = self.engine.validate if isinstance(self.engine, ValidatesInputs) else None
-        observer = self._observer(self.engine)
-        self.batcher = build_batcher(self.settings, engines, observer)
-        observer.watch(self.batcher)
-        self._collector = self.batcher.collector(self.name)
+        observer.watch(batcher)
+        self._collector = batcher.collector(self.name)
         if self._collector is not None:
             self.metrics.registry.register(self._collector)
-        self._task = asyncio.create_task(self.batcher.run(), name=f"batcher-{self.name}")
+        self._task = asyncio.create_task(batcher.run(), name=f"batcher-{self.name}")
         self.ready = True
         self.metrics.ready.set(1)
         chosen = self.settings.batcher
-        policy = chosen if self.batcher.name == chosen else f"{chosen} ({self.batcher.name})"
+        policy = chosen if batcher.name == chosen else f"{chosen} ({batcher.name})"
         log.info(
             "serving %s v%s (%s on %s) with the %s batcher, max batch %d, %d instance(s)",
             self.name, self.version, self.engine.platform, self.engine.device,

@@ -103,3 +103,21 @@ async def test_the_runtime_wires_one_observer_and_the_policys_own_collector():
         await runtime.stop()
         assert registry.get_sample_value(*objective) is None
     assert registry.get_sample_value("wattserve_batch_executions_total", labels) == 2
+
+
+async def test_a_batcher_that_cannot_serve_the_engine_fails_the_load_and_frees_it():
+    from wattserve.server.metrics import ServingMetrics
+    from wattserve.server.runtime import ModelRuntime
+    from wattserve.server.settings import Settings
+
+    closed = []
+
+    class Tracked(GatedEngine):
+        def close(self) -> None:
+            closed.append(self)
+
+    settings = Settings(model="identity", batcher="iteration", warmup=False)
+    runtime = ModelRuntime(settings, lambda s: Tracked(), ServingMetrics("gated", "iteration"), name="gated")
+    with pytest.raises(ValueError, match="needs a step engine"):
+        await runtime.start()
+    assert len(closed) == 1 and runtime.batcher is None and not runtime.ready

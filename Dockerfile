@@ -2,6 +2,8 @@
 # the development machine has no Docker engine and no GPU, so this file is written against the
 # public images and package indexes and is untested.
 #   docker build -t wattserve:gpu .   docker run --gpus all -p 8000:8000 wattserve:gpu
+# Settings: -e WATTSERVE_MODEL=resnet50 ..., or flags after the image name, which win over the
+#   variables: docker run ... wattserve:gpu wattserve serve --model resnet50 --batcher static
 # One CUDA major throughout: the base image's CUDA 12.6 / cuDNN 9, onnxruntime-gpu (its PyPI
 # builds since 1.19 are CUDA 12 + cuDNN 9), tensorrt-cu12 (TensorRT 10, what
 # engines/tensorrt_engine.py is written for), and pycuda compiled against this image's headers.

@@ -1,4 +1,4 @@
-"""Shared by the benchmarks: start a server process, wait for it, drive it with wrk."""
+"""Shared by the benchmarks: servers through the project's one harness, wrk, result files."""
 
 from __future__ import annotations
 
@@ -7,64 +7,41 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
-import httpx
+from wattserve.loadgen.server_process import ServerProcess, free_port, running_wattserve
+
+__all__ = ["RESULTS", "ROOT", "free_port", "process", "save", "wattserve", "wrk"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def process(
     cmd: list[str], env: dict[str, str], ready_url: str, timeout: float = 300, root: Path = ROOT
-) -> Iterator[subprocess.Popen]:
-    """Run ``cmd`` until the block ends (the block gets its Popen); its output goes to a log file (a pipe nobody reads
-    would fill up and stall the server), shown if it dies. ``root``: the checkout whose code
-    it runs (another one gives a before/after comparison in the same run)."""
+) -> Iterator[ServerProcess]:
+    """Any server program (a bare app, Triton) through the project's harness, ready for the
+    block; ``ready_url`` is polled until 200 (or 405: a POST-only route answers a GET that
+    way once it is up). ``root``: the checkout whose code it runs."""
+    parts = urlsplit(ready_url)
     full_env = {**os.environ, **env, "PYTHONPATH": str(root)}
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, env=full_env, cwd=root, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                if proc.poll() is not None:
-                    log.seek(0)
-                    raise RuntimeError(f"{cmd} exited: {log.read().decode(errors='replace')[-2000:]}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(ready_url, timeout=1).status_code in (200, 405):
-                        break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{cmd} not ready after {timeout}s")
-                time.sleep(0.2)
-            yield proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    proc = ServerProcess(cmd, full_env, parts.port or 80, cwd=root, ready_path=parts.path,
+                         ready_statuses=(200, 405), ready_timeout_s=timeout)  # fmt: skip
+    with proc:
+        yield proc
 
 
 @contextlib.contextmanager
 def wattserve(env: dict[str, str], root: Path = ROOT) -> Iterator[str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {"WATTSERVE_LOG_LEVEL": "warning", "WATTSERVE_GRPC_PORT": "0", **env, "WATTSERVE_PORT": str(port)}
-    with process([sys.executable, "-m", "wattserve", "serve"], env, url + "/v2/health/ready", root=root):
-        yield url
+    """``python -m wattserve serve`` from ``root`` (another checkout gives a before/after
+    comparison in the same run); yields its base url."""
+    with running_wattserve({"WATTSERVE_LOG_LEVEL": "warning", **env}, root=root) as proc:
+        yield proc.url
 
 
 def wrk(

@@ -20,9 +20,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -34,8 +31,9 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 from wattserve.loadgen.payloads import PreparedRequest
 from wattserve.loadgen.runner import LoadSpec, RunResult, Target, run_load
+from wattserve.loadgen.server_process import running_wattserve
 
-from benchmarks._harness import RESULTS, ROOT, free_port
+from benchmarks._harness import RESULTS, ROOT
 
 MODEL = "tiny_unet"
 COMMON_ENV = {
@@ -145,34 +143,12 @@ def summarize(policy: str, rate: float, result: RunResult, before: dict, after: 
 @contextlib.contextmanager
 def server(policy: str, log_dir: Path, timeout: float = 300) -> Iterator[str]:
     """``python -m wattserve serve`` for one policy, its output in ``log_dir/<policy>.log``."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, **COMMON_ENV, **POLICIES[policy], "WATTSERVE_PORT": str(port),
-           "WATTSERVE_GRPC_PORT": "0", "WATTSERVE_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT)}  # fmt: skip
+    env = {**COMMON_ENV, **POLICIES[policy], "WATTSERVE_LOG_LEVEL": "warning"}
     log_path = log_dir / f"{policy}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "wattserve", "serve"], env=env, cwd=ROOT,
-                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{policy} server exited: {log_path.read_text()[-2000:]}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url + "/v2/health/ready", timeout=1).status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{policy} server not ready after {timeout}s")
-                time.sleep(0.2)
-            yield url
-            if proc.poll() is not None:
-                raise RuntimeError(f"{policy} server died (exit {proc.returncode}); see {log_path}")
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with running_wattserve(env, root=ROOT, log_path=log_path, ready_timeout_s=timeout) as proc:
+        yield proc.url
+        if not proc.alive:
+            raise RuntimeError(f"{policy} server died (exit {proc.proc.returncode}); see {log_path}")
 
 
 def wait_idle(url: str, timeout: float = 120) -> None:

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import os
 import platform
-import sys
 import time
 from collections.abc import Awaitable, Callable
 
@@ -34,8 +33,9 @@ import grpc
 import numpy as np
 import orjson
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+from wattserve.loadgen.server_process import running_wattserve
 
-from benchmarks._harness import free_port, process, save
+from benchmarks._harness import free_port, save
 
 CLIENTS = 16
 
@@ -151,17 +151,13 @@ def summary(rounds: list[dict]) -> dict:
 def run_case(
     env: dict[str, str], model: str, name: str, array: np.ndarray, seconds: float, rounds: int
 ) -> dict:
-    port, grpc_port = free_port(), free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {
-        "WATTSERVE_LOG_LEVEL": "warning",
-        **env,
-        "WATTSERVE_PORT": str(port),
-        "WATTSERVE_GRPC_PORT": str(grpc_port),
-    }
-    with process([sys.executable, "-m", "wattserve", "serve"], env, url + "/v2/health/ready") as server:
+    grpc_port = free_port()
+    env = {"WATTSERVE_LOG_LEVEL": "warning", **env, "WATTSERVE_GRPC_PORT": str(grpc_port)}
+    with running_wattserve(env) as server:
         raw = asyncio.run(
-            alternate(url, f"127.0.0.1:{grpc_port}", server.pid, model, name, array, seconds, rounds)
+            alternate(
+                server.url, f"127.0.0.1:{grpc_port}", server.proc.pid, model, name, array, seconds, rounds
+            )
         )
     return {"rounds": raw, "http": summary(raw["http"]), "grpc": summary(raw["grpc"])}
 

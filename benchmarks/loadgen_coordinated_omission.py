@@ -13,21 +13,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from wattserve.loadgen.calibration_server import running_calibration_server
+from wattserve.loadgen.client import make_session
+from wattserve.loadgen.runner import LoadSpec, prepare_target, run_load
 
-from wattserve.loadgen.client import make_session  # noqa: E402
-from wattserve.loadgen.runner import LoadSpec, prepare_target, run_load  # noqa: E402
-
-from tests.loadgen_support import calibration_server  # noqa: E402
+from benchmarks._harness import RESULTS
 
 
 async def measure(args: argparse.Namespace) -> dict:
     out = {}
-    async with calibration_server() as (server, url), make_session(30) as session:
+    async with running_calibration_server() as (server, url), make_session(30) as session:
         target = await prepare_target(session, url, "identity", "binary")
         specs = {
             "open": LoadSpec("constant", rate=args.rate, warmup_s=0.5, duration_s=args.duration),
@@ -60,7 +57,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--duration", type=float, default=4.5)
     p.add_argument("--stall-s", type=float, default=1.0)
-    p.add_argument("--out", type=Path, default=ROOT / "results" / "loadgen_co.json")
+    p.add_argument("--out", type=Path, default=RESULTS / "loadgen_co.json")
     args = p.parse_args()
     result = asyncio.run(measure(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ import numpy as np
 import orjson
 
 from benchmarks._harness import save, wattserve, wrk
-from tests.repository_support import make_repository
+from support.model_repository import make_repository
 
 IDENTITY_BODY = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
                                           "data": [float(i) for i in range(16)]}]})  # fmt: skip

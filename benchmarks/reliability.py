@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 from rich.table import Table
+from wattserve.loadgen.server_process import ServerProcess, wattserve_process
 
 from benchmarks import _hostile_clients as hc
-from benchmarks._harness import RESULTS, save
+from benchmarks._harness import RESULTS, ROOT, save
 from benchmarks.fuzz_bodies import IDENTITY, MOBILENET_V2, ModelShape, fuzz_cases, valid_data_json
-from tests.servers import ROOT, ServerProcess, free_port
 
 console = Console(width=160)
 HOST = "127.0.0.1"
@@ -65,11 +65,11 @@ class Run:
         if nofile_soft is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (min(nofile_soft, old[1]), old[1]))
         try:
-            proc = ServerProcess({**COMMON_ENV, **env}, free_port(), root=self.repo)
+            proc = wattserve_process({**COMMON_ENV, **env}, root=self.repo).start()
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, old)
         try:
-            proc.wait_ready(timeout=300)
+            proc.wait_ready(300)
             yield proc
         finally:
             proc.stop()

@@ -43,7 +43,7 @@ import aiohttp
 from wattserve.loadgen import client
 from wattserve.loadgen.runner import LoadSpec, RunResult, Target, prepare_target, run_load
 from wattserve.loadgen.search import Objective, SearchLimits, find_max_rate
-from wattserve.loadgen.server_process import ServerProcess, free_port, server_env
+from wattserve.loadgen.server_process import DEFAULT_COMMAND, ServerProcess, free_port, server_env
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "identity"
@@ -224,21 +224,20 @@ class ReplicaSet:
         self.starts[i] += 1
         env = server_env(log_level="warning", **self.settings)
         log = self.logdir / f"replica{i}-{self.starts[i]}.log"
-        cmd = ("{python}", "-m", "wattserve", "serve", "--port", "{port}")
-        return ServerProcess(cmd, env, self.ports[i], log, cwd=str(ROOT))
+        return ServerProcess(DEFAULT_COMMAND, env, self.ports[i], log, cwd=ROOT)
 
     async def start(self) -> None:
         self.ports = [free_port() for _ in range(self.count)]
         self.procs = [self._process(i) for i in range(self.count)]
         for p in self.procs:
-            await p.start()
-        await asyncio.gather(*(p.wait_ready(180) for p in self.procs))
+            await p.astart()
+        await asyncio.gather(*(p.await_ready(180) for p in self.procs))
 
     async def restart(self, i: int) -> float:
         """Start replica ``i`` again; seconds until it answers ready."""
         self.procs[i] = self._process(i)
-        await self.procs[i].start()
-        return await self.procs[i].wait_ready(180)
+        await self.procs[i].astart()
+        return await self.procs[i].await_ready(180)
 
     def kill(self, i: int) -> None:
         proc = self.procs[i].proc
@@ -246,7 +245,7 @@ class ReplicaSet:
         proc.kill()
 
     async def stop(self) -> None:
-        await asyncio.gather(*(p.stop(30) for p in self.procs))
+        await asyncio.gather(*(p.astop(30) for p in self.procs))
 
 
 async def rolling_restart(replicas: ReplicaSet, lb: HAProxy, t0: float) -> list[dict[str, Any]]:
@@ -255,7 +254,7 @@ async def rolling_restart(replicas: ReplicaSet, lb: HAProxy, t0: float) -> list[
     for i in range(replicas.count):
         ev: dict[str, Any] = {"replica": i, "sigterm_at_s": time.monotonic() - t0}
         t = time.monotonic()
-        ev["exit_code"] = await replicas.procs[i].stop(60)
+        ev["exit_code"] = await replicas.procs[i].astop(60)
         ev["drain_and_exit_s"] = time.monotonic() - t
         ev["ready_after_s"] = await replicas.restart(i)
         ev["lb_up_after_s"] = await lb.wait_up(name=f"r{i}")
@@ -269,7 +268,7 @@ async def kill_one(replicas: ReplicaSet, lb: HAProxy, t0: float, down_s: float) 
     ev: dict[str, Any] = {"replica": 0, "sigkill_at_s": time.monotonic() - t0}
     replicas.kill(0)
     await asyncio.sleep(down_s)
-    await replicas.procs[0].stop(5)  # reap it
+    await replicas.procs[0].astop(5)  # reap it
     ev["ready_after_s"] = await replicas.restart(0)
     ev["lb_up_after_s"] = await lb.wait_up(name="r0")
     ev["done_at_s"] = time.monotonic() - t0

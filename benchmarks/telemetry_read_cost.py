@@ -62,7 +62,7 @@ def main() -> int:
     args = parser.parse_args()
     results: dict[str, object] = {"host": platform.node(), "python": sys.version.split()[0]}
 
-    from tests.doubles.fake_nvml import FakeGpu, FakeNvml  # the test double, named as such
+    from support.doubles.fake_nvml import FakeGpu, FakeNvml  # the test double, named as such
 
     fake = FakeNvml([FakeGpu()])
     meter = EnergyMeter(EnergyLedger([CounterEnergy(g) for g in open_gpus(fake, None).gpus]))

@@ -11,7 +11,7 @@ which is safe here because each call copies its result out before the next repla
 
 Written against torch's CUDA graph API; this machine has no GPU, so the capture itself runs
 only in scripts/gpu_check.sh. The bucket/pad/copy/slice logic around it is tested on CPU with a
-named test double for the capture step (tests/doubles/fake_cuda_graphs.py).
+named test double for the capture step (support/doubles/fake_cuda_graphs.py).
 """
 
 from __future__ import annotations

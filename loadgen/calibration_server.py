@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -148,6 +151,22 @@ class CalibrationServer:
             return _json({"error": "multipart field 'file' missing"}, 400)
         await self._hold()
         return _json({"model_name": MODEL, "predictions": [{"index": 0, "score": 1.0}]})
+
+
+@contextlib.asynccontextmanager
+async def running_calibration_server(**kwargs: Any) -> AsyncIterator[tuple[CalibrationServer, str]]:
+    """A CalibrationServer in this event loop on a free loopback port; yields (server, base
+    url). Tests and the coordinated-omission benchmark drive it in-process this way."""
+    server = CalibrationServer(**kwargs)
+    runner = web.AppRunner(server.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield server, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
 
 
 def _json(obj: object, status: int = 200) -> web.Response:

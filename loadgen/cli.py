@@ -64,6 +64,16 @@ def add_loadgen_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def add_loadgen_arguments(p: argparse.ArgumentParser) -> None:
+    """Every ``loadgen`` option, one argument group per concern (as ``--help`` shows them)."""
+    _add_target_arguments(p)
+    _add_load_arguments(p)
+    _add_validity_arguments(p)
+    _add_search_arguments(p)
+    _add_output_arguments(p)
+
+
+def _add_target_arguments(p: argparse.ArgumentParser) -> None:
+    """What to load: server, model, protocol, inputs, timeouts."""
     t = p.add_argument_group("target")
     t.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
     t.add_argument("--model", required=True, help="model name on the server")
@@ -107,6 +117,9 @@ def add_loadgen_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, seconds")
     t.add_argument("--ready-timeout", type=float, default=60.0, help="wait this long for /v2/health/ready")
 
+
+def _add_load_arguments(p: argparse.ArgumentParser) -> None:
+    """How to load it: arrival process, rate or concurrency, window, bursts, trace."""
     a = p.add_argument_group("load")
     a.add_argument(
         "--arrival",
@@ -139,6 +152,9 @@ def add_loadgen_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--burst-on", type=float, default=0.5, help="bursty: mean burst length, seconds")
     a.add_argument("--burst-dwell", default="exponential", choices=["exponential", "fixed"])
 
+
+def _add_validity_arguments(p: argparse.ArgumentParser) -> None:
+    """When a run does not count: generator lag and send ratio."""
     v = p.add_argument_group("validity")
     v.add_argument(
         "--max-lag-ms",
@@ -153,6 +169,9 @@ def add_loadgen_arguments(p: argparse.ArgumentParser) -> None:
         help="run invalid when fewer of the window's scheduled requests were sent within it",
     )
 
+
+def _add_search_arguments(p: argparse.ArgumentParser) -> None:
+    """``--slo-ms``: bisect the rate for the highest one meeting the objective."""
     s = p.add_argument_group("SLO search (bisection on rate)")
     s.add_argument("--slo-ms", type=float, help="find the highest rate whose percentile <= this")
     s.add_argument("--percentile", type=float, default=95.0)
@@ -167,6 +186,9 @@ def add_loadgen_arguments(p: argparse.ArgumentParser) -> None:
         help="queries per step (default: 25 beyond the percentile, e.g. 500 for p95)",
     )
 
+
+def _add_output_arguments(p: argparse.ArgumentParser) -> None:
+    """Where results go and what is shown while running."""
     o = p.add_argument_group("output")
     o.add_argument("--out", type=Path, help="output folder (default results/loadgen-TIMESTAMP)")
     o.add_argument("--title", default=None)

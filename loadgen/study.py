@@ -231,9 +231,8 @@ async def _run_grid(
     out = Path(s.out)
     for cfg in study.server_configs():
         port = free_port()
-        proc = ServerProcess(
-            s.command, server_environment(study, cfg), port, out / "logs" / f"{_slug(cfg.label)}.log"
-        )
+        log_path = out / "logs" / f"{_slug(cfg.label)}.log"
+        proc = ServerProcess(s.command, server_environment(study, cfg), port, log_path, new_session=True)
         info: dict[str, Any] = {
             "label": cfg.label,
             "model": cfg.model.name,
@@ -244,8 +243,8 @@ async def _run_grid(
         }
         console.rule(f"[bold]{cfg.label}")
         try:
-            await proc.start()
-            info["ready_s"] = await proc.wait_ready(s.ready_timeout_s)
+            await proc.astart()
+            info["ready_s"] = await proc.await_ready(s.ready_timeout_s)
             console.print(f"server ready on port {port} after {info['ready_s']:.1f} s")
             async with client.make_session(s.request_timeout_s) as session:
                 target = await prepare_target(
@@ -266,7 +265,7 @@ async def _run_grid(
             info["error"] = f"{type(exc).__name__}: {exc}"
             console.print(f"[red]{cfg.label} failed: {info['error']}[/red]")
         finally:
-            info["exit_code"] = await proc.stop(s.stop_timeout_s)
+            info["exit_code"] = await proc.astop(s.stop_timeout_s)
             info["killed"] = proc.killed
             configs.append(info)
 

@@ -21,14 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 import tomllib
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from wattserve.loadgen.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -77,50 +78,13 @@ def scaled_rates(capacity: float) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------- the live server
-def free_port() -> int:
-    import socket
+def start_server(model: str, env_extra: dict[str, str], log_path: Path) -> ServerProcess:
+    """The server for the capacity search, started through the project's harness."""
+    from wattserve.loadgen.server_process import wattserve_process  # after ROOT is on sys.path
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(model: str, env_extra: dict[str, str], log_path: Path) -> tuple[subprocess.Popen, str]:
-    from wattserve.loadgen.server_process import server_env
-
-    port = free_port()
-    env = server_env(None, model=model, host="127.0.0.1", port=port, **CAPACITY_BATCHING)
-    env.update(env_extra)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "wattserve", "serve"], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def wait_ready(proc: subprocess.Popen, url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"server not ready after {timeout_s:.0f} s")
-
-
-def stop_server(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    env = {"WATTSERVE_MODEL": model, "WATTSERVE_HOST": "127.0.0.1", **env_extra}
+    env.update({f"WATTSERVE_{k.upper()}": str(v) for k, v in CAPACITY_BATCHING.items()})
+    return wattserve_process(env, root=ROOT, log_path=log_path).start()
 
 
 def telemetry_check(metrics_text: str) -> dict[str, Any]:
@@ -146,10 +110,11 @@ def find_capacity(model: str, study: dict[str, Any], args: argparse.Namespace) -
     s = study["study"]
     out = args.results / f"capacity-{model}"
     env = {k: str(v) for k, v in s.get("env", {}).items()}
-    proc, url = start_server(model, env, out / "server.log")
+    proc = start_server(model, env, out / "server.log")
+    url = proc.url
     result: dict[str, Any] = {"model": model, "batching": CAPACITY_BATCHING, "url": url}
     try:
-        wait_ready(proc, url, s.get("ready_timeout_s", 300))
+        proc.wait_ready(s.get("ready_timeout_s", 300))
         command = [sys.executable, "-m", "wattserve.loadgen", "loadgen", "--url", url, "--model", model,
                    "--binary", "--slo-ms", str(s["slo_ms"]), "--percentile", str(s.get("percentile", 95)),
                    "--search-start", str(args.search_start), "--search-max", str(args.search_max),
@@ -172,7 +137,7 @@ def find_capacity(model: str, study: dict[str, Any], args: argparse.Namespace) -
         result["error"] = f"{type(exc).__name__}: {exc}"
         log(f"capacity of {model}: {result['error']}")
     finally:
-        stop_server(proc)
+        proc.stop(30)
     return result
 
 

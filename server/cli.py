@@ -7,17 +7,21 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from pydantic import ValidationError
+from pydantic_settings import CliSettingsSource
 from wattserve.server.settings import Settings
+
+SERVE_DESCRIPTION = (
+    "Run the inference server. Every setting is a flag below and a WATTSERVE_* environment "
+    "variable; a flag wins over the variable, the variable over the default."
+)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from wattserve.server.app import create_app
     from wattserve.server.lifecycle import DrainingServer, tune_malloc, uvicorn_config
 
-    given = (("host", args.host), ("port", args.port), ("model_repository", args.model_repository),
-             ("strict", args.strict or None))  # fmt: skip
-    overrides = {k: v for k, v in given if v is not None}
-    settings = Settings(**overrides)
+    settings = settings_from_args(args)
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -31,30 +35,68 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_settings(args: argparse.Namespace) -> int:
     """Print every setting as a Markdown table (the README's table comes from here)."""
-    print("| variable | default | meaning |")
-    print("| --- | --- | --- |")
+    flags = setting_flags(add_serve_parser(argparse.ArgumentParser().add_subparsers()))
+    print("| variable | flag | default | meaning |")
+    print("| --- | --- | --- | --- |")
     for name, field in Settings.model_fields.items():
         default = field.get_default(call_default_factory=True)
         shown = "" if default is None else f"`{default}`"
-        print(f"| `WATTSERVE_{name.upper()}` | {shown} | {field.description or ''} |")
+        flag = " ".join(f"`{option}`" for option in flags[name])
+        print(f"| `WATTSERVE_{name.upper()}` | {flag} | {shown} | {field.description or ''} |")
     return 0
+
+
+def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``serve``: one flag per Settings field, made from the model by pydantic-settings."""
+    serve = sub.add_parser(
+        "serve", description=SERVE_DESCRIPTION, help="run the inference server (every setting a flag)"
+    )
+    flags = CliSettingsSource(Settings, root_parser=serve)
+    serve.set_defaults(func=cmd_serve, settings_flags=flags)
+    return serve
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """The settings ``serve`` runs with: its flags, over WATTSERVE_*, over the defaults.
+
+    A value that fails validation, from a flag or a variable, exits with status 2 (argparse's,
+    as a bad flag always did) and one line that names it, rather than a traceback.
+    """
+    flags: CliSettingsSource[Settings] = args.settings_flags
+    given = {name: value for name, value in vars(args).items() if name in Settings.model_fields}
+    try:
+        return Settings(_cli_settings_source=flags(parsed_args=given))
+    except ValidationError as exc:
+        parser = flags.root_parser
+        parser.exit(2, f"{parser.prog}: error: {_describe(exc, setting_flags(parser))}\n")
+
+
+def setting_flags(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
+    """Settings field -> its option strings in ``parser`` (``["--strict", "--no-strict"]``)."""
+    return {a.dest: a.option_strings for a in parser._actions if a.dest in Settings.model_fields}
+
+
+def _describe(exc: ValidationError, flags: dict[str, list[str]]) -> str:
+    """One clause per invalid setting, named both ways the user may have set it."""
+    clauses = []
+    for error in exc.errors():
+        name = str(error["loc"][0]) if error["loc"] else ""
+        if name in flags:
+            clauses.append(
+                f"{flags[name][0]} / WATTSERVE_{name.upper()}: {error['msg']} (got {error['input']!r})"
+            )
+        else:
+            clauses.append(error["msg"])
+    return "; ".join(clauses)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wattserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the inference server (settings from WATTSERVE_*)")
-    serve.add_argument("--host", default=None, help="overrides WATTSERVE_HOST")
-    serve.add_argument("--port", type=int, default=None, help="overrides WATTSERVE_PORT")
-    serve.add_argument(
-        "--model-repository",
-        default=None,
-        help="Triton-layout model repository; overrides WATTSERVE_MODEL_REPOSITORY",
+    add_serve_parser(sub)
+    show = sub.add_parser(
+        "settings", help="print every setting (WATTSERVE_* variable and serve flag) as a table"
     )
-    serve.add_argument("--strict", action="store_true",
-                       help="exit if any model fails to load (Triton's --exit-on-error)")  # fmt: skip
-    serve.set_defaults(func=cmd_serve)
-    show = sub.add_parser("settings", help="print every WATTSERVE_* setting as a table")
     show.set_defaults(func=cmd_settings)
     _add_engine_tools(sub)
     from wattserve.loadgen.cli import add_loadgen_parser, add_study_parser  # imports its deps lazily

@@ -1,7 +1,9 @@
-"""Server settings, read from the environment (prefix ``WATTSERVE_``) by pydantic-settings.
+"""Server settings: one field per knob, read by pydantic-settings.
 
-Every knob has one meaning; the README's settings table is generated from these fields'
-descriptions (``wattserve settings``).
+Each field is a ``WATTSERVE_<NAME>`` environment variable and a ``wattserve serve --<name>``
+flag (server/cli.py attaches pydantic-settings' CLI source to the ``serve`` subcommand), so
+this class is the only list of settings. Every knob has one meaning; ``wattserve settings``
+prints the README's table from these fields' descriptions.
 """
 
 from __future__ import annotations
@@ -25,7 +27,16 @@ def _int_list(value: object) -> object:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="WATTSERVE_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="WATTSERVE_",
+        extra="ignore",
+        # How the fields look as `wattserve serve` flags; read only by a CLI source that the
+        # caller passes in (cli_parse_args stays unset, so Settings() never reads sys.argv).
+        cli_kebab_case=True,  # max_batch_size -> --max-batch-size
+        cli_implicit_flags=True,  # bool fields: --strict / --no-strict
+        cli_hide_none_type=True,  # optional fields show their type, not "{float,null}"
+        cli_show_env_vars=True,  # --help names each flag's WATTSERVE_* variable
+    )
 
     # --- network ---
     host: str = Field("127.0.0.1", description="Address to listen on.")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -23,14 +22,9 @@ from typing import Any
 
 import httpx
 import pytest
+from wattserve.loadgen.server_process import free_port
 
 PROMETHEUS_BIN = os.environ.get("PROMETHEUS_BIN", "/usr/bin/prometheus")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def require_prometheus() -> str:
@@ -74,7 +68,7 @@ class PrometheusServer:
         config = self.workdir / "prometheus.yml"
         config.write_text(self.config_text())
         for _attempt in range(3):  # the free port can be taken between probe and bind
-            self.port = _free_port()
+            self.port = free_port()
             self.url = f"http://127.0.0.1:{self.port}"
             log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
             self.proc = subprocess.Popen(

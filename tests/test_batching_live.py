@@ -13,7 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.servers import ServerProcess, free_port, server_process
+from tests.servers import server_process, wattserve_process
 
 ELEMENTS = 4
 
@@ -102,7 +102,7 @@ def test_policy_visible_in_histogram_and_every_request_gets_its_own_answer(batch
 @pytest.mark.slow
 def test_sigterm_drain_answers_every_accepted_request_once():
     env = base_env("static", WATTSERVE_IDENTITY_DELAY_MS="100", WATTSERVE_LOG_LEVEL="info")
-    server = ServerProcess(env, free_port())
+    server = wattserve_process(env).start()
     try:
         server.wait_ready()
         values = [float(i) for i in range(100)]  # 12 full batches of 8 and a partial of 4
@@ -152,7 +152,7 @@ def test_settings_come_only_from_the_environment(monkeypatch):
 
 def test_drained_server_exits_promptly_when_idle():
     env = base_env("dynamic")
-    server = ServerProcess(env, free_port())
+    server = wattserve_process(env).start()
     try:
         server.wait_ready()
         t0 = time.monotonic()

@@ -1,6 +1,6 @@
 """CUDA-graph runner: buckets, padding, copy-out and slicing, on CPU with a capture double.
 
-No GPU here, so capture itself is replaced by FakeCapture (tests/doubles/fake_cuda_graphs.py),
+No GPU here, so capture itself is replaced by FakeCapture (support/doubles/fake_cuda_graphs.py),
 which keeps a graph's contract (replay rewrites the static output from the static input).
 The real capture runs in scripts/gpu_check.sh.
 """
@@ -15,7 +15,7 @@ from wattserve.engines.cuda_graphs import CudaGraphEngine, CudaGraphRunner
 from wattserve.engines.padding import padded_slots
 from wattserve.server.settings import Settings
 
-from tests.doubles.fake_cuda_graphs import FakeCapture
+from support.doubles.fake_cuda_graphs import FakeCapture
 
 
 def small_net() -> torch.nn.Module:

@@ -22,7 +22,7 @@ from wattserve.engines.diffusion import DiffusionEngine
 from wattserve.server.settings import Settings
 
 from tests.diffusion_support import quiet_cpu  # noqa: F401  (autouse fixture)
-from tests.servers import ServerProcess, free_port, threaded_server
+from tests.servers import threaded_server, wattserve_process
 
 TOL = 1e-3  # same seed+steps, alone vs batched (tests/test_diffusion_engine.py)
 MODEL = "tiny_unet"
@@ -161,7 +161,7 @@ def test_sigterm_drain_answers_every_running_and_queued_request(reference):
         # the 12 requests took longer than the default 30 s and the rest were (rightly) failed.
         "WATTSERVE_DRAIN_TIMEOUT_S": "300",
     }
-    server = ServerProcess(env, free_port())
+    server = wattserve_process(env).start()
     specs = [(200 + i, 15 + i) for i in range(12)]  # 4 running, 8 queued at SIGTERM
     try:
         server.wait_ready()

@@ -12,10 +12,9 @@ import asyncio
 import time
 
 import pytest
+from wattserve.loadgen.calibration_server import running_calibration_server
 from wattserve.loadgen.client import make_session
 from wattserve.loadgen.runner import LoadSpec, prepare_target, run_load
-
-from tests.loadgen_support import calibration_server
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +25,7 @@ def window_latencies_ms(run) -> list[float]:
 
 
 async def test_open_loop_p99_shows_a_stall_that_closed_loop_hides() -> None:
-    async with calibration_server() as (server, url), make_session(30) as session:
+    async with running_calibration_server() as (server, url), make_session(30) as session:
         target = await prepare_target(session, url, "identity", "binary")
         # Freeze 2 s after each run's first request: inside the window [0.5 s, 5 s).
         server.arm_stall(after_s=2.0, stall_s=1.0)
@@ -59,7 +58,7 @@ async def test_open_loop_p99_shows_a_stall_that_closed_loop_hides() -> None:
 
 async def test_a_generator_stall_is_charged_to_latency_and_invalidates_the_run() -> None:
     """If the generator itself freezes, the requests it owed are late, not forgotten."""
-    async with calibration_server() as (_, url), make_session(30) as session:
+    async with running_calibration_server() as (_, url), make_session(30) as session:
         target = await prepare_target(session, url, "identity", "binary")
 
         async def freeze_the_generator() -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import orjson
 import pytest
 from PIL import Image
+from wattserve.loadgen.calibration_server import running_calibration_server
 from wattserve.loadgen.client import make_session, send
 from wattserve.loadgen.payloads import (
     InputSpec,
@@ -18,8 +19,6 @@ from wattserve.loadgen.payloads import (
     tensor_requests,
 )
 from wattserve.loadgen.runner import prepare_target
-
-from tests.loadgen_support import calibration_server
 
 META = {
     "name": "m",
@@ -69,13 +68,13 @@ def test_json_body_and_fixed_values() -> None:
 
 async def test_auto_protocol_prefers_binary_and_falls_back_to_json() -> None:
     async with make_session(10) as session:
-        async with calibration_server() as (_, url):
+        async with running_calibration_server() as (_, url):
             target = await prepare_target(session, url, "identity", "auto")
             assert target.protocol == "binary"
             assert target.metrics_url is None  # the calibration server has no /metrics
             out = await send(session, url, target.requests[0])
             assert out.status == "200"
-        async with calibration_server(binary=False) as (_, url):
+        async with running_calibration_server(binary=False) as (_, url):
             target = await prepare_target(session, url, "identity", "auto")
             assert target.protocol == "json"
             with pytest.raises(RuntimeError, match="binary"):
@@ -91,7 +90,7 @@ async def test_images_are_uploaded_as_multipart_file_field(tmp_path) -> None:
     reqs = image_requests("identity", tmp_path)
     assert [r.file[0] for r in reqs] == ["img0.png", "img1.png", "img2.png"]
     assert reqs[0].path == "/v2/models/identity/classify"
-    async with make_session(10) as session, calibration_server() as (_, url):
+    async with make_session(10) as session, running_calibration_server() as (_, url):
         target = await prepare_target(session, url, "identity", "image", images=str(tmp_path))
         assert target.protocol == "image"
         statuses = [(await send(session, url, r)).status for r in target.requests]

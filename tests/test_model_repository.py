@@ -15,7 +15,7 @@ import torch
 import tritonclient.http as triton
 from wattserve.server.settings import Settings
 
-from tests.repository_support import IMAGE, make_repository
+from support.model_repository import IMAGE, make_repository
 from tests.servers import threaded_server
 
 
@@ -187,10 +187,10 @@ def test_unloading_under_load_loses_no_accepted_request(server):
 
 def test_wattserve_serve_with_a_repository_drains_on_sigterm(repository):
     """Started as a user would (WATTSERVE_MODEL_REPOSITORY); SIGTERM drains every model."""
-    from tests.servers import ServerProcess, free_port
+    from tests.servers import wattserve_process
 
-    proc = ServerProcess({"WATTSERVE_MODEL_REPOSITORY": str(repository), "WATTSERVE_TORCH_THREADS": "1",
-                          "WATTSERVE_TELEMETRY": "false"}, free_port())  # fmt: skip
+    proc = wattserve_process({"WATTSERVE_MODEL_REPOSITORY": str(repository), "WATTSERVE_TORCH_THREADS": "1",
+                              "WATTSERVE_TELEMETRY": "false"}).start()  # fmt: skip
     try:
         proc.wait_ready()
         index = httpx.post(proc.url + "/v2/repository/index", json={"ready": True}).json()

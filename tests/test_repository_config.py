@@ -278,14 +278,14 @@ def test_tensorrt_plan_without_tensorrt_is_unavailable_with_the_reason(tmp_path,
 
 
 def test_tensorrt_plan_served_through_the_tensorrt_engine_on_the_double(tmp_path, monkeypatch):
-    """Wiring only: FakeTensorRT (tests/doubles) stands in for TensorRT and a GPU, which this
+    """Wiring only: FakeTensorRT (support/doubles) stands in for TensorRT and a GPU, which this
     machine lacks; real TensorRT runs only in scripts/gpu_check.sh."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from wattserve.engines.profiles import parse_profiles
     from wattserve.engines.tensorrt_engine import GpuIdentity, load_or_build_plan
 
-    from tests.doubles import fake_tensorrt
+    from support.doubles import fake_tensorrt
 
     w = np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)
     graph = helper.make_graph(

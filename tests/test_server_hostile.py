@@ -392,9 +392,9 @@ def test_openapi_describes_the_infer_route(server):
 # ---------------------------------------------------------------- drain grace (rolling restarts)
 @pytest.mark.slow
 def test_drain_grace_reports_not_ready_but_keeps_serving_then_drains():
-    from tests.servers import ServerProcess, free_port
+    from tests.servers import wattserve_process
 
-    server = ServerProcess({"WATTSERVE_MODEL": "identity", "WATTSERVE_DRAIN_GRACE_S": "3"}, free_port())
+    server = wattserve_process({"WATTSERVE_MODEL": "identity", "WATTSERVE_DRAIN_GRACE_S": "3"}).start()
     body = {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}]}
     try:
         server.wait_ready()

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from wattserve.server.settings import Settings
 from wattserve.telemetry import TelemetryService
 
-from tests.doubles.fake_nvml import FakeGpu, FakeNvml
+from support.doubles.fake_nvml import FakeGpu, FakeNvml
 
 IDLE_W, BUSY_W = 90.0, 450.0
 

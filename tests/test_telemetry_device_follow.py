@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 from wattserve.server.settings import Settings
 
-from tests.doubles.fake_nvml import FakeGpu, FakeNvml
+from support.doubles.fake_nvml import FakeGpu, FakeNvml
 from tests.servers import threaded_server
 
 

@@ -16,7 +16,7 @@ from wattserve.telemetry.energy import EnergyLedger
 from wattserve.telemetry.nvml_gpu import open_gpus
 from wattserve.telemetry.windows import union_length
 
-from tests.doubles.fake_nvml import NVML_ERROR_GPU_IS_LOST, FakeGpu, FakeNvml
+from support.doubles.fake_nvml import NVML_ERROR_GPU_IS_LOST, FakeGpu, FakeNvml
 
 
 def meter_for(fake: FakeNvml) -> EnergyMeter:

@@ -16,7 +16,7 @@ from wattserve.server.settings import Settings
 from wattserve.telemetry import TelemetryService
 from wattserve.telemetry.nvml_gpu import open_gpus
 
-from tests.doubles.fake_nvml import FakeGpu, FakeNvml
+from support.doubles.fake_nvml import FakeGpu, FakeNvml
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_energy_check.py"

@@ -11,7 +11,7 @@ from wattserve.telemetry import TelemetryService
 from wattserve.telemetry.cumulative import RaplEnergy
 from wattserve.telemetry.rapl import find_packages, unwrap_delta_uj
 
-from tests.doubles.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGpu, FakeNvml
+from support.doubles.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGpu, FakeNvml
 
 MAX_RANGE = 262_143_328_850  # a typical package max_energy_range_uj
 

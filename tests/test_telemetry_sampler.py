@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from wattserve.server.settings import Settings
 from wattserve.telemetry import TelemetryService
 
-from tests.doubles.fake_nvml import NVML_ERROR_GPU_IS_LOST, FakeGpu, FakeNvml
+from support.doubles.fake_nvml import NVML_ERROR_GPU_IS_LOST, FakeGpu, FakeNvml
 
 
 def wait_for(predicate, timeout: float = 5.0) -> None:

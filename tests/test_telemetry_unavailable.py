@@ -11,7 +11,7 @@ from wattserve.server.settings import Settings
 from wattserve.telemetry import TelemetryService
 from wattserve.telemetry.metrics import needs_energy_hardware
 
-from tests.doubles.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml
+from support.doubles.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)", re.M)
 

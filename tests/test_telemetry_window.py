@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry
 from wattserve.server.settings import Settings
 from wattserve.telemetry import TelemetryService
 
-from tests.doubles.fake_nvml import NVML_ERROR_GPU_IS_LOST, FakeGpu, FakeNvml
+from support.doubles.fake_nvml import NVML_ERROR_GPU_IS_LOST, FakeGpu, FakeNvml
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """TensorRT engine without a GPU: clean EngineUnavailable, plan cache, profile dispatch.
 
 This machine has neither TensorRT nor a GPU. The first tests run against the real (absent)
-libraries. The rest use FakeTensorRT/FakePycuda (tests/doubles/fake_tensorrt.py), test
+libraries. The rest use FakeTensorRT/FakePycuda (support/doubles/fake_tensorrt.py), test
 doubles that mirror the TensorRT 10 / pycuda calls the engine makes and compute with ONNX
 Runtime, to check the engine's own logic: which profiles it builds, when it reuses a cached
 plan, which context runs a batch, padding, copies and slicing. Real TensorRT runs only in
@@ -31,7 +31,7 @@ from wattserve.engines.tensorrt_engine import (
 )
 from wattserve.server.settings import Settings
 
-from tests.doubles import fake_tensorrt
+from support.doubles import fake_tensorrt
 
 DEFAULT = "1:1:1,2:4:8,8:16:32"
 RNG = np.random.default_rng(3)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.doubles import fake_tensorrt
+from support.doubles import fake_tensorrt
 
 ROOT = Path(__file__).resolve().parent.parent
 RNG = np.random.default_rng(5)

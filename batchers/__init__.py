@@ -1,9 +1,11 @@
-"""Interchangeable batching policies behind one contract (see ``batchers.base``)."""
+"""Interchangeable batching policies behind one contract (see ``batchers.base``); each is
+found by its own name in ``batchers.registry``."""
 
 from wattserve.batchers.base import Batcher, BatcherConfig, RequestBatcher
 from wattserve.batchers.continuous import ContinuousBatcher
 from wattserve.batchers.dynamic import DynamicBatcher, DynamicConfig
 from wattserve.batchers.iteration import IterationBatcher
+from wattserve.batchers.observers import BatchObserver, BatchReport, NullObserver
 from wattserve.batchers.static import StaticBatcher
 from wattserve.batchers.types import (
     BatchFailed,
@@ -17,6 +19,8 @@ from wattserve.batchers.types import (
 
 __all__ = [
     "BatchFailed",
+    "BatchObserver",
+    "BatchReport",
     "Batcher",
     "BatcherConfig",
     "ContinuousBatcher",
@@ -25,6 +29,7 @@ __all__ = [
     "DynamicBatcher",
     "DynamicConfig",
     "IterationBatcher",
+    "NullObserver",
     "QueueFull",
     "RequestBatcher",
     "RequestError",

@@ -21,16 +21,18 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from time import monotonic
+from typing import Any
 
 import numpy as np
 from prometheus_client.core import GaugeMetricFamily, Metric
 from wattserve.batchers.adaptive_decision import CostView, Decision, Objective, QueueState, decide, doomed
 from wattserve.batchers.arrival_model import ArrivalModel
-from wattserve.batchers.base import BatcherConfig, BatchOutcome, RequestBatcher, padded_size
+from wattserve.batchers.base import BatchOutcome, padded_size
 from wattserve.batchers.cost_model import CostModel
-from wattserve.batchers.slo_metrics import SloCollector, SloCounts
-from wattserve.batchers.types import ItemState, QueueFull, WorkItem
-from wattserve.engines.base import zeros_batch
+from wattserve.batchers.observers import measured_joules
+from wattserve.batchers.slo_policy import SloBatcher, SloConfig, slo_config
+from wattserve.batchers.types import QueueFull, WorkItem
+from wattserve.engines.base import Engine, WarmsItself, zeros_batch
 
 log = logging.getLogger("wattserve.batcher.adaptive")
 
@@ -40,13 +42,10 @@ class SloUnreachable(QueueFull):
 
 
 @dataclass
-class AdaptiveConfig(BatcherConfig):
-    slo_s: float = 0.1
-    percentile: float = 99.0
+class AdaptiveConfig(SloConfig):
     headroom_s: float | None = None  # None: 10% of slo_s
     reject_late: bool = False
     calibrate: bool = True  # time one batch of each probed size before serving
-    model_name: str = ""  # the metrics' model label
 
 
 def calibration_sizes(max_batch_size: int, engine_sizes: Sequence[int] | None) -> list[int]:
@@ -62,31 +61,29 @@ def calibration_sizes(max_batch_size: int, engine_sizes: Sequence[int] | None) -
     return sorted(sizes)
 
 
-class AdaptiveBatcher(RequestBatcher):
+class AdaptiveBatcher(SloBatcher):
     name = "adaptive"
+    summary = "meets slo_ms at the fewest engine-seconds, or joules where metered, per request"
     config: AdaptiveConfig
 
-    def __init__(self, engines, config: AdaptiveConfig, **hooks) -> None:
-        super().__init__(engines, config, **hooks)
+    def __init__(self, engines: Sequence[Engine], config: AdaptiveConfig, **kwargs: Any) -> None:
+        super().__init__(engines, config, **kwargs)
         headroom = config.headroom_s if config.headroom_s is not None else 0.1 * config.slo_s
         self.objective = Objective(config.slo_s, config.percentile, headroom)
         self.costs = CostModel(config.max_batch_size, percentile=config.percentile)
         self.arrivals = ArrivalModel()
-        self.slo = SloCounts()
         self.last_decision: Decision | None = None
-        self._engine_sizes = getattr(self.engine, "batch_sizes", None)
+        self._engine_sizes = self.engine.batch_sizes
         self._view: CostView | None = None
-        if self.metrics is not None:
-            self.metrics.registry.register(
-                SloCollector(
-                    config.model_name,
-                    self.name,
-                    config.slo_s,
-                    config.percentile,
-                    self.slo,
-                    extra=self._collect_model,
-                )
-            )
+
+    @classmethod
+    def config_from(cls, settings: Any, engine: Engine) -> AdaptiveConfig:
+        headroom = settings.slo_headroom_ms
+        return AdaptiveConfig(
+            **slo_config(settings),
+            headroom_s=None if headroom is None else headroom / 1000.0,
+            reject_late=settings.slo_reject,
+        )
 
     # ------------------------------------------------------------------ the loop
     async def submit(self, item: WorkItem):
@@ -102,7 +99,7 @@ class AdaptiveBatcher(RequestBatcher):
         return full if queued >= full else None
 
     async def run(self) -> None:
-        if self.config.calibrate and getattr(self.engine, "warmup", None) is None:
+        if self.config.calibrate and not isinstance(self.engine, WarmsItself):
             try:  # engines with their own warm-up have no zeros request: they learn online
                 await self._calibrate()
             except Exception:
@@ -157,7 +154,7 @@ class AdaptiveBatcher(RequestBatcher):
         now = monotonic()
         batch = outcome.items
         if not any(isinstance(out, BaseException) for out in outcome.per_item):
-            joules = getattr(outcome.energy, "joules", None)
+            joules = measured_joules(outcome.energy)
             size = len(batch) + outcome.padded
             self.costs.observe(size, outcome.finished - outcome.started, joules)
             # taken from the queue -> engine start, and engine end -> answers: every
@@ -165,13 +162,7 @@ class AdaptiveBatcher(RequestBatcher):
             dispatched = batch[0].dispatched_at or outcome.started
             self.costs.observe_overhead(max((outcome.started - dispatched) + (now - outcome.finished), 0.0))
             self._view = None
-        slo = self.objective.slo_s
-        for item in batch:
-            if item.state is ItemState.RUNNING:  # not answered yet (deadline, client gone)
-                if now - item.arrival <= slo:
-                    self.slo.met += 1
-                else:
-                    self.slo.missed += 1
+        self.count_slo(batch, now)
 
     async def _calibrate(self) -> None:
         """Seed the cost model: one timed batch of each probed size on each instance."""
@@ -205,7 +196,7 @@ class AdaptiveBatcher(RequestBatcher):
         return bool(positions)
 
     # ------------------------------------------------------------------ metrics
-    def _collect_model(self, labels: tuple[str, str]) -> Iterable[Metric]:
+    def collect_policy(self, labels: tuple[str, str]) -> Iterable[Metric]:
         names = ["model", "batcher"]
         view = self.cost_view()
         seconds = GaugeMetricFamily(

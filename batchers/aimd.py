@@ -10,23 +10,22 @@ not. It is here so the adaptive policy is measured against a published adaptive 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from time import monotonic
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
-from wattserve.batchers.base import BatcherConfig, BatchOutcome, RequestBatcher
-from wattserve.batchers.slo_metrics import SloCollector, SloCounts
-from wattserve.batchers.types import ItemState, WorkItem
+from wattserve.batchers.base import BatchOutcome
+from wattserve.batchers.slo_policy import SloBatcher, SloConfig, slo_config
+from wattserve.batchers.types import WorkItem
+from wattserve.engines.base import Engine
 
 
 @dataclass
-class AimdConfig(BatcherConfig):
-    slo_s: float = 0.1
-    percentile: float = 99.0
+class AimdConfig(SloConfig):
     step: int = 1  # additive increase per batch within the objective
     backoff: float = 0.9  # multiplicative decrease after a batch past it
-    model_name: str = ""
 
 
 def next_limit(limit: int, batch_seconds: float, config: AimdConfig) -> int:
@@ -36,25 +35,18 @@ def next_limit(limit: int, batch_seconds: float, config: AimdConfig) -> int:
     return min(config.max_batch_size, limit + config.step)
 
 
-class AimdBatcher(RequestBatcher):
+class AimdBatcher(SloBatcher):
     name = "aimd"
+    summary = "Clipper's AIMD on the batch-size limit, a baseline"
     config: AimdConfig
 
-    def __init__(self, engines, config: AimdConfig, **hooks) -> None:
-        super().__init__(engines, config, **hooks)
+    def __init__(self, engines: Sequence[Engine], config: AimdConfig, **kwargs: Any) -> None:
+        super().__init__(engines, config, **kwargs)
         self.limit = 1
-        self.slo = SloCounts()
-        if self.metrics is not None:
-            self.metrics.registry.register(
-                SloCollector(
-                    config.model_name,
-                    self.name,
-                    config.slo_s,
-                    config.percentile,
-                    self.slo,
-                    extra=self._collect_limit,
-                )
-            )
+
+    @classmethod
+    def config_from(cls, settings: Any, engine: Engine) -> AimdConfig:
+        return AimdConfig(**slo_config(settings))
 
     def ready_size(self, queued: int) -> int | None:
         """Engine thread, between batches: like continuous, up to the current limit."""
@@ -70,15 +62,9 @@ class AimdBatcher(RequestBatcher):
 
     def batch_finished(self, outcome: BatchOutcome) -> None:  # cannot raise
         self.limit = next_limit(self.limit, outcome.finished - outcome.started, self.config)
-        now = monotonic()
-        for item in outcome.items:
-            if item.state is ItemState.RUNNING:
-                if now - item.arrival <= self.config.slo_s:
-                    self.slo.met += 1
-                else:
-                    self.slo.missed += 1
+        self.count_slo(outcome.items, monotonic())
 
-    def _collect_limit(self, labels: tuple[str, str]) -> Iterable[Metric]:
+    def collect_policy(self, labels: tuple[str, str]) -> Iterable[Metric]:
         g = GaugeMetricFamily(
             "wattserve_aimd_batch_size_limit", "AIMD's current batch-size limit.", labels=["model", "batcher"]
         )

@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from time import monotonic
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
+from wattserve.batchers.observers import NULL_OBSERVER, BatchObserver, BatchReport, measured_joules
 from wattserve.batchers.queue import PriorityFifo
 from wattserve.batchers.service_rate import ServiceRate
 from wattserve.batchers.types import (
@@ -35,22 +36,9 @@ from wattserve.batchers.types import (
     Result,
     WorkItem,
 )
-from wattserve.engines.base import Engine
+from wattserve.engines.base import Engine, ReportsSteps
 
 log = logging.getLogger("wattserve.batcher")
-
-
-class EnergyMeter:
-    """What the batcher needs of telemetry: the moments one batch ran on its device.
-
-    ``begin``/``end`` run on the engine thread right around the model call. ``end`` returns
-    an object handed to ``on_batch``; if it has a ``.joules`` figure already, each request's
-    result carries its share, otherwise (telemetry's window attribution) none does.
-    """
-
-    def begin(self) -> Any: ...
-
-    def end(self, mark: Any) -> Any: ...
 
 
 @dataclass(slots=True)
@@ -62,7 +50,7 @@ class BatchOutcome:
     per_item: list[dict[str, np.ndarray] | BaseException]
     started: float
     finished: float
-    energy: Any  # what the meter's end() returned (telemetry: a BatchSpan), or None
+    energy: Any  # what the observer's on_batch_end returned (telemetry: a BatchSpan), or None
     padded: int
 
 
@@ -72,6 +60,16 @@ class BatcherConfig:
     max_queue_size: int = 256
     priority_levels: int = 1
     max_queue_wait_s: float = 0.0  # refuse when the queue holds more work than this; 0 = off
+
+
+def common_config(settings: Any) -> dict[str, Any]:
+    """The ``BatcherConfig`` fields every policy reads from a server Settings."""
+    return {
+        "max_batch_size": settings.max_batch_size,
+        "max_queue_size": settings.max_queue_size,
+        "priority_levels": settings.priority_levels,
+        "max_queue_wait_s": settings.max_queue_wait_s,
+    }
 
 
 def padded_size(n: int, batch_sizes: Sequence[int] | None) -> int:
@@ -92,36 +90,33 @@ class EngineInstance:
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        self.engine.close()
 
 
 class Batcher(ABC):
     """Base of every policy: the queue, submit, deadlines, cancel, drain, engine threads.
 
     Request-level policies derive from ``RequestBatcher``; the iteration-level one
-    (``batchers.iteration``) implements ``run`` itself."""
+    (``batchers.iteration``) implements ``run`` itself. ``batchers.registry`` finds each
+    policy by its ``name`` and builds its config with ``config_from``."""
 
-    name: str = "base"
+    name: ClassVar[str]  # what WATTSERVE_BATCHER says to pick this policy
+    summary: ClassVar[str]  # one line for the settings' help
+    step_engines_only: ClassVar[bool] = False  # True: needs an engines.base.StepEngine
 
     def __init__(
-        self,
-        engines: Sequence[Engine],
-        config: BatcherConfig,
-        *,
-        metrics: Any = None,  # server.metrics.ServingMetrics, or None in unit tests
-        energy_meter: EnergyMeter | None = None,
-        on_batch: Callable[[int, Any], None] | None = None,  # (batch size, energy) -> None
+        self, engines: Sequence[Engine], config: BatcherConfig, *, observer: BatchObserver | None = None
     ) -> None:
         if not engines:
             raise ValueError("a batcher needs at least one engine instance")
         self.config = config
         self.engine = engines[0]  # metadata source; all instances serve the same model
         self.instances = [EngineInstance(e, i) for i, e in enumerate(engines)]
-        self.metrics = metrics
-        self.energy_meter = energy_meter
-        self.on_batch = on_batch
+        self.observer: BatchObserver = observer if observer is not None else NULL_OBSERVER
+        if observer is not None:  # each model call of a step engine, whichever policy batches
+            for engine in engines:
+                if isinstance(engine, ReportsSteps):
+                    engine.step_observer = observer.on_step
         self.queue = PriorityFifo(config.priority_levels)
         self.service_rate = ServiceRate(len(engines), config.max_batch_size)
         self.last_batch_at = monotonic()  # read by the idle memory trimmer
@@ -130,6 +125,11 @@ class Batcher(ABC):
         self._waiter: asyncio.Future[None] | None = None
         self._stopped: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def config_from(cls, settings: Any, engine: Engine) -> BatcherConfig:
+        """This policy's config from a server Settings (read by attribute) and its engine."""
+        return BatcherConfig(**common_config(settings))
 
     # ------------------------------------------------------------------ public contract
     async def submit(self, item: WorkItem) -> Result:
@@ -208,6 +208,16 @@ class Batcher(ABC):
     def queue_depth(self) -> int:
         return len(self.queue)
 
+    @property
+    def running_count(self) -> int:
+        """Requests in an iteration-level running set now (0 for request-level policies)."""
+        return 0
+
+    def collector(self, model: str) -> Any:
+        """A Prometheus collector of the policy's own state (read at scrape time) for the
+        server to register beside its metrics, labelled ``model``; None if it has none."""
+        return None
+
     # ------------------------------------------------------------------ helpers for policies
     async def wait_for_change(self, timeout: float | None = None) -> None:
         """Sleep until an item arrives, drain starts, or ``timeout`` seconds pass."""
@@ -229,9 +239,8 @@ class Batcher(ABC):
         deadline answers them without ever sending them back to the queue."""
         now = monotonic()
         taken = [item for item in self.queue.pop(n) if item.start(now)]
-        if self.metrics is not None:
-            for item in taken:
-                self.metrics.queue_time.observe(now - item.arrival)
+        if taken:
+            self.observer.on_dispatch(taken, now)
         return taken
 
     # ------------------------------------------------------------------ internals
@@ -271,9 +280,9 @@ class Batcher(ABC):
         if not items:
             now = monotonic()
             return BatchOutcome([], [], now, now, None, 0)
-        meter = self.energy_meter
+        observer = self.observer
         started = monotonic()
-        mark = meter.begin() if meter is not None else None
+        mark = observer.on_batch_start()
         per_item: list[dict[str, np.ndarray] | BaseException]
         energy = None
         try:
@@ -286,10 +295,9 @@ class Batcher(ABC):
                     log.warning("batch of %d failed (%s); retrying items one by one", len(items), exc)
                     per_item = [self._run_alone(engine, item) for item in items]
         finally:  # keep the meter's busy/idle books balanced whatever happened
-            if meter is not None:
-                energy = meter.end(mark)
+            energy = observer.on_batch_end(mark)
         finished = monotonic()
-        padded = padded_size(len(items), getattr(engine, "batch_sizes", None)) - len(items)
+        padded = padded_size(len(items), engine.batch_sizes) - len(items)
         return BatchOutcome(list(items), per_item, started, finished, energy, padded)
 
     @staticmethod
@@ -415,17 +423,13 @@ class RequestBatcher(Batcher):
         compute_s = outcome.finished - outcome.started
         self.service_rate.observe(n, compute_s)
         self.last_batch_at = outcome.finished
+        report = BatchReport(n, outcome.started, outcome.finished, outcome.energy, outcome.padded)
         try:
-            if self.metrics is not None:
-                self.metrics.observe_batch(n, compute_s, outcome.padded)
-            if self.on_batch is not None:
-                self.on_batch(n, outcome.energy)
+            self.observer.on_batch(report)
             self.batch_finished(outcome)
         except Exception:
             log.exception("batch observer failed; answering the batch anyway")
-        # telemetry's BatchSpan has no .joules: its figure is final only after the next
-        # counter step, so it goes to metrics, not to this response (docs/telemetry.md)
-        joules = getattr(outcome.energy, "joules", None)
+        joules = measured_joules(outcome.energy)
         share = joules / n if joules is not None else None
         for item, out in zip(outcome.items, outcome.per_item, strict=True):
             if isinstance(out, BaseException):

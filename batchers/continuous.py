@@ -13,6 +13,7 @@ from wattserve.batchers.types import WorkItem
 
 class ContinuousBatcher(RequestBatcher):
     name = "continuous"
+    summary = "whatever is queued when an instance is free, no timer; iteration on a step engine"
 
     def ready_size(self, queued: int) -> int | None:
         return min(queued, self.config.max_batch_size) or None

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Mapping
 
 import numpy as np
+from wattserve.batchers.size_ewma import SizeEwma
 
 RATIO_CLIP = 3.0
 
@@ -47,11 +48,11 @@ class CostModel:
         self.size_alpha = size_alpha
         self.scale_alpha = scale_alpha
         self.scale = 1.0
-        self._shape: dict[int, float] = {}  # size -> seconds / scale (EWMA)
+        self._shape = SizeEwma(size_alpha)  # size -> seconds / scale
         self._count: dict[int, int] = {}  # size -> observations (seed counts as one)
         self._seen: dict[int, int] = {}  # size -> self.observations when last updated
         self.memory = memory
-        self._joules: dict[int, float] = {}  # size -> joules per batch (EWMA), measured sizes only
+        self._joules = SizeEwma(size_alpha)  # size -> joules per batch, measured sizes only
         self._errors: deque[float] = deque(maxlen=error_window)  # observed - predicted + hand-off
         self._curve: np.ndarray | None = None  # cached predictions, index = size
         self._margin: float | None = None  # cached
@@ -62,7 +63,7 @@ class CostModel:
         """Start from timed runs of each size (the warm-up pass)."""
         for size, seconds in seconds_by_size.items():
             if seconds > 0:
-                self._shape[size] = seconds / self.scale
+                self._shape.set(size, seconds / self.scale)
                 self._count[size] = max(1, self._count.get(size, 0))
                 self._seen[size] = self.observations
         self._curve = None
@@ -78,19 +79,13 @@ class CostModel:
             self._margin = None
             ratio = min(max(seconds / predicted, 1.0 / RATIO_CLIP), RATIO_CLIP)
             self.scale *= ratio**self.scale_alpha
-            target = predicted * ratio / self.scale
-            old = self._shape.get(size)
-            a = self.size_alpha
-            self._shape[size] = target if old is None else (1 - a) * old + a * target
+            self._shape.update(size, predicted * ratio / self.scale)
         else:
-            self._shape[size] = seconds / self.scale
+            self._shape.update(size, seconds / self.scale)
         self._count[size] = self._count.get(size, 0) + 1
         self._seen[size] = self.observations
         if joules is not None and joules >= 0 and math.isfinite(joules):
-            old_j = self._joules.get(size)
-            self._joules[size] = (
-                joules if old_j is None else (1 - self.size_alpha) * old_j + self.size_alpha * joules
-            )
+            self._joules.update(size, joules)
         self._curve = None
 
     # ------------------------------------------------------------------ predictions
@@ -189,6 +184,6 @@ class CostModel:
             "scale": self.scale,
             "margin_s": self.margin(),
             "seconds": {b: self.seconds(b) for b in range(1, self.max_batch_size + 1)} if self._shape else {},
-            "joules": dict(self._joules),
+            "joules": dict(self._joules.items()),
             "observations": self.observations,
         }

@@ -15,9 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from time import monotonic
+from typing import Any
 
-from wattserve.batchers.base import BatcherConfig, RequestBatcher
+from wattserve.batchers.base import BatcherConfig, RequestBatcher, common_config
+from wattserve.batchers.observers import BatchObserver
 from wattserve.batchers.types import WorkItem
+from wattserve.engines.base import Engine
 
 
 @dataclass
@@ -29,10 +32,13 @@ class DynamicConfig(BatcherConfig):
 
 class DynamicBatcher(RequestBatcher):
     name = "dynamic"
+    summary = "Triton's: a preferred size at once, else all after max_queue_delay_ms"
     config: DynamicConfig
 
-    def __init__(self, engines, config: DynamicConfig, **kwargs) -> None:
-        super().__init__(engines, config, **kwargs)
+    def __init__(
+        self, engines: Sequence[Engine], config: DynamicConfig, *, observer: BatchObserver | None = None
+    ) -> None:
+        super().__init__(engines, config, observer=observer)
         cap = config.max_batch_size
         self._allowed = sorted({s for s in (config.allowed_sizes or ()) if 1 <= s <= cap})
         preferred = sorted({s for s in config.preferred_batch_sizes if 1 <= s <= cap})
@@ -41,6 +47,17 @@ class DynamicBatcher(RequestBatcher):
             cap = self._allowed[-1]
         self._preferred = preferred
         self._cap = cap
+
+    @classmethod
+    def config_from(cls, settings: Any, engine: Engine) -> DynamicConfig:
+        """``batch_sizes_only`` limits batches to the engine's own sizes, when it has any."""
+        engine_sizes = engine.batch_sizes
+        return DynamicConfig(
+            **common_config(settings),
+            max_queue_delay_s=settings.max_queue_delay_ms / 1000.0,
+            preferred_batch_sizes=tuple(settings.preferred_batch_sizes),
+            allowed_sizes=tuple(engine_sizes) if settings.batch_sizes_only and engine_sizes else None,
+        )
 
     def ready_size(self, queued: int) -> int | None:
         return self.size_now(queued)

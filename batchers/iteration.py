@@ -1,16 +1,20 @@
-"""continuous for step engines: the batch is re-formed before every model call.
+"""iteration: iteration-level batching for step engines (diffusion), a scheduler.
 
-Each engine instance keeps a running set (vLLM-style plain data: ``running`` here, the
-shared ``queue`` for waiting). One iteration, every time:
+Each engine instance keeps a running set; waiting requests are the shared queue. Every
+iteration has three steps, in vLLM's shape:
 
-1. drop states whose request was answered meanwhile (deadline -> 504, client gone);
-2. admit queued requests, highest priority first, up to ``max_batch_size`` running;
-3. on the instance's worker thread: ``engine.start`` the admitted ones, ``engine.step``
-   everything running (one batched model call, each state at its own timestep), and
-   ``engine.result`` of every state that has finished;
-4. back on the event loop: answer the finished requests at once; the rest run on.
+1. ``schedule`` (pure, event loop): from (waiting, running, capacity), which running
+   requests leave (answered meanwhile: deadline 504, client gone), which run on, and which
+   waiting ones are admitted (highest priority first, FIFO within, up to ``max_batch_size``
+   running);
+2. ``execute`` (the instance's worker thread): ``engine.start`` the admitted, one
+   ``engine.step`` over every running state (one batched model call, each state at its
+   own timestep), ``engine.result`` of every state that has finished;
+3. ``settle`` (event loop): answer the finished and failed requests at once; the rest run
+   on into the next iteration.
 
 So an arrival never waits for a whole batch to finish: it joins at the next iteration.
+``WATTSERVE_BATCHER=continuous`` on a step engine picks this policy (``batchers.registry``).
 
 Per-request figures in its Result:
 - ``queue_time_s``: arrival to admission into the running set;
@@ -33,11 +37,7 @@ from typing import Any
 
 import numpy as np
 from wattserve.batchers.base import Batcher, BatcherConfig, EngineInstance
-from wattserve.batchers.iteration_metrics import (
-    IterationMetrics,
-    attach_iteration_metrics,
-    iteration_metrics_for,
-)
+from wattserve.batchers.observers import BatchObserver, BatchReport, measured_joules
 from wattserve.batchers.types import BatchFailed, Draining, ItemState, RequestError, Result, WorkItem
 from wattserve.engines.base import StepEngine
 
@@ -63,10 +63,46 @@ class Running:
     energy_j: float = 0.0
     energy_measured: bool = True
 
+    def account(self, occupancy: int, joules_share: float | None) -> None:
+        """One more iteration among ``occupancy`` states, with its share of the energy."""
+        self.steps += 1
+        self.occupancy_sum += occupancy
+        if joules_share is None:
+            self.energy_measured = False
+        else:
+            self.energy_j += joules_share
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One iteration of one running set, decided before it runs."""
+
+    running: list[Running]  # run on: their requests still wait for an answer
+    admit: list[WorkItem]  # join at this iteration, in this order
+    leave: list[Running]  # answered meanwhile (deadline, client gone): never stepped again
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.admit
+
+
+def schedule(waiting: Sequence[WorkItem], running: Sequence[Running], capacity: int) -> Plan:
+    """The scheduling decision of one iteration, a pure function.
+
+    ``waiting``: queued requests in the order the queue serves them (priority level, then
+    arrival); ``running``: the instance's running set; ``capacity``: the most states one
+    model call may hold (``max_batch_size``). Running requests already answered leave;
+    the others keep their place (never preempted); waiting ones fill the room left.
+    """
+    keep = [r for r in running if r.item.state is ItemState.RUNNING]
+    leave = [r for r in running if r.item.state is not ItemState.RUNNING]
+    room = max(capacity - len(keep), 0)
+    return Plan(keep, list(waiting[:room]), leave)
+
 
 @dataclass(slots=True)
 class Iteration:
-    """What one worker-thread iteration hands back to the event loop."""
+    """What one execute step hands back to the event loop."""
 
     active: list[Running]  # every state that was stepped (running first, then admitted)
     refused: list[tuple[WorkItem, BaseException]]  # start() failed
@@ -74,7 +110,7 @@ class Iteration:
     results: dict[int, dict[str, np.ndarray]]  # index in active -> outputs of finished states
     started: float
     finished: float
-    energy: Any  # has .joules, or None
+    energy: Any  # what the observer's on_batch_end returned
 
 
 @dataclass
@@ -87,27 +123,23 @@ class _Instance:
 
 
 class IterationBatcher(Batcher):
-    """Iteration-level continuous batching for a StepEngine (name: continuous)."""
+    """Iteration-level batching for a StepEngine: schedule, execute, settle, repeat."""
 
-    name = "continuous"
+    name = "iteration"
+    summary = "step engines only: the batch re-formed before every model call"
+    step_engines_only = True
 
     def __init__(
         self,
         engines: Sequence[StepEngine],
         config: BatcherConfig,
         *,
-        iteration_metrics: IterationMetrics | None = None,
-        **hooks: Any,
+        observer: BatchObserver | None = None,
     ) -> None:
-        super().__init__(engines, config, **hooks)  # type: ignore[arg-type]
         for engine in engines:
             if not isinstance(engine, StepEngine):
                 raise TypeError(f"{type(engine).__name__} is not a StepEngine")
-        if iteration_metrics is None and self.metrics is not None:
-            iteration_metrics = iteration_metrics_for(self.metrics, self.engine.name, self.name)
-        self.iteration_metrics = iteration_metrics
-        if iteration_metrics is not None:
-            attach_iteration_metrics(engines, iteration_metrics)
+        super().__init__(engines, config, observer=observer)  # type: ignore[arg-type]
         self._changed = asyncio.Event()
         self._slots = [_Instance(inst) for inst in self.instances]
 
@@ -127,28 +159,30 @@ class IterationBatcher(Batcher):
 
     async def _serve(self, slot: _Instance) -> None:
         loop = asyncio.get_running_loop()
+        capacity = self.config.max_batch_size
         try:
             while True:
-                slot.running = [r for r in slot.running if r.item.state is ItemState.RUNNING]
-                if not slot.running and not await self._wait_for_work():
-                    return  # draining, nothing queued, nothing running
-                admitted = self.take(self.config.max_batch_size - len(slot.running))  # -> running
+                plan = schedule(self.queue.peek(capacity), slot.running, capacity)
+                slot.running = plan.running
+                if plan.idle:
+                    if not await self._wait_for_work():
+                        return  # draining, nothing queued, nothing running
+                    continue
+                admitted = self.take(len(plan.admit))  # the planned items: queued -> running
                 slot.admitting = admitted
-                self._set_running_gauge()
                 if not slot.running and not admitted:
-                    continue  # everything queued was answered meanwhile
+                    continue  # everything planned was answered meanwhile
                 running = list(slot.running)
                 try:
                     it = await loop.run_in_executor(
-                        slot.inst.executor, self.iterate, slot.inst.engine, running, admitted
+                        slot.inst.executor, self.execute, slot.inst.engine, running, admitted
                     )
                 except Exception as exc:  # the worker itself broke: fail this iteration's requests
                     log.exception("iteration over %d states failed outside the engine", len(running))
                     self._fail_slot(slot, BatchFailed(f"iteration failed: {exc}"))
                     continue
                 slot.admitting = []
-                slot.running = self._settle(it)
-                self._set_running_gauge()
+                slot.running = self.settle(it)
         except asyncio.CancelledError:
             # Stopped without a drain (or after a drain timed out): answer what is left.
             self._fail_slot(slot, Draining("server stopped before this request finished"))
@@ -164,15 +198,15 @@ class IterationBatcher(Batcher):
         return True
 
     # ------------------------------------------------------------------ worker thread
-    def iterate(self, engine: StepEngine, running: list[Running], admitted: list[WorkItem]) -> Iteration:
+    def execute(self, engine: StepEngine, running: list[Running], admitted: list[WorkItem]) -> Iteration:
         """Worker thread: start the admitted, step everything, collect finished results.
 
         If the batched step fails, each state is retried alone (the engine leaves states
         unchanged when ``step`` raises), so one bad request fails alone.
         """
-        meter = self.energy_meter
+        observer = self.observer
         started = monotonic()
-        mark = meter.begin() if meter is not None else None
+        mark = observer.on_batch_start()
         refused: list[tuple[WorkItem, BaseException]] = []
         active = list(running)
         for item in admitted:
@@ -203,54 +237,48 @@ class IterationBatcher(Batcher):
                     results[i] = engine.result(r.state)
             except Exception as exc:
                 errors[i] = exc
-        energy = meter.end(mark) if meter is not None else None
+        energy = observer.on_batch_end(mark)
         return Iteration(active, refused, errors, results, started, monotonic(), energy)
 
     # ------------------------------------------------------------------ event loop
-    def _settle(self, it: Iteration) -> list[Running]:
-        """Account one iteration, answer finished and failed requests; return who runs on."""
-        n = len(it.active)
+    def settle(self, it: Iteration) -> list[Running]:
+        """Account one iteration, answer its finished and failed requests; return who runs on."""
         for item, exc in it.refused:
             err = InvalidRequest(str(exc)) if isinstance(exc, ValueError) else BatchFailed(str(exc))
             self._answer_error(item, err)
+        n = len(it.active)
         if n == 0:
             return []
-        compute_s = it.finished - it.started
-        if self.metrics is not None:
-            self.metrics.batch_size.observe(n)
-            self.metrics.compute_time.observe(compute_s)
-            self.metrics.executions.inc()
-        if self.on_batch is not None:
-            self.on_batch(n, it.energy)
-        self.last_batch_at = it.finished
-        joules = getattr(it.energy, "joules", None)  # None: final later, in metrics only
+        joules = measured_joules(it.energy)
         share = joules / n if joules is not None else None
         keep: list[Running] = []
+        failed: list[tuple[Running, BaseException]] = []
+        done: list[tuple[Running, dict[str, np.ndarray]]] = []
         for i, r in enumerate(it.active):
-            r.steps += 1
-            r.occupancy_sum += n
-            if share is None:
-                r.energy_measured = False
-            else:
-                r.energy_j += share
-            item = r.item
-            if item.state is not ItemState.RUNNING:
+            r.account(n, share)
+            if r.item.state is not ItemState.RUNNING:
                 continue  # answered meanwhile (deadline) or abandoned by its client: leaves now
             if i in it.errors:
-                self._answer_error(item, BatchFailed(f"inference failed: {it.errors[i]}"))
+                failed.append((r, it.errors[i]))
             elif i in it.results:
-                self._answer(r, it.results[i], it.finished)
+                done.append((r, it.results[i]))
             else:
                 keep.append(r)
+        self.last_batch_at = it.finished
+        ttr = tuple(it.finished - r.item.arrival for r, _ in done)
+        try:
+            self.observer.on_batch(BatchReport(n, it.started, it.finished, it.energy, time_to_result=ttr))
+        except Exception:
+            log.exception("batch observer failed; answering the iteration anyway")
+        for r, exc in failed:
+            self._answer_error(r.item, BatchFailed(f"inference failed: {exc}"))
+        for r, outputs in done:
+            self._answer(r, outputs, it.finished)
         return keep
 
     def _answer(self, r: Running, outputs: dict[str, np.ndarray], now: float) -> None:
         item = r.item
         assert item.dispatched_at is not None
-        if self.metrics is not None:
-            self.metrics.inferences.inc()
-        if self.iteration_metrics is not None:
-            self.iteration_metrics.time_to_result.observe(now - item.arrival)
         item.finish(
             Result(
                 outputs=outputs,
@@ -265,10 +293,6 @@ class IterationBatcher(Batcher):
         super()._queue_changed()
         self._changed.set()
 
-    def _set_running_gauge(self) -> None:
-        if self.iteration_metrics is not None:
-            self.iteration_metrics.running.set(self.running_count)
-
     async def drain(self, timeout: float | None = None) -> None:
         """Finish everything running and queued; on timeout, answer what is left (503)."""
         await super().drain(timeout)
@@ -281,4 +305,3 @@ class IterationBatcher(Batcher):
         for item in [*(r.item for r in slot.running), *slot.admitting]:
             self._answer_error(item, exc)
         slot.running, slot.admitting = [], []
-        self._set_running_gauge()

@@ -9,20 +9,21 @@
 - ``wattserve_time_to_result_seconds``: arrival to result of each request served by the
   iteration-level batcher (the request-level batchers' equivalent is
   ``wattserve_request_duration_seconds``).
-- ``wattserve_running_states``: requests in the iteration-level running set now.
+- ``wattserve_running_states``: requests in the iteration-level running set now (read from
+  the batcher at scrape time).
 
-One ``IterationMetrics`` per ServingMetrics (``iteration_metrics_for``), so the factory and
-the batcher can both ask for it without registering the names twice.
+The server makes one ``IterationMetrics`` per served step model and hands it to that
+model's one batch observer (``server/batch_observer.py``), its only writer: the engine's
+step reports arrive through the observer's ``on_step``, time to result through its
+``on_batch``. The families are declared once per registry (many models share one).
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from wattserve.server.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
+from wattserve.telemetry.buckets import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
 
 
 class _Families:
@@ -87,22 +88,3 @@ class IterationMetrics:
         self.duration.observe(seconds)
         self.iterations.inc()
         self.state_steps.inc(states)
-
-
-_BY_SERVING: weakref.WeakKeyDictionary[Any, IterationMetrics] = weakref.WeakKeyDictionary()
-
-
-def iteration_metrics_for(serving: Any, model: str, batcher: str) -> IterationMetrics:
-    """The IterationMetrics registered beside ``serving`` (a ServingMetrics), made once."""
-    found = _BY_SERVING.get(serving)
-    if found is None:
-        found = IterationMetrics(model, batcher, serving.registry)
-        _BY_SERVING[serving] = found
-    return found
-
-
-def attach_iteration_metrics(engines: Sequence[Any], metrics: IterationMetrics) -> None:
-    """Have every engine that reports its model calls (``step_observer``) report to ``metrics``."""
-    for engine in engines:
-        if hasattr(engine, "step_observer"):
-            engine.step_observer = metrics.observe_iteration

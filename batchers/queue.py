@@ -57,6 +57,17 @@ class PriorityFifo:
                     break
         return out
 
+    def peek(self, n: int) -> list[WorkItem]:
+        """The first ``n`` items ``pop`` would return, left in place."""
+        out: list[WorkItem] = []
+        with self.lock:
+            for level in self._levels:
+                for item in level:
+                    if len(out) == n:
+                        return out
+                    out.append(item)
+        return out
+
     def oldest_arrival(self) -> float | None:
         """Arrival time of the longest-waiting item at any level (drives max_queue_delay)."""
         with self.lock:

@@ -11,6 +11,8 @@ at once and the measured figure takes over.
 
 from __future__ import annotations
 
+from wattserve.batchers.size_ewma import SizeEwma
+
 
 class ServiceRate:
     """Per batch size, an EWMA of compute seconds; the best items/second it implies."""
@@ -18,15 +20,13 @@ class ServiceRate:
     def __init__(self, instances: int, max_batch_size: int, alpha: float = 0.2) -> None:
         self.instances = max(1, instances)
         self.max_batch_size = max(1, max_batch_size)
-        self.alpha = alpha
-        self._seconds: dict[int, float] = {}
+        self._seconds = SizeEwma(alpha)
         self.best_items_per_s = 0.0  # per instance; 0 until a batch was measured
 
     def observe(self, size: int, seconds: float) -> None:
         if size <= 0 or seconds <= 0:
             return
-        old = self._seconds.get(size)
-        self._seconds[size] = seconds if old is None else old + self.alpha * (seconds - old)
+        self._seconds.update(size, seconds)
         measured = max(n / t for n, t in self._seconds.items())
         full = self.max_batch_size
         if full not in self._seconds:  # extrapolate: a full batch as long as the largest seen

@@ -45,8 +45,9 @@ class SloCollector:
             "objective: met, missed (served late) or rejected (503 early, if turned on).",
             labels=["model", "batcher", "result"],
         )
-        for result in ("met", "missed", "rejected"):
-            results.add_metric([*labels, result], getattr(self.counts, result))
+        counts = self.counts
+        for result, count in (("met", counts.met), ("missed", counts.missed), ("rejected", counts.rejected)):
+            results.add_metric([*labels, result], count)
         yield results
         yield from self.extra(labels)
 

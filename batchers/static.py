@@ -11,6 +11,7 @@ class StaticBatcher(RequestBatcher):
     deadline still bounds the wait."""
 
     name = "static"
+    summary = "only full batches of max_batch_size, the partial one flushed on drain"
 
     def ready_size(self, queued: int) -> int | None:
         n = self.config.max_batch_size

@@ -7,7 +7,7 @@ never from the event loop.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -60,7 +60,12 @@ Batch = Mapping[str, np.ndarray]
 
 @runtime_checkable
 class Engine(Protocol):
-    """One model, ready to run a batch. Blocking; called from one worker thread."""
+    """One model, ready to run a batch. Blocking; called from one worker thread.
+
+    Every member here is required. What only some engines have is one of the capability
+    protocols below (``WarmsItself``, ``ValidatesInputs``, ``ReportsSteps``, ``StepEngine``):
+    callers test for it with ``isinstance`` once, when they are built, never with getattr.
+    """
 
     name: str
     platform: str  # e.g. "pytorch", "onnxruntime", "tensorrt" (shown in model metadata)
@@ -76,7 +81,37 @@ class Engine(Protocol):
         """Run one batch; every array has the batch on axis 0; outputs likewise."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Free the model (threads, device memory); called once, after its last batch."""
+        ...
+
+
+@runtime_checkable
+class WarmsItself(Protocol):
+    """An engine whose warm-up is its own (a batch of zeros is no valid request for it, e.g.
+    diffusion's seed and steps): the server calls ``warmup`` instead of ``infer(zeros)``,
+    and the adaptive batcher learns its costs from traffic instead of timing zeros."""
+
+    def warmup(self, batch_sizes: Sequence[int]) -> None: ...
+
+
+@runtime_checkable
+class ValidatesInputs(Protocol):
+    """An engine with model-specific checks of one request's inputs (no batch dimension),
+    run before the request is queued; a ``ValueError`` is the client's 400."""
+
+    def validate(self, inputs: Mapping[str, np.ndarray]) -> None: ...
+
+
+StepObserver = Callable[[int, float], None]  # (states in one model call, its seconds) -> None
+
+
+@runtime_checkable
+class ReportsSteps(Protocol):
+    """An engine that reports every model call it makes (iterative models: one UNet call
+    per step of a whole batch), on its worker thread, to ``step_observer`` when one is set."""
+
+    step_observer: StepObserver | None
 
 
 @runtime_checkable

@@ -26,7 +26,7 @@ folder with ``unet/`` and ``scheduler/``); nothing is ever downloaded.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from time import monotonic
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from wattserve.engines.base import EngineError, TensorSpec
+from wattserve.engines.base import EngineError, StepObserver, TensorSpec
 from wattserve.engines.schedulers import PerSampleScheduler, Schedule, make_scheduler
 from wattserve.engines.torch_engine import resolve_device
 
@@ -61,8 +61,6 @@ STEPS_SPEC = TensorSpec("steps", (1,), "INT32")
 # differences between the CPU kernels at batch 1 and batch 8 grew to 0.8 (on [0, 1]) after
 # 50 steps. Scaled by 0.1 they stay below 1e-4; the compute per step is unchanged.
 TINY_OUTPUT_SCALE = 0.1
-
-StepObserver = Callable[[int, float], None]  # (states in the UNet call, seconds) -> None
 
 
 @dataclass(eq=False)
@@ -155,7 +153,7 @@ class DiffusionEngine:
         self.max_steps = min(max_steps, self.scheduler.num_train_timesteps)
         if not 1 <= default_steps <= self.max_steps:
             raise ValueError(f"default_steps must be in 1..{self.max_steps}")
-        # Set by batchers.iteration_metrics.attach_iteration_metrics; called on the engine thread.
+        # Set by the batcher that serves it (ReportsSteps); called on the engine thread.
         self.step_observer: StepObserver | None = None
 
     # ------------------------------------------------------------------ request checks

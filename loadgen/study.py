@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
+from wattserve.batchers.registry import BatcherName
 
 from . import client, report, stats
 from .arrivals import BurstSpec
@@ -66,7 +67,7 @@ class ModelEntry(_Strict):
 
 class Batching(_Strict):
     name: str
-    batcher: Literal["static", "dynamic", "continuous", "adaptive", "aimd"]
+    batcher: BatcherName
     max_batch_size: int = Field(8, ge=1)
     max_queue_delay_ms: float | None = None
     preferred_batch_sizes: list[int] = Field(default_factory=list)

@@ -13,9 +13,11 @@ from time import monotonic
 from typing import Any
 
 from wattserve.batchers.base import Batcher
-from wattserve.batchers.factory import build_batcher
+from wattserve.batchers.iteration_metrics import IterationMetrics
+from wattserve.batchers.registry import build_batcher
 from wattserve.batchers.types import Draining, RequestError, Result, WorkItem
-from wattserve.engines.base import Engine, warmup_sizes, zeros_batch
+from wattserve.engines.base import Engine, StepEngine, ValidatesInputs, WarmsItself, warmup_sizes, zeros_batch
+from wattserve.server.batch_observer import ServingObserver
 from wattserve.server.metrics import ServingMetrics
 from wattserve.server.model_plan import EngineFactory
 from wattserve.server.settings import Settings
@@ -57,9 +59,12 @@ class ModelRuntime:
         self.config = config  # parsed ModelConfig when served from a repository
         self.metrics = metrics
         self._engine_factory = engine_factory
-        self.batcher_hooks: dict[str, Any] = dict(batcher_hooks or {})  # read by start()
+        # read by start(): "energy_meter_for" (device -> meter), "on_batch" (size, energy)
+        self.batcher_hooks: dict[str, Any] = dict(batcher_hooks or {})
         self.engine: Engine | None = None
         self.batcher: Batcher | None = None
+        self._validate: Any = None  # the engine's own input checks (ValidatesInputs), if any
+        self._collector: Any = None  # the batcher's own Prometheus collector, if any
         self.ready = False
         self.draining = False
         self._task: asyncio.Task[None] | None = None
@@ -76,35 +81,48 @@ class ModelRuntime:
                 engines.append(await asyncio.to_thread(self._engine_factory, settings))
             if self.settings.warmup:
                 await asyncio.gather(*(asyncio.to_thread(self._warm, e) for e in engines))
+            observer = self._observer(engines[0])
+            batcher = build_batcher(self.settings, engines, observer)  # e.g. iteration needs a step engine
         except BaseException:
             for engine in engines:  # a failed load frees what it built
-                close = getattr(engine, "close", None)
-                if close is not None:
-                    await asyncio.to_thread(close)
+                await asyncio.to_thread(engine.close)
             raise
-        self.engine = engines[0]
-        hooks = dict(self.batcher_hooks)
-        meter_for = hooks.pop("energy_meter_for", None)  # energy follows the engine's device
-        if meter_for is not None:
-            hooks["energy_meter"] = meter_for(str(self.engine.device))
-        self.batcher = build_batcher(self.settings, engines, metrics=self.metrics, **hooks)
-        self.metrics.watch(self.batcher)
-        self._task = asyncio.create_task(self.batcher.run(), name=f"batcher-{self.name}")
+        self.engine, self.batcher = engines[0], batcher
+        self._validate = self.engine.validate if isinstance(self.engine, ValidatesInputs) else None
+        observer.watch(batcher)
+        self._collector = batcher.collector(self.name)
+        if self._collector is not None:
+            self.metrics.registry.register(self._collector)
+        self._task = asyncio.create_task(batcher.run(), name=f"batcher-{self.name}")
         self.ready = True
         self.metrics.ready.set(1)
+        chosen = self.settings.batcher
+        policy = chosen if batcher.name == chosen else f"{chosen} ({batcher.name})"
         log.info(
             "serving %s v%s (%s on %s) with the %s batcher, max batch %d, %d instance(s)",
             self.name, self.version, self.engine.platform, self.engine.device,
-            self.settings.batcher, self.settings.max_batch_size, len(engines),
+            policy, self.settings.max_batch_size, len(engines),
         )  # fmt: skip
+
+    def _observer(self, engine: Engine) -> ServingObserver:
+        """The batcher's one observer: this model's metrics (and iteration metrics for a step
+        engine), the energy meter of the engine's device, telemetry's batch record."""
+        meter_for = self.batcher_hooks.get("energy_meter_for")  # energy follows the engine's device
+        iteration = None
+        if isinstance(engine, StepEngine):  # occupancy of every model call, whichever policy batches
+            iteration = IterationMetrics(self.name, self.settings.batcher, self.metrics.registry)
+        return ServingObserver(
+            self.metrics,
+            iteration=iteration,
+            meter=meter_for(str(engine.device)) if meter_for is not None else None,
+            record_batch=self.batcher_hooks.get("on_batch"),
+        )
 
     def _warm(self, engine: Engine) -> None:
         t0 = monotonic()
-        sizes = warmup_sizes(min(engine.max_batch_size, self.settings.max_batch_size),
-                             getattr(engine, "batch_sizes", None))  # fmt: skip
-        warmup = getattr(engine, "warmup", None)  # engines whose zeros are no real request
-        if warmup is not None:
-            warmup(sizes)
+        sizes = warmup_sizes(min(engine.max_batch_size, self.settings.max_batch_size), engine.batch_sizes)
+        if isinstance(engine, WarmsItself):  # engines whose zeros are no real request
+            engine.warmup(sizes)
         else:
             for size in sizes:
                 engine.infer(zeros_batch(engine.inputs, size))
@@ -128,7 +146,11 @@ class ModelRuntime:
         if self.batcher is not None:
             batcher, self.batcher = self.batcher, None
             await asyncio.to_thread(batcher.close)
+        if self._collector is not None:  # a reload registers its new batcher's own
+            collector, self._collector = self._collector, None
+            self.metrics.registry.unregister(collector)
         self.engine = None
+        self._validate = None
 
     # ------------------------------------------------------------------ requests
     def make_item(self, inputs: dict[str, Any], priority: int, timeout_us: int | None) -> WorkItem:
@@ -138,9 +160,8 @@ class ModelRuntime:
         s = self.settings
         if priority > s.priority_levels:
             raise ValueError(f"priority {priority} outside 0..{s.priority_levels}")
-        validate = getattr(self.engine, "validate", None)  # model-specific checks (-> 400)
-        if validate is not None:
-            validate(inputs)
+        if self._validate is not None:  # model-specific checks (-> 400)
+            self._validate(inputs)
         level = priority or s.effective_default_priority
         now = monotonic()
         default_s = s.default_timeout_ms / 1e3 if s.default_timeout_ms is not None else None

@@ -13,8 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from wattserve.batchers.registry import BatcherName, batcher_help
 
-BatcherName = Literal["static", "dynamic", "continuous", "adaptive", "aimd"]
 EngineName = Literal["torch", "onnxruntime", "tensorrt"]
 
 
@@ -110,11 +110,7 @@ class Settings(BaseSettings):
     diffusion_default_steps: int = Field(20, ge=1, description="Steps when a request names none.")
 
     # --- batching ---
-    batcher: BatcherName = Field(
-        "dynamic",
-        description="static, dynamic, continuous, adaptive (meets slo_ms at the fewest "
-        "engine-seconds per request) or aimd (Clipper's baseline).",
-    )
+    batcher: BatcherName = Field("dynamic", description=batcher_help())  # names from batchers/registry.py
     max_batch_size: int = Field(8, ge=1, le=1024, description="Largest batch formed (static: N).")
     max_queue_delay_ms: float = Field(
         5.0, ge=0, description="dynamic: longest the oldest request waits for a batch to fill."

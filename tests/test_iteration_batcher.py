@@ -15,10 +15,15 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 from wattserve.batchers.base import BatcherConfig
-from wattserve.batchers.factory import build_batcher
+from wattserve.batchers.continuous import ContinuousBatcher
 from wattserve.batchers.iteration import InvalidRequest, IterationBatcher
+from wattserve.batchers.iteration_metrics import IterationMetrics
+from wattserve.batchers.observers import NullObserver
+from wattserve.batchers.registry import ON_STEP_ENGINES, build_batcher, policy_for
 from wattserve.batchers.types import ClientGone, DeadlineExceeded, Draining, QueueFull, Result, WorkItem
 from wattserve.engines.diffusion import DiffusionEngine
+from wattserve.engines.identity import IdentityEngine
+from wattserve.server.batch_observer import ServingObserver
 from wattserve.server.metrics import ServingMetrics
 from wattserve.server.settings import Settings
 
@@ -62,17 +67,26 @@ class Occupancy:
 
 
 @dataclass
-class JoulePerIteration:
+class JoulePerIteration(NullObserver):
     """Energy-meter double (no NVML here): every iteration 'measures' exactly 1 J."""
 
     iterations: int = 0
 
-    def begin(self) -> None:
-        return None
-
-    def end(self, _mark: None):
+    def on_batch_end(self, _mark: None):
         self.iterations += 1
         return type("Energy", (), {"joules": 1.0})()
+
+
+class RecordingObserver(ServingObserver):
+    """The server's observer, also recording each model call's occupancy for the test."""
+
+    def __init__(self, occupancy: Occupancy, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.occupancy = occupancy
+
+    def on_step(self, states: int, seconds: float) -> None:
+        self.occupancy(states, seconds)
+        super().on_step(states, seconds)
 
 
 def work(seed: int, steps: int, **kw) -> WorkItem:
@@ -85,8 +99,9 @@ async def started(batcher: IterationBatcher) -> asyncio.Task:
     return task
 
 
-def make(engine, *, max_batch=4, queue=64, **hooks) -> IterationBatcher:
-    return IterationBatcher([engine], BatcherConfig(max_batch_size=max_batch, max_queue_size=queue), **hooks)
+def make(engine, *, max_batch=4, queue=64, observer=None) -> IterationBatcher:
+    config = BatcherConfig(max_batch_size=max_batch, max_queue_size=queue)
+    return IterationBatcher([engine], config, observer=observer)
 
 
 def release(batcher: IterationBatcher) -> None:
@@ -112,10 +127,10 @@ def observed(engine):
 async def test_late_arrival_joins_at_next_iteration_and_leaves_first(engine, observed, solo_cache):
     registry = CollectorRegistry()
     metrics = ServingMetrics("tiny_unet", "continuous", registry)
-    batcher = make(engine, metrics=metrics)  # attaches its metrics as the step observer
-    metrics_hook = batcher.iteration_metrics
-    assert metrics_hook is not None
-    engine.step_observer = lambda n, s: (observed(n, s), metrics_hook.observe_iteration(n, s))
+    iteration = IterationMetrics("tiny_unet", "continuous", registry)
+    observer = RecordingObserver(observed, metrics, iteration=iteration)
+    batcher = make(engine, observer=observer)  # the engine now reports its steps to it
+    observer.watch(batcher)
     task = await started(batcher)
 
     long_task = asyncio.create_task(batcher.submit(work(1, 30)))
@@ -276,7 +291,7 @@ async def test_a_failing_state_fails_alone(engine, solo_cache):
 
 async def test_energy_is_split_per_iteration_and_conserved(engine):
     meter = JoulePerIteration()
-    batcher = make(engine, energy_meter=meter)
+    batcher = make(engine, observer=meter)
     task = await started(batcher)
     a = asyncio.create_task(batcher.submit(work(1, 8)))
     b = asyncio.create_task(batcher.submit(work(2, 4)))
@@ -349,19 +364,35 @@ async def test_concurrent_load_every_request_answered_once_with_its_own_image(en
     assert batcher.inflight == 0 and batcher.running_count == 0
 
 
-def test_factory_picks_the_iteration_batcher_for_step_engines(engine):
-    settings = Settings(model="tiny_unet", batcher="continuous", max_batch_size=4)
-    registry = CollectorRegistry()
-    metrics = ServingMetrics("tiny_unet", "continuous", registry)
-    batcher = build_batcher(settings, [engine], metrics=metrics)
+def test_continuous_on_a_step_engine_is_the_explicit_iteration_mapping(engine):
+    assert ON_STEP_ENGINES == {"continuous": "iteration"}
+    assert policy_for("continuous", engine) is IterationBatcher
+    assert policy_for("iteration", engine) is IterationBatcher
+    identity = IdentityEngine()
+    assert policy_for("continuous", identity) is ContinuousBatcher  # one-shot engines keep it
+    with pytest.raises(ValueError, match="needs a step engine"):
+        policy_for("iteration", identity)
+    with pytest.raises(ValueError, match="unknown batcher"):
+        policy_for("nope", engine)
+
+
+def test_build_batcher_reports_every_model_call_once_whichever_policy(engine):
+    """The step observer is the batcher's one observer's ``on_step``, for iteration-level
+    and request-level policies alike (no second attachment elsewhere)."""
     try:
-        assert isinstance(batcher, IterationBatcher)
-        assert engine.step_observer is not None  # occupancy reported for every model call
+        for name, expected in (("continuous", IterationBatcher), ("static", None), ("dynamic", None)):
+            settings = Settings(model="tiny_unet", batcher=name, max_batch_size=4)
+            registry = CollectorRegistry()
+            observer = ServingObserver(
+                ServingMetrics("tiny_unet", name, registry),
+                iteration=IterationMetrics("tiny_unet", name, registry),
+            )
+            batcher = build_batcher(settings, [engine], observer)
+            assert isinstance(batcher, IterationBatcher) is (expected is IterationBatcher), name
+            assert engine.step_observer == observer.on_step
+            engine.step_observer(3, 0.01)
+            labels = {"model": "tiny_unet", "batcher": name}
+            assert registry.get_sample_value("wattserve_iterations_total", labels) == 1
+            assert registry.get_sample_value("wattserve_iteration_state_steps_total", labels) == 3
     finally:
-        engine.step_observer = None
-    for name in ("static", "dynamic"):
-        settings = Settings(model="tiny_unet", batcher=name, max_batch_size=4)
-        other = build_batcher(settings, [engine], metrics=ServingMetrics("tiny_unet", name))
-        assert not isinstance(other, IterationBatcher)
-        assert engine.step_observer is not None
         engine.step_observer = None

@@ -23,7 +23,7 @@ from time import monotonic
 from typing import Any, ClassVar
 
 import numpy as np
-from wattserve.batchers.observers import NULL_OBSERVER, BatchObserver, BatchReport, measured_joules
+from wattserve.batchers.observers import NULL_OBSERVER, BatchObserver, BatchReport
 from wattserve.batchers.queue import PriorityFifo
 from wattserve.batchers.service_rate import ServiceRate
 from wattserve.batchers.types import (
@@ -429,8 +429,6 @@ class RequestBatcher(Batcher):
             self.batch_finished(outcome)
         except Exception:
             log.exception("batch observer failed; answering the batch anyway")
-        joules = measured_joules(outcome.energy)
-        share = joules / n if joules is not None else None
         for item, out in zip(outcome.items, outcome.per_item, strict=True):
             if isinstance(out, BaseException):
                 item.finish(error=BatchFailed(f"inference failed: {out}"))
@@ -441,7 +439,6 @@ class RequestBatcher(Batcher):
                     queue_time_s=outcome.started - item.arrival,
                     compute_time_s=compute_s,
                     batch_size=n,
-                    energy_j=share,
                 )
             )
 

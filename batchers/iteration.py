@@ -21,9 +21,7 @@ Per-request figures in its Result:
 - ``compute_time_s``: its own time in the running set (start of its first iteration to
   the end of its last);
 - ``batch_size``: its mean occupancy, i.e. the mean number of states in the model calls it
-  rode in, rounded to the nearest integer (at least 1);
-- ``energy_j``: the sum over its iterations of (iteration energy / states in that
-  iteration); None if any of its iterations had no measurement.
+  rode in, rounded to the nearest integer (at least 1).
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from typing import Any
 
 import numpy as np
 from wattserve.batchers.base import Batcher, BatcherConfig, EngineInstance
-from wattserve.batchers.observers import BatchObserver, BatchReport, measured_joules
+from wattserve.batchers.observers import BatchObserver, BatchReport
 from wattserve.batchers.types import BatchFailed, Draining, ItemState, RequestError, Result, WorkItem
 from wattserve.engines.base import StepEngine
 
@@ -60,17 +58,11 @@ class Running:
     joined: float  # start of its first iteration
     steps: int = 0
     occupancy_sum: int = 0
-    energy_j: float = 0.0
-    energy_measured: bool = True
 
-    def account(self, occupancy: int, joules_share: float | None) -> None:
-        """One more iteration among ``occupancy`` states, with its share of the energy."""
+    def account(self, occupancy: int) -> None:
+        """One more iteration among ``occupancy`` states."""
         self.steps += 1
         self.occupancy_sum += occupancy
-        if joules_share is None:
-            self.energy_measured = False
-        else:
-            self.energy_j += joules_share
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,13 +241,11 @@ class IterationBatcher(Batcher):
         n = len(it.active)
         if n == 0:
             return []
-        joules = measured_joules(it.energy)
-        share = joules / n if joules is not None else None
         keep: list[Running] = []
         failed: list[tuple[Running, BaseException]] = []
         done: list[tuple[Running, dict[str, np.ndarray]]] = []
         for i, r in enumerate(it.active):
-            r.account(n, share)
+            r.account(n)
             if r.item.state is not ItemState.RUNNING:
                 continue  # answered meanwhile (deadline) or abandoned by its client: leaves now
             if i in it.errors:
@@ -285,7 +275,6 @@ class IterationBatcher(Batcher):
                 queue_time_s=item.dispatched_at - item.arrival,
                 compute_time_s=now - r.joined,
                 batch_size=max(1, round(r.occupancy_sum / r.steps)),
-                energy_j=r.energy_j if r.energy_measured else None,
             )
         )
 

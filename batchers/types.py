@@ -67,7 +67,6 @@ class Result:
     queue_time_s: float
     compute_time_s: float
     batch_size: int
-    energy_j: float | None = None  # this request's share of its batch's measured energy
 
 
 class RequestError(Exception):

@@ -12,12 +12,7 @@ import aiohttp
 from .payloads import PreparedRequest
 
 # Response headers wattserve adds to every infer answer (absent on other servers).
-H_QUEUE, H_COMPUTE, H_BATCH, H_ENERGY = (
-    "X-Queue-Time-Ms",
-    "X-Compute-Time-Ms",
-    "X-Batch-Size",
-    "X-Energy-Joules",
-)
+H_QUEUE, H_COMPUTE, H_BATCH = ("X-Queue-Time-Ms", "X-Compute-Time-Ms", "X-Batch-Size")
 
 
 @dataclass(slots=True)
@@ -26,7 +21,6 @@ class Outcome:
     queue_ms: float | None = None
     compute_ms: float | None = None
     batch_size: int | None = None
-    energy_j: float | None = None
     detail: str | None = None  # error body (truncated) for the probe's error messages
 
 
@@ -70,7 +64,6 @@ async def send(
                 _float(h.get(H_QUEUE)),
                 _float(h.get(H_COMPUTE)),
                 _int(h.get(H_BATCH)),
-                _float(h.get(H_ENERGY)),
                 detail,
             )
     except TimeoutError:

@@ -56,7 +56,6 @@ REQUEST_COLUMNS = [
     "queue_ms",
     "compute_ms",
     "batch_size",
-    "energy_j",
 ]
 
 
@@ -128,7 +127,6 @@ def write_requests_csv(runs: Sequence[RunResult], path: Path) -> None:
                         _cell(r.queue_ms),
                         _cell(r.compute_ms),
                         _cell(r.batch_size),
-                        _cell(r.energy_j),
                     ]
                 )
 

@@ -471,7 +471,6 @@ def _record(
             out.queue_ms,
             out.compute_ms,
             out.batch_size,
-            out.energy_j,
         )
     )
     live.done += 1

@@ -39,7 +39,6 @@ class RequestRecord:
     queue_ms: float | None = None
     compute_ms: float | None = None
     batch_size: int | None = None
-    energy_j: float | None = None
 
     @property
     def latency_s(self) -> float:
@@ -129,5 +128,4 @@ def header_means(records: Sequence[RequestRecord]) -> dict[str, float | None]:
         "queue_ms": mean([r.queue_ms for r in records if r.queue_ms is not None]),
         "compute_ms": mean([r.compute_ms for r in records if r.compute_ms is not None]),
         "batch_size": mean([float(r.batch_size) for r in records if r.batch_size is not None]),
-        "energy_j": mean([r.energy_j for r in records if r.energy_j is not None]),
     }

@@ -41,7 +41,7 @@ class Recorder(NullObserver):
         self.answered_at_report.append(any(f.done() for f in self.futures))
 
 
-async def test_one_batch_is_reported_once_in_order_with_its_energy_share():
+async def test_one_batch_is_reported_once_in_order_with_its_energy_record():
     engine = GatedEngine()
     engine.gate.clear()  # hold the first batch so three requests queue behind it
     observer = Recorder()
@@ -63,7 +63,8 @@ async def test_one_batch_is_reported_once_in_order_with_its_energy_share():
     assert [r.size for r in observer.reports] == [1, 3]
     assert all(r.time_to_result is None and r.compute_s >= 0 for r in observer.reports)
     assert observer.answered_at_report == [False, False]  # reported before any answer
-    assert [r.energy_j for r in results] == [6.0, 2.0, 2.0, 2.0]  # the batch's joules, shared
+    assert [r.energy.joules for r in observer.reports] == [6.0, 6.0]  # what on_batch_end returned
+    assert len(results) == 4
 
 
 async def test_a_failing_observer_costs_no_answer():

@@ -80,19 +80,13 @@ def timing_headers(results: list[Result]) -> dict[str, str]:
     """Batching made visible: worst queue and compute time over the request's rows."""
     first = results[0]
     if len(results) == 1:
-        queue_s, compute_s, size, energy = (first.queue_time_s, first.compute_time_s,
-                                            first.batch_size, first.energy_j)  # fmt: skip
+        queue_s, compute_s, size = first.queue_time_s, first.compute_time_s, first.batch_size
     else:
         queue_s = max(r.queue_time_s for r in results)
         compute_s = max(r.compute_time_s for r in results)
         size = max(r.batch_size for r in results)
-        shares = [r.energy_j for r in results]
-        energy = None if None in shares else sum(shares)  # type: ignore[arg-type]
-    headers = {
+    return {
         "X-Queue-Time-Ms": f"{queue_s * 1e3:.3f}",
         "X-Compute-Time-Ms": f"{compute_s * 1e3:.3f}",
         "X-Batch-Size": str(size),
     }
-    if energy is not None:
-        headers["X-Energy-Joules"] = f"{energy:.6f}"
-    return headers

@@ -121,7 +121,12 @@ def test_poisson_run_writes_consistent_json_csv_png_html(wattserve: str, tmp_pat
     hist_total = sum(b["count"] for b in server["batch_size_histogram"])
     assert hist_total == server["batch_executions"]
     assert server["mean_queue_ms"] is not None and server["mean_compute_ms"] is not None
-    assert server["requests_by_outcome"]["success"] == server["inferences"]
+    # Two counters read by one scrape at each end of the window, with load still running: a
+    # batch counts its inferences when it is reported, just before its answers are written, so
+    # a batch in flight at a scrape is in one counter and not yet in the other (CI saw 161 vs
+    # 162). At most two batches of max 8 straddle the two scrapes.
+    assert abs(server["requests_by_outcome"]["success"] - server["inferences"]) <= 2 * 8
+    assert server["requests_by_outcome"]["success"] == pytest.approx(run["completed"], rel=0.15)
     # The server says whether it measures energy; when it does not, no figure appears.
     assert server["gpu_telemetry_available"] is not None
     if not server["gpu_telemetry_available"]:

@@ -6,9 +6,10 @@ the policy for the next batch, and hands the batch to that instance's thread, so
 batch forms while this one computes. Stacking, the model call and splitting all run on
 the worker thread; the event loop only moves references.
 
-Invariants kept here (DESIGN.md): every accepted item is answered exactly once (its
-future is resolved by exactly one of: result, engine error, deadline, drain); each item's
-outputs are row ``i`` of the batch it rode in; queues are bounded.
+Invariants kept here (docs/architecture.md, "How the invariants are kept"): every accepted
+item is answered exactly once (its future is resolved by exactly one of: result, engine
+error, deadline, drain); each item's outputs are row ``i`` of the batch it rode in; queues
+are bounded.
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ class ServingMetrics:
     def __init__(self, model: str, batcher: str, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         f = _families(self.registry)
-        self._requests, self._ready = f.requests, f.ready
+        self._requests = f.requests
         self.connections_refused = f.connections_refused
         self.statistics = ModelStatistics()
         lv = (model, batcher)

@@ -81,13 +81,26 @@ def padded_size(n: int, batch_sizes: Sequence[int] | None) -> int:
     return min(fitting) if fitting else n
 
 
-class EngineInstance:
-    """One engine and the single thread that may call it."""
+def engine_thread(index: int) -> ThreadPoolExecutor:
+    """The one thread that builds, warms and runs engine instance ``index``.
 
-    def __init__(self, engine: Engine, index: int) -> None:
+    One thread per engine for its whole life, not just for its batches: GNU OpenMP (torch's
+    CPU thread pool) keeps a worker team per calling thread, and once the process holds more
+    OpenMP threads than CPUs its workers stop spinning between parallel regions and sleep
+    on a futex instead. An engine built on one thread and run on another left two teams on
+    a 2-CPU machine: mobilenet_v2 at batch 1 took ~250 context switches per call instead of
+    ~0.5 (see docs/architecture.md)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"engine-{index}")
+
+
+class EngineInstance:
+    """One engine and the single thread that may call it (``engine_thread``; the one it
+    was built on, when the caller passes it)."""
+
+    def __init__(self, engine: Engine, index: int, executor: ThreadPoolExecutor | None = None) -> None:
         self.engine = engine
         self.index = index
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"engine-{index}")
+        self.executor = executor if executor is not None else engine_thread(index)
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)
@@ -106,13 +119,25 @@ class Batcher(ABC):
     step_engines_only: ClassVar[bool] = False  # True: needs an engines.base.StepEngine
 
     def __init__(
-        self, engines: Sequence[Engine], config: BatcherConfig, *, observer: BatchObserver | None = None
+        self,
+        engines: Sequence[Engine],
+        config: BatcherConfig,
+        *,
+        observer: BatchObserver | None = None,
+        threads: Sequence[ThreadPoolExecutor] | None = None,
     ) -> None:
+        """``threads``: each engine's own ``engine_thread``, the one it was built on (one
+        is started per engine when not given)."""
         if not engines:
             raise ValueError("a batcher needs at least one engine instance")
+        if threads is not None and len(threads) != len(engines):
+            raise ValueError(f"{len(threads)} engine threads for {len(engines)} engines")
         self.config = config
         self.engine = engines[0]  # metadata source; all instances serve the same model
-        self.instances = [EngineInstance(e, i) for i, e in enumerate(engines)]
+        owned = list(threads) if threads is not None else [None] * len(engines)
+        self.instances = [
+            EngineInstance(e, i, t) for i, (e, t) in enumerate(zip(engines, owned, strict=True))
+        ]
         self.observer: BatchObserver = observer if observer is not None else NULL_OBSERVER
         if observer is not None:  # each model call of a step engine, whichever policy batches
             for engine in engines:

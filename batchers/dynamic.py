@@ -18,7 +18,6 @@ from time import monotonic
 from typing import Any
 
 from wattserve.batchers.base import BatcherConfig, RequestBatcher, common_config
-from wattserve.batchers.observers import BatchObserver
 from wattserve.batchers.types import WorkItem
 from wattserve.engines.base import Engine
 
@@ -35,10 +34,8 @@ class DynamicBatcher(RequestBatcher):
     summary = "Triton's: a preferred size at once, else all after max_queue_delay_ms"
     config: DynamicConfig
 
-    def __init__(
-        self, engines: Sequence[Engine], config: DynamicConfig, *, observer: BatchObserver | None = None
-    ) -> None:
-        super().__init__(engines, config, observer=observer)
+    def __init__(self, engines: Sequence[Engine], config: DynamicConfig, **hooks: Any) -> None:
+        super().__init__(engines, config, **hooks)
         cap = config.max_batch_size
         self._allowed = sorted({s for s in (config.allowed_sizes or ()) if 1 <= s <= cap})
         preferred = sorted({s for s in config.preferred_batch_sizes if 1 <= s <= cap})

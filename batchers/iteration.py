@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 from wattserve.batchers.base import Batcher, BatcherConfig, EngineInstance
-from wattserve.batchers.observers import BatchObserver, BatchReport
+from wattserve.batchers.observers import BatchReport
 from wattserve.batchers.types import BatchFailed, Draining, ItemState, RequestError, Result, WorkItem
 from wattserve.engines.base import StepEngine
 
@@ -125,13 +125,12 @@ class IterationBatcher(Batcher):
         self,
         engines: Sequence[StepEngine],
         config: BatcherConfig,
-        *,
-        observer: BatchObserver | None = None,
+        **hooks: Any,
     ) -> None:
         for engine in engines:
             if not isinstance(engine, StepEngine):
                 raise TypeError(f"{type(engine).__name__} is not a StepEngine")
-        super().__init__(engines, config, observer=observer)  # type: ignore[arg-type]
+        super().__init__(engines, config, **hooks)  # type: ignore[arg-type]
         self._changed = asyncio.Event()
         self._slots = [_Instance(inst) for inst in self.instances]
 

@@ -15,6 +15,7 @@ for comparison; ``iteration`` may also be named directly.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from wattserve.batchers.adaptive import AdaptiveBatcher
@@ -58,11 +59,17 @@ def policy_for(name: str, engine: Any) -> type[Batcher]:
     return cls
 
 
-def build_batcher(settings: Any, engines: Sequence[Engine], observer: BatchObserver | None = None) -> Batcher:
-    """The batcher ``settings.batcher`` names, over ``engines`` (one per instance), its
-    config read from ``settings`` (a server Settings), reporting to ``observer``."""
+def build_batcher(
+    settings: Any,
+    engines: Sequence[Engine],
+    observer: BatchObserver | None = None,
+    threads: Sequence[ThreadPoolExecutor] | None = None,
+) -> Batcher:
+    """The batcher ``settings.batcher`` names, over ``engines`` (one per instance, each run
+    on its own thread from ``threads`` when given), its config read from ``settings`` (a
+    server Settings), reporting to ``observer``."""
     cls = policy_for(settings.batcher, engines[0])
-    return cls(engines, cls.config_from(settings, engines[0]), observer=observer)
+    return cls(engines, cls.config_from(settings, engines[0]), observer=observer, threads=threads)
 
 
 def batcher_help() -> str:

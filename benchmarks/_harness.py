@@ -37,10 +37,17 @@ def process(
 
 
 @contextlib.contextmanager
-def wattserve(env: dict[str, str], root: Path = ROOT) -> Iterator[str]:
+def wattserve_process(env: dict[str, str], root: Path = ROOT) -> Iterator[ServerProcess]:
     """``python -m wattserve serve`` from ``root`` (another checkout gives a before/after
-    comparison in the same run); yields its base url."""
+    comparison in the same run); yields the process (its ``url`` and ``pid``)."""
     with running_wattserve({"WATTSERVE_LOG_LEVEL": "warning", **env}, root=root) as proc:
+        yield proc
+
+
+@contextlib.contextmanager
+def wattserve(env: dict[str, str], root: Path = ROOT) -> Iterator[str]:
+    """``wattserve_process``, yielding only its base url."""
+    with wattserve_process(env, root=root) as proc:
         yield proc.url
 
 

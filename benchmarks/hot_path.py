@@ -6,9 +6,11 @@ served compute equal engine compute? Optionally against another checkout, same r
 - P2': identity with 10 ms per batch, max batch 8, one instance, dynamic batcher, closed
   loop (wrk, 64 connections): served req/s / 800 (the engine's ceiling).
 - batch-1: mobilenet_v2 one request at a time, X-Compute-Time-Ms p50 / the bare engine's
-  batch-1 p50 measured in this process (same settings, server idle meanwhile).
+  batch-1 p50 in this process (same settings, server idle meanwhile), in blocks of 15 that
+  alternate served and bare, so both see the machine in the same state; the figure is the
+  median of the blocks' ratios. Also the server's context switches per request (all threads).
 - P2: mobilenet_v2 served img/s at saturation (max batch 8, binary tensors, 16
-  connections) / the bare engine's img/s at batch 8.
+  connections) / the bare engine's img/s at batch 8, measured right after each served run.
 
 With ``--before PATH`` (a checkout of an older commit) every served figure is measured for
 both checkouts, alternating, so the ratio between them is a same-run comparison. Prints a
@@ -28,7 +30,7 @@ import httpx
 import numpy as np
 import orjson
 
-from benchmarks._harness import ROOT, save, wattserve, wrk
+from benchmarks._harness import ROOT, save, wattserve, wattserve_process, wrk
 from benchmarks.model_batching import binary_request
 
 IDENTITY_BODY = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
@@ -55,54 +57,92 @@ def p2_prime(root: Path, seconds: float) -> dict:
     return {**run, "ratio_to_800": run["rps"] / 800.0, "mean_batch": items / batches if batches else None}
 
 
-def engine_only(seconds: float, fuse_conv_bn: bool = True) -> dict:
-    """The bare engine in this process, with the server's own settings and allocator.
+class ReferenceEngine:
+    """The bare engine in this process, with the server's own settings and allocator: the
+    reference every served figure is divided by, measured right after it (same minute).
     ``fuse_conv_bn=False``: the engine as a checkout from before BatchNorm folding builds it."""
-    from wattserve.engines.registry import build_engine
-    from wattserve.server.lifecycle import tune_malloc
-    from wattserve.server.settings import Settings
 
-    tune_malloc()
-    engine = build_engine(Settings(model="mobilenet_v2", fuse_conv_bn=fuse_conv_bn))
-    rng = np.random.default_rng(0)
-    one = {"input": rng.standard_normal((1, 3, 224, 224), dtype=np.float32)}
-    eight = {"input": rng.standard_normal((8, 3, 224, 224), dtype=np.float32)}
-    for batch in (one, eight, one):
-        engine.infer(batch)
-    times = []
-    t_end = time.perf_counter() + seconds / 2
-    while time.perf_counter() < t_end or len(times) < 10:
-        t0 = time.perf_counter()
-        engine.infer(one)
-        times.append(time.perf_counter() - t0)
-    calls, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds / 2 or calls < 3:
-        engine.infer(eight)
-        calls += 1
-    rate8 = calls * 8 / (time.perf_counter() - t0)
-    close = getattr(engine, "close", None)
-    if close is not None:
-        close()
-    return {"batch1_p50_ms": statistics.median(times) * 1e3, "batch8_img_s": rate8}
+    def __init__(self, fuse_conv_bn: bool = True) -> None:
+        from wattserve.engines.registry import build_engine
+        from wattserve.server.lifecycle import tune_malloc
+        from wattserve.server.settings import Settings
+
+        tune_malloc()
+        self.engine = build_engine(Settings(model="mobilenet_v2", fuse_conv_bn=fuse_conv_bn))
+        rng = np.random.default_rng(0)
+        self.one = {"input": rng.standard_normal((1, 3, 224, 224), dtype=np.float32)}
+        self.eight = {"input": rng.standard_normal((8, 3, 224, 224), dtype=np.float32)}
+        for batch in (self.one, self.eight, self.one):
+            self.engine.infer(batch)
+
+    def batch1_ms(self, calls: int) -> list[float]:
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            self.engine.infer(self.one)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return times
+
+    def batch8_img_s(self, seconds: float) -> float:
+        calls, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds or calls < 3:
+            self.engine.infer(self.eight)
+            calls += 1
+        return calls * 8 / (time.perf_counter() - t0)
 
 
-def mobilenet_served(root: Path, seconds: float, extra_env: dict[str, str] | None = None) -> dict:
+def context_switches(pid: int) -> int:
+    """Context switches (voluntary and not) of every live thread of ``pid`` so far."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        total += sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches" in line)
+    return total
+
+
+def mobilenet_served(
+    root: Path,
+    seconds: float,
+    reference: ReferenceEngine,
+    extra_env: dict[str, str] | None = None,
+    blocks: int = 6,
+) -> dict:
+    """Batch 1 in blocks alternating with the bare engine (paired medians), then saturation
+    followed at once by the bare engine at batch 8."""
     env = {"WATTSERVE_MODEL": "mobilenet_v2", "WATTSERVE_BATCHER": "dynamic", "WATTSERVE_MAX_BATCH_SIZE": "8",
            "WATTSERVE_MAX_QUEUE_SIZE": "1024", **(extra_env or {})}  # fmt: skip
     body, headers = binary_request()
-    with wattserve(env, root=root) as url:
-        target = url + "/v2/models/mobilenet_v2/infer"
-        computes = []
+    per_block = 15
+    with wattserve_process(env, root=root) as proc:
+        target = proc.url + "/v2/models/mobilenet_v2/infer"
+        served: list[float] = []
+        alone: list[float] = []
+        switches = 0
         with httpx.Client(timeout=60) as client:
             for _ in range(5):
                 client.post(target, content=body, headers=headers)
-            t_end = time.perf_counter() + seconds / 2
-            while time.perf_counter() < t_end or len(computes) < 10:
-                r = client.post(target, content=body, headers=headers)
-                computes.append(float(r.headers["x-compute-time-ms"]))
+            for _ in range(blocks):
+                before = context_switches(proc.pid)
+                block = [client.post(target, content=body, headers=headers) for _ in range(per_block)]
+                switches += context_switches(proc.pid) - before
+                served.append(statistics.median(float(r.headers["x-compute-time-ms"]) for r in block))
+                alone.append(statistics.median(reference.batch1_ms(per_block)))
         wrk(target, body, 16, 2, headers)  # warm-up at load
         run = wrk(target, body, 16, seconds, headers)
-    return {"batch1_compute_p50_ms": statistics.median(computes), "saturated_img_s": run["rps"], **run}
+    engine8 = reference.batch8_img_s(seconds / 2)
+    return {
+        **run,
+        "batch1_compute_p50_ms": statistics.median(served),
+        "batch1_engine_p50_ms": statistics.median(alone),
+        "batch1_ratio": statistics.median(s / a for s, a in zip(served, alone, strict=True)),
+        "batch1_context_switches_per_request": switches / (blocks * per_block),
+        "saturated_img_s": run["rps"],
+        "engine_batch8_img_s": engine8,
+        "p2": run["rps"] / engine8,
+    }
 
 
 def main() -> None:
@@ -129,62 +169,57 @@ def main() -> None:
     }
     results: dict[str, dict[str, list[dict]]] = {label: {"p2_prime": [], "mobilenet": []} for label in roots}
     by_variant: dict[str, list[dict]] = {name: [] for name in variants}
-    engine: list[dict] = []
-    engine_unfolded: list[dict] = []
+    references: dict[str, ReferenceEngine] = {}
+    if not args.skip_mobilenet:
+        references["folded"] = ReferenceEngine()
+        if args.before and not args.before_folds:
+            references["not folded"] = ReferenceEngine(fuse_conv_bn=False)
+
+    def reference_for(label: str) -> ReferenceEngine:
+        # a checkout from before the folding serves the unfolded model: compare like with like
+        return references["not folded" if label == "before" and not args.before_folds else "folded"]
+
     for _ in range(args.rounds):
         for label, root in roots.items():  # alternating: the machine's drift hits both alike
             results[label]["p2_prime"].append(p2_prime(root, args.seconds))
             if not args.skip_mobilenet:
-                results[label]["mobilenet"].append(mobilenet_served(root, args.seconds))
+                results[label]["mobilenet"].append(mobilenet_served(root, args.seconds, reference_for(label)))
         for name, env in variants.items():
-            by_variant[name].append(mobilenet_served(ROOT, args.seconds, env))
-        if not args.skip_mobilenet:
-            engine.append(engine_only(args.seconds))
-            engine_unfolded.append(engine_only(args.seconds, fuse_conv_bn=False))
+            by_variant[name].append(mobilenet_served(ROOT, args.seconds, references["folded"], env))
 
     def mean(rows: list[dict], key: str) -> float:
         return statistics.mean(r[key] for r in rows)
 
-    print(f"\n{'figure':<44}" + "".join(f"{label:>14}" for label in roots))
+    print(f"\n{'figure':<52}" + "".join(f"{label:>14}" for label in roots))
     line = {"P2' served req/s (identity 10 ms/batch, max 8)": ("p2_prime", "rps"),
             "P2' served / 800": ("p2_prime", "ratio_to_800"),
             "P2' mean batch size": ("p2_prime", "mean_batch")}  # fmt: skip
     if not args.skip_mobilenet:
         line |= {"mobilenet batch-1 served compute p50 ms": ("mobilenet", "batch1_compute_p50_ms"),
+                 "mobilenet batch-1 bare engine p50 ms (paired)": ("mobilenet", "batch1_engine_p50_ms"),
+                 "batch-1 served / engine (paired blocks)": ("mobilenet", "batch1_ratio"),
+                 "batch-1 server context switches per request": ("mobilenet", "batch1_context_switches_per_request"),
                  "mobilenet saturated img/s (max 8)": ("mobilenet", "saturated_img_s"),
+                 "bare engine batch 8 img/s (right after)": ("mobilenet", "engine_batch8_img_s"),
+                 "P2 served / engine img/s (paired)": ("mobilenet", "p2"),
                  "mobilenet saturated p99 ms": ("mobilenet", "p99_ms")}  # fmt: skip
     summary: dict[str, dict[str, float]] = {}
     for name, (group, key) in line.items():
         summary[name] = {label: mean(results[label][group], key) for label in roots}
-        print(f"{name:<44}" + "".join(f"{summary[name][label]:>14.3f}" for label in roots))
-    if engine:
-        e1 = statistics.mean(e["batch1_p50_ms"] for e in engine)
-        e8 = statistics.mean(e["batch8_img_s"] for e in engine)
-        u1 = statistics.mean(e["batch1_p50_ms"] for e in engine_unfolded)
-        u8 = statistics.mean(e["batch8_img_s"] for e in engine_unfolded)
-        print(f"\nengine only, this process: batch-1 p50 {e1:.2f} ms, batch 8 {e8:.1f} img/s")
-        print(f"engine only, BatchNorm not folded: batch-1 p50 {u1:.2f} ms, batch 8 {u8:.1f} img/s")
-        summary["engine only"] = {"batch1_p50_ms": e1, "batch8_img_s": e8}
-        summary["engine only, not folded"] = {"batch1_p50_ms": u1, "batch8_img_s": u8}
-        for label in roots:
-            # a checkout from before the folding serves the unfolded model: compare like with like
-            ref1, ref8 = (u1, u8) if label == "before" and not args.before_folds else (e1, e8)
-            b1 = summary["mobilenet batch-1 served compute p50 ms"][label] / ref1
-            p2 = summary["mobilenet saturated img/s (max 8)"][label] / ref8
-            summary[f"batch-1 served/engine ({label})"] = {label: b1}
-            summary[f"P2 served/engine at batch 8 ({label})"] = {label: p2}
-            print(
-                f"{label:>6}: batch-1 served compute / engine = {b1:.2f}; P2 served / engine img/s = {p2:.2f}"
-            )
+        print(f"{name:<52}" + "".join(f"{summary[name][label]:>14.3f}" for label in roots))
+    if "before" in roots and not args.skip_mobilenet:
+        print(
+            f"(the before column's bare engine: BatchNorm {'folded' if args.before_folds else 'not folded'})"
+        )
     for name, rows in by_variant.items():
-        b1 = mean(rows, "batch1_compute_p50_ms")
-        sat = mean(rows, "saturated_img_s")
-        print(f"variant {name} {variants[name]}: batch-1 compute p50 {b1:.2f} ms, saturated {sat:.1f} img/s, "
-              f"p99 {mean(rows, 'p99_ms'):.0f} ms")  # fmt: skip
-        summary[f"variant {name}"] = {"batch1_compute_p50_ms": b1, "saturated_img_s": sat}
+        figures = {key: mean(rows, key) for key in ("batch1_compute_p50_ms", "batch1_ratio", "saturated_img_s",
+                                                    "p2", "p99_ms")}  # fmt: skip
+        print(f"variant {name} {variants[name]}: batch-1 compute p50 {figures['batch1_compute_p50_ms']:.2f} ms "
+              f"({figures['batch1_ratio']:.2f}x engine), saturated {figures['saturated_img_s']:.1f} img/s "
+              f"(P2 {figures['p2']:.2f}), p99 {figures['p99_ms']:.0f} ms")  # fmt: skip
+        summary[f"variant {name}"] = figures
     doc = {"machine": platform.platform(), "args": {k: str(v) for k, v in vars(args).items()},
-           "runs": results, "variants": by_variant, "engine_only": engine,
-           "engine_only_not_folded": engine_unfolded, "summary": summary}  # fmt: skip
+           "runs": results, "variants": by_variant, "summary": summary}  # fmt: skip
     print(f"\nwrote {save('hot_path', doc)}")
 
 

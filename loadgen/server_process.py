@@ -176,6 +176,12 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    @property
+    def pid(self) -> int:
+        """The server's process id (for /proc readings by benchmarks)."""
+        assert self.proc is not None, "start() first"
+        return self.proc.pid
+
     def log(self) -> str:
         if self._log is not None and not self._log.closed:
             self._log.flush()

@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from time import monotonic
 from typing import Any
 
-from wattserve.batchers.base import Batcher
+from wattserve.batchers.base import Batcher, engine_thread
 from wattserve.batchers.iteration_metrics import IterationMetrics
 from wattserve.batchers.registry import build_batcher
 from wattserve.batchers.types import Draining, RequestError, Result, WorkItem
@@ -71,21 +72,30 @@ class ModelRuntime:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Load every instance and warm it (off the event loop), then start batching."""
+        """Load every instance and warm it on the thread that will run its batches (see
+        ``engine_thread``), off the event loop, then start batching."""
+        loop = asyncio.get_running_loop()
         engines: list[Engine] = []
+        threads: list[ThreadPoolExecutor] = []
         try:
-            for device in self.devices:
+            for index, device in enumerate(self.devices):
                 settings = self.settings
                 if device != settings.device:
                     settings = settings.model_copy(update={"device": device})
-                engines.append(await asyncio.to_thread(self._engine_factory, settings))
+                threads.append(engine_thread(index))
+                engines.append(await loop.run_in_executor(threads[-1], self._engine_factory, settings))
             if self.settings.warmup:
-                await asyncio.gather(*(asyncio.to_thread(self._warm, e) for e in engines))
+                await asyncio.gather(
+                    *(loop.run_in_executor(t, self._warm, e) for t, e in zip(threads, engines, strict=True))
+                )
             observer = self._observer(engines[0])
-            batcher = build_batcher(self.settings, engines, observer)  # e.g. iteration needs a step engine
+            # e.g. iteration needs a step engine
+            batcher = build_batcher(self.settings, engines, observer, threads)
         except BaseException:
-            for engine in engines:  # a failed load frees what it built
-                await asyncio.to_thread(engine.close)
+            for thread, engine in zip(threads, engines, strict=False):  # a failed load frees what it built
+                await loop.run_in_executor(thread, engine.close)
+            for thread in threads:
+                thread.shutdown(wait=False)
             raise
         self.engine, self.batcher = engines[0], batcher
         self._validate = self.engine.validate if isinstance(self.engine, ValidatesInputs) else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
 import logging
 import signal
 import time
@@ -55,6 +56,21 @@ def tune_malloc() -> bool:
     ok = all(mallopt(param, value) == 1 for param, value in settings)
     log.info("glibc malloc tuned (no mmap, one arena, no trimming): %s", ok)
     return ok
+
+
+def freeze_heap() -> None:
+    """Take every object alive now out of the cyclic collector's reach (``gc.freeze``).
+
+    A loaded model leaves about a million long-lived objects (torch, the model's modules), and
+    each full collection walked all of them: on the identity model at 16 connections that was
+    a 60-77 ms event-loop stall about once a second, which set the p99 (65 ms against 13.5 ms
+    frozen, same machine). Called once every model of a start, load or unload is settled; the
+    unfreeze first lets a collection reclaim what an unloaded model left in cycles (a folded
+    torch.fx graph is one), at the cost of one full collection per model change.
+    """
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 class Drainable(Protocol):

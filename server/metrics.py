@@ -152,6 +152,12 @@ class ServingMetrics:
         self.queue_depth.set_function(lambda: batcher.queue_depth)
         self.inflight.set_function(lambda: batcher.inflight)
 
+    def unwatch(self) -> None:
+        """The batcher stopped: read zero, and let go of it (the gauges outlive an unload,
+        and a closure over the batcher kept the unloaded engine's weights alive)."""
+        self.queue_depth.set_function(lambda: 0)
+        self.inflight.set_function(lambda: 0)
+
     def observe_batch(self, size: int, compute_s: float, padded: int = 0) -> None:
         """Called once per executed batch."""
         self.batch_size.observe(size)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from wattserve.server.lifecycle import freeze_heap
 from wattserve.server.model_plan import ModelPlan, ModelSource
 from wattserve.server.runtime import ModelRuntime
 
@@ -129,6 +130,7 @@ class ModelSet:
         """Load every model, all at once (engines build on threads); failures stay UNAVAILABLE."""
         await asyncio.gather(*(self._start_entries(name) for name in list(self._models)))
         self.started = True
+        freeze_heap()
         failed = [e for e in self.entries() if e.state is not ModelState.READY]
         for entry in failed:
             log.error("model %s version %s is not ready: %s", entry.name, entry.version or "?", entry.reason)
@@ -149,6 +151,7 @@ class ModelSet:
                 self._models.pop(name, None)  # gone from the repository
                 raise UnknownModel(f"no model {name!r} in the repository") from None
             await self._start_entries(name)
+            freeze_heap()
             return list(self._models[name].values())
 
     async def unload(self, name: str) -> None:
@@ -157,6 +160,7 @@ class ModelSet:
             raise UnknownModel(f"unknown model {name!r}")
         async with self._lock(name):
             await self._stop_entries(name, reason="unloaded")
+            freeze_heap()
 
     async def drain(self, grace_s: float = 0.0) -> None:
         """SIGTERM: every model stops accepting and answers what it accepted.

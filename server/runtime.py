@@ -155,6 +155,7 @@ class ModelRuntime:
         await self.drain()
         if self.batcher is not None:
             batcher, self.batcher = self.batcher, None
+            self.metrics.unwatch()
             await asyncio.to_thread(batcher.close)
         if self._collector is not None:  # a reload registers its new batcher's own
             collector, self._collector = self._collector, None

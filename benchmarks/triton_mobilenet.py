@@ -46,6 +46,7 @@ class ServeConfig:
     metrics_port: int
     tune_malloc: bool
     warmup: bool
+    engine_thread: bool = True  # build, warm and run each engine on one thread of its own
 
     def dynamic_batcher(self) -> dict[str, int]:
         """The fields of Triton's dynamic_batching message this run sets."""
@@ -71,6 +72,12 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
         help="leave glibc's allocator at its defaults in the model process (wattserve tunes it)",
     )
     p.add_argument("--no-warmup", dest="warmup", action="store_false")
+    p.add_argument(
+        "--no-engine-thread",
+        dest="engine_thread",
+        action="store_false",
+        help="build the engine on the main thread and call it from PyTriton's handler thread",
+    )
     a = p.parse_args(argv)
     if a.max_batch_size < 1 or a.instances < 1 or a.max_queue_delay_ms < 0:
         p.error("max batch and instances must be >= 1, the delay >= 0")
@@ -87,6 +94,7 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
         metrics_port=a.metrics_port,
         tune_malloc=a.tune_malloc,
         warmup=a.warmup,
+        engine_thread=a.engine_thread,
     )
 
 
@@ -103,13 +111,31 @@ def tune_malloc() -> bool:
     return all(mallopt(param, value) == 1 for param, value in wanted)
 
 
+class EngineOnItsThread:
+    """An engine built, warmed and called on one thread of its own, as wattserve runs its
+    engines (``batchers.base.engine_thread``): torch's OpenMP keeps a worker team per calling
+    thread, and an engine built on the main thread but called from PyTriton's handler thread
+    would leave two teams, whose workers then sleep between parallel regions on a small
+    machine. The hop costs Triton's side one thread hand-off per batch."""
+
+    def __init__(self, build) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self.engine = self._thread.submit(build).result()
+
+    def infer(self, batch):
+        return self._thread.submit(self.engine.infer, batch).result()
+
+
 def build_engines(cfg: ServeConfig) -> list:
-    """One wattserve TorchVisionEngine per instance, warmed at every batch size."""
+    """One wattserve TorchVisionEngine per instance, each on its own thread (unless
+    ``--no-engine-thread``), warmed at every batch size."""
     import numpy as np
     from wattserve.engines.torch_engine import TorchVisionEngine
 
-    engines = [
-        TorchVisionEngine(
+    def build() -> TorchVisionEngine:
+        return TorchVisionEngine(
             cfg.model,
             device="cpu",
             seed=cfg.seed,
@@ -117,8 +143,8 @@ def build_engines(cfg: ServeConfig) -> list:
             max_batch_size=cfg.max_batch_size,
             threads=cfg.torch_threads,
         )
-        for _ in range(cfg.instances)
-    ]
+
+    engines = [EngineOnItsThread(build) if cfg.engine_thread else build() for _ in range(cfg.instances)]
     if cfg.warmup:  # wattserve warms every batch size its batcher may form before it is ready
         x = np.zeros((cfg.max_batch_size, *INPUT_SHAPE), dtype=np.float32)
         for engine in engines:

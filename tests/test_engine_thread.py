@@ -42,7 +42,9 @@ async def test_each_instance_is_built_warmed_and_run_on_its_own_thread(batcher):
 
     settings = Settings(model="identity", batcher=batcher, instances=2, max_batch_size=4, warmup=True,
                         max_queue_delay_ms=1)  # fmt: skip
-    runtime = ModelRuntime(settings, factory, ServingMetrics("gated", batcher, CollectorRegistry()), name="gated")
+    runtime = ModelRuntime(
+        settings, factory, ServingMetrics("gated", batcher, CollectorRegistry()), name="gated"
+    )
     await runtime.start()
     try:
         warm_calls = [len(e.batches) for e in built]
@@ -72,7 +74,9 @@ async def test_a_failed_load_closes_each_engine_on_its_own_thread():
         return built[-1]
 
     settings = Settings(model="identity", batcher="iteration", warmup=True)  # iteration needs a step engine
-    runtime = ModelRuntime(settings, factory, ServingMetrics("gated", "iteration", CollectorRegistry()), name="gated")
+    runtime = ModelRuntime(
+        settings, factory, ServingMetrics("gated", "iteration", CollectorRegistry()), name="gated"
+    )
     with pytest.raises(ValueError, match="needs a step engine"):
         await runtime.start()
     (engine,) = built

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from wattserve.engines.registry import build_engine
 from wattserve.server.admission import BodyBudget
+from wattserve.server.fast_path import WattserveApp
 from wattserve.server.lifecycle import IdleTrimmer
 from wattserve.server.metrics import ServingMetrics, server_metrics
 from wattserve.server.middleware import internal_error
@@ -81,7 +82,7 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
 
         grpc_front = GrpcFrontEnd(models, settings, body_budget, restrictions)
 
-    app = FastAPI(
+    app = WattserveApp(
         title="wattserve",
         version=VERSION,
         lifespan=_lifespan(models, telemetry, grpc_front, trimmer, settings),
@@ -152,8 +153,12 @@ def _add_routes(
     app.include_router(health_router(models, settings, registry))
     app.include_router(repository_router(models))
     app.include_router(images_router(models, settings))
-    # The hot path: plain Starlette routes, first in the table.
-    app.router.routes[0:0] = inference_routes(models, settings, body_budget)
+    # The hot path: plain Starlette routes, first in the table, and past the middleware
+    # stack when the app has no middleware of its own (server.fast_path).
+    infer_routes = inference_routes(models, settings, body_budget)
+    app.router.routes[0:0] = infer_routes
+    if isinstance(app, WattserveApp):
+        app.fast_routes = infer_routes
     _document_infer_route(app)
 
 

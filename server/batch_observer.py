@@ -39,6 +39,13 @@ class ServingObserver:
         if self.iteration is not None:
             self.iteration.running.set_function(lambda: batcher.running_count)
 
+    def unwatch(self) -> None:
+        """The batcher stopped: every gauge reads zero and lets go of it (the gauges outlive
+        an unload, and a closure over the batcher kept the unloaded engine alive)."""
+        self.metrics.unwatch()
+        if self.iteration is not None:
+            self.iteration.running.set_function(lambda: 0)
+
     def on_dispatch(self, items: Sequence[WorkItem], now: float) -> None:
         queue_time = self.metrics.queue_time
         for item in items:

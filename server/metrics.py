@@ -153,8 +153,7 @@ class ServingMetrics:
         self.inflight.set_function(lambda: batcher.inflight)
 
     def unwatch(self) -> None:
-        """The batcher stopped: read zero, and let go of it (the gauges outlive an unload,
-        and a closure over the batcher kept the unloaded engine's weights alive)."""
+        """The batcher stopped: read zero, and let go of it (``ServingObserver.unwatch``)."""
         self.queue_depth.set_function(lambda: 0)
         self.inflight.set_function(lambda: 0)
 

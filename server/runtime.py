@@ -66,6 +66,7 @@ class ModelRuntime:
         self.batcher: Batcher | None = None
         self._validate: Any = None  # the engine's own input checks (ValidatesInputs), if any
         self._collector: Any = None  # the batcher's own Prometheus collector, if any
+        self._batch_observer: ServingObserver | None = None  # watches the batcher for the gauges
         self.ready = False
         self.draining = False
         self._task: asyncio.Task[None] | None = None
@@ -100,6 +101,7 @@ class ModelRuntime:
         self.engine, self.batcher = engines[0], batcher
         self._validate = self.engine.validate if isinstance(self.engine, ValidatesInputs) else None
         observer.watch(batcher)
+        self._batch_observer = observer
         self._collector = batcher.collector(self.name)
         if self._collector is not None:
             self.metrics.registry.register(self._collector)
@@ -155,7 +157,9 @@ class ModelRuntime:
         await self.drain()
         if self.batcher is not None:
             batcher, self.batcher = self.batcher, None
-            self.metrics.unwatch()
+            if self._batch_observer is not None:
+                self._batch_observer.unwatch()
+                self._batch_observer = None
             await asyncio.to_thread(batcher.close)
         if self._collector is not None:  # a reload registers its new batcher's own
             collector, self._collector = self._collector, None

@@ -64,3 +64,31 @@ async def test_loading_freezes_the_heap_and_unloading_reclaims_the_models_cycles
     finally:
         await models.stop()
         gc.unfreeze()
+
+
+def test_an_unwatched_observer_lets_go_of_the_batcher_in_every_gauge():
+    """The gauge families outlive a model's batcher (reloads reuse them): after ``unwatch``
+    neither the serving gauges nor a step model's running-set gauge may hold it."""
+    from wattserve.batchers.iteration_metrics import IterationMetrics
+    from wattserve.server.batch_observer import ServingObserver
+
+    class Watched:
+        queue_depth = 3
+        inflight = 2
+        running_count = 1
+
+    registry = CollectorRegistry()
+    labels = {"model": "m", "batcher": "iteration"}
+    observer = ServingObserver(ServingMetrics("m", "iteration", registry),
+                               iteration=IterationMetrics("m", "iteration", registry))  # fmt: skip
+    batcher = Watched()
+    observer.watch(batcher)
+    assert registry.get_sample_value("wattserve_running_states", labels) == 1
+    assert registry.get_sample_value("wattserve_queue_depth", labels) == 3
+    observer.unwatch()
+    assert registry.get_sample_value("wattserve_running_states", labels) == 0
+    assert registry.get_sample_value("wattserve_queue_depth", labels) == 0
+    gone = weakref.ref(batcher)
+    del batcher
+    gc.collect()
+    assert gone() is None

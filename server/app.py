@@ -148,7 +148,11 @@ def _publish_state(
 
 
 def _add_routes(
-    app: FastAPI, models: ModelSet, settings: Settings, registry: CollectorRegistry, body_budget: BodyBudget
+    app: WattserveApp,
+    models: ModelSet,
+    settings: Settings,
+    registry: CollectorRegistry,
+    body_budget: BodyBudget,
 ) -> None:
     app.include_router(health_router(models, settings, registry))
     app.include_router(repository_router(models))
@@ -157,8 +161,7 @@ def _add_routes(
     # stack when the app has no middleware of its own (server.fast_path).
     infer_routes = inference_routes(models, settings, body_budget)
     app.router.routes[0:0] = infer_routes
-    if isinstance(app, WattserveApp):
-        app.fast_routes = infer_routes
+    app.fast_routes = infer_routes
     _document_infer_route(app)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -84,6 +85,15 @@ def _ms(match: re.Match | None) -> float | None:
         return None
     value, unit = float(match.group(1)), match.group(2)
     return value * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    """A benchmark's ``--variant NAME:VAR=VALUE[,VAR=VALUE]`` -> (NAME, {VAR: VALUE}): the
+    same server with these environment variables, measured in the same run."""
+    name, _, assignments = text.partition(":")
+    if not name or not assignments:
+        raise argparse.ArgumentTypeError(f"expected NAME:VAR=VALUE[,VAR=VALUE], got {text!r}")
+    return name, dict(kv.split("=", 1) for kv in assignments.split(","))
 
 
 def save(name: str, doc: dict) -> Path:

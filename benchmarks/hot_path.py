@@ -30,7 +30,7 @@ import httpx
 import numpy as np
 import orjson
 
-from benchmarks._harness import ROOT, save, wattserve, wattserve_process, wrk
+from benchmarks._harness import ROOT, parse_variant, save, wattserve, wattserve_process, wrk
 from benchmarks.model_batching import binary_request
 
 IDENTITY_BODY = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
@@ -157,16 +157,13 @@ def main() -> None:
         "served figures with the folded engine",
     )  # fmt: skip
     parser.add_argument(
-        "--variant", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE]",
+        "--variant", action="append", default=[], type=parse_variant, metavar="NAME:VAR=VALUE[,VAR=VALUE]",
         help="also serve mobilenet_v2 from this checkout with these env vars (same-run A/B), "
         "e.g. threads1:WATTSERVE_TORCH_THREADS=1 or passive:OMP_WAIT_POLICY=PASSIVE",
     )  # fmt: skip
     args = parser.parse_args()
     roots = {"after": ROOT} | ({"before": args.before.resolve()} if args.before else {})
-    variants = {
-        v.split(":", 1)[0]: dict(kv.split("=", 1) for kv in v.split(":", 1)[1].split(","))
-        for v in args.variant
-    }
+    variants = dict(args.variant)
     results: dict[str, dict[str, list[dict]]] = {label: {"p2_prime": [], "mobilenet": []} for label in roots}
     by_variant: dict[str, list[dict]] = {name: [] for name in variants}
     references: dict[str, ReferenceEngine] = {}

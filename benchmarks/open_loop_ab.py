@@ -21,23 +21,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import ROOT, save, wattserve
-
-
-def parse_variant(text: str) -> tuple[str, dict[str, str]]:
-    """``NAME:VAR=VALUE[,VAR=VALUE]`` -> (NAME, {VAR: VALUE})."""
-    name, _, assignments = text.partition(":")
-    if not name or not assignments:
-        raise argparse.ArgumentTypeError(f"expected NAME:VAR=VALUE[,VAR=VALUE], got {text!r}")
-    return name, dict(kv.split("=", 1) for kv in assignments.split(","))
+from benchmarks._harness import ROOT, parse_variant, save, wattserve
 
 
 def servers_to_run(args: argparse.Namespace) -> dict[str, tuple[Path, dict[str, str]]]:
     servers = {"now": (ROOT, {})}
     if args.before is not None:
         servers["before"] = (args.before.resolve(), {})
-    for text in args.variant:
-        name, env = parse_variant(text)
+    for name, env in args.variant:
         servers[name] = (ROOT, env)
     return servers
 
@@ -87,7 +78,9 @@ def main() -> None:
     p.add_argument("--rates", required=True, type=lambda s: [float(r) for r in s.split(",")])
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--before", type=Path, default=None, help="an older checkout, up in the same run")
-    p.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE]")
+    p.add_argument(
+        "--variant", action="append", default=[], type=parse_variant, metavar="NAME:VAR=VALUE[,VAR=VALUE]"
+    )
     p.add_argument("--model", default="mobilenet_v2")
     p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--duration", type=float, default=20.0)

@@ -61,6 +61,21 @@ def batch_histogram(url: str) -> tuple[float, float, dict[float, float]]:
     raise AssertionError("no wattserve_batch_size in /metrics")
 
 
+async def wait_until_held(url: str, n: int, timeout: float = 15.0) -> None:
+    """Until the server holds all ``n`` requests: accepted and not yet answered
+    (wattserve_inflight_requests), or already computed (wattserve_batch_size's sum)."""
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(timeout=5) as client:
+        while time.monotonic() < deadline:
+            text = (await client.get(url + "/metrics")).text
+            held = sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+                       if s.name in ("wattserve_inflight_requests", "wattserve_batch_size_sum"))  # fmt: skip
+            if held >= n:
+                return
+            await asyncio.sleep(0.02)
+    raise AssertionError(f"the server did not accept {n} requests in {timeout} s")
+
+
 def assert_own_answers(values, answers) -> None:
     for v, (status, doc) in zip(values, answers, strict=True):
         assert status == 200, doc
@@ -109,7 +124,7 @@ def test_sigterm_drain_answers_every_accepted_request_once():
 
         async def scenario():
             load = asyncio.create_task(fire(server.url, values))
-            await asyncio.sleep(0.5)  # all accepted and queued
+            await wait_until_held(server.url, len(values))  # all accepted before the signal
             server.proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.2)
             late: list[int | str] = []

@@ -2,6 +2,7 @@
 served compute equal engine compute? Optionally against another checkout, same run.
 
     python -m benchmarks.hot_path [--before PATH] [--seconds 10] [--rounds 2] [--skip-mobilenet]
+                                  [--classify-first]
 
 - P2': identity with 10 ms per batch, max batch 8, one instance, dynamic batcher, closed
   loop (wrk, 64 connections): served req/s / 800 (the engine's ceiling).
@@ -11,6 +12,8 @@ served compute equal engine compute? Optionally against another checkout, same r
   median of the blocks' ratios. Also the server's context switches per request (all threads).
 - P2: mobilenet_v2 served img/s at saturation (max batch 8, binary tensors, 16
   connections) / the bare engine's img/s at batch 8, measured right after each served run.
+- ``--classify-first``: each mobilenet_v2 server gets one image upload first, so its
+  preprocessing has run before the figures are taken (it must not slow the engine after).
 
 With ``--before PATH`` (a checkout of an older commit) every served figure is measured for
 both checkouts, alternating, so the ratio between them is a same-run comparison. Prints a
@@ -20,6 +23,7 @@ table and writes results/hot_path.json. Needs wrk.
 from __future__ import annotations
 
 import argparse
+import io
 import platform
 import re
 import statistics
@@ -103,15 +107,26 @@ def context_switches(pid: int) -> int:
     return total
 
 
+def png_image() -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    pixels = np.random.default_rng(0).integers(0, 255, (480, 640, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 def mobilenet_served(
     root: Path,
     seconds: float,
     reference: ReferenceEngine,
     extra_env: dict[str, str] | None = None,
     blocks: int = 6,
+    classify_first: bool = False,
 ) -> dict:
     """Batch 1 in blocks alternating with the bare engine (paired medians), then saturation
-    followed at once by the bare engine at batch 8."""
+    followed at once by the bare engine at batch 8. ``classify_first``: one image upload to
+    the classify route before any of it (its preprocessing runs torch ops too)."""
     env = {"WATTSERVE_MODEL": "mobilenet_v2", "WATTSERVE_BATCHER": "dynamic", "WATTSERVE_MAX_BATCH_SIZE": "8",
            "WATTSERVE_MAX_QUEUE_SIZE": "1024", **(extra_env or {})}  # fmt: skip
     body, headers = binary_request()
@@ -122,6 +137,10 @@ def mobilenet_served(
         alone: list[float] = []
         switches = 0
         with httpx.Client(timeout=60) as client:
+            if classify_first:
+                answer = client.post(proc.url + "/v2/models/mobilenet_v2/classify", content=png_image(),
+                                     headers={"content-type": "image/png"})  # fmt: skip
+                answer.raise_for_status()
             for _ in range(5):
                 client.post(target, content=body, headers=headers)
             for _ in range(blocks):
@@ -161,6 +180,10 @@ def main() -> None:
         help="also serve mobilenet_v2 from this checkout with these env vars (same-run A/B), "
         "e.g. threads1:WATTSERVE_TORCH_THREADS=1 or passive:OMP_WAIT_POLICY=PASSIVE",
     )  # fmt: skip
+    parser.add_argument(
+        "--classify-first", action="store_true",
+        help="upload one image to the classify route before the mobilenet_v2 figures",
+    )  # fmt: skip
     args = parser.parse_args()
     roots = {"after": ROOT} | ({"before": args.before.resolve()} if args.before else {})
     variants = dict(args.variant)
@@ -180,9 +203,17 @@ def main() -> None:
         for label, root in roots.items():  # alternating: the machine's drift hits both alike
             results[label]["p2_prime"].append(p2_prime(root, args.seconds))
             if not args.skip_mobilenet:
-                results[label]["mobilenet"].append(mobilenet_served(root, args.seconds, reference_for(label)))
+                results[label]["mobilenet"].append(
+                    mobilenet_served(
+                        root, args.seconds, reference_for(label), classify_first=args.classify_first
+                    )
+                )
         for name, env in variants.items():
-            by_variant[name].append(mobilenet_served(ROOT, args.seconds, references["folded"], env))
+            by_variant[name].append(
+                mobilenet_served(
+                    ROOT, args.seconds, references["folded"], env, classify_first=args.classify_first
+                )
+            )
 
     def mean(rows: list[dict], key: str) -> float:
         return statistics.mean(r[key] for r in rows)

@@ -4,6 +4,7 @@ batch of any size, two servers agree, weights load from a local file, images cla
 from __future__ import annotations
 
 import io
+import threading
 
 import httpx
 import numpy as np
@@ -141,5 +142,7 @@ def test_image_upload_gets_top_k(mobilenet_server):
     raw = httpx.post(url + "/v2/models/mobilenet_v2/classify", content=buf.getvalue(),
                      headers={"content-type": "image/png"}, timeout=60)  # fmt: skip
     assert raw.json()["top_k"][0] == top[0]  # same image, same answer, either upload form
+    preprocessors = [t.name for t in threading.enumerate() if t.name.startswith("preprocess")]
+    assert preprocessors, "decoded on the preprocessing pool (no OpenMP team of its own)"
     bad = httpx.post(url + "/v2/models/mobilenet_v2/classify", files={"file": ("x.jpg", b"garbage")})
     assert bad.status_code == 400 and "unreadable image" in bad.json()["error"]

@@ -19,6 +19,7 @@ from fastapi.responses import Response
 from wattserve.server.admission import Refused, admit, read_upload
 from wattserve.server.codec import BadRequest, InferRequest
 from wattserve.server.model_set import ModelSet
+from wattserve.server.preprocess_threads import preprocess_executor
 from wattserve.server.routes.common import (
     error_response,
     json_response,
@@ -66,8 +67,10 @@ def images_router(models: ModelSet, settings: Settings) -> APIRouter:
             if engine is None or [s.name for s in engine.inputs] != ["input"]:
                 raise BadRequest(f"model {name!r} takes tensors, not images")
             data = await read_upload(request, settings.max_body_bytes)
-            tensor = await asyncio.to_thread(preprocess_image, data, runtime.settings.model,
-                                             settings.max_image_pixels)  # fmt: skip
+            args = (data, runtime.settings.model, settings.max_image_pixels)
+            tensor = await asyncio.get_running_loop().run_in_executor(
+                preprocess_executor(), preprocess_image, *args
+            )
             expected = tuple(engine.inputs[0].shape)
             if tensor.shape != expected:
                 raise BadRequest(f"preprocessed image is {tensor.shape}, model expects {expected}")

@@ -46,7 +46,9 @@ CHILD = textwrap.dedent(
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
 def test_preprocessing_threads_start_no_openmp_team():
-    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300, check=True
+    )
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["same_tensor"], "same preprocessing result as on any other thread"
     assert report["pool_torch_threads"] == 1

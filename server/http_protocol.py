@@ -123,12 +123,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._refuse(431)
                 return
         super().data_received(data)
+        # The header deadline starts only when a read ends inside a header: a request that
+        # arrives whole (almost all of them) never arms and cancels a timer.
+        if self._in_header and self._header_timer is None and not self.transport.is_closing():
+            self._arm_header_timer()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_header = True
-        if self._header_timer is None:
-            self._arm_header_timer()
 
     def on_headers_complete(self) -> None:
         self._in_header = False
@@ -146,7 +148,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         super().on_headers_complete()
         if self.cycle is not None:  # its close() lingers when the body was not read
-            self.cycle.transport = _LingeringClose(self.transport, self)  # type: ignore[assignment]
+            self.cycle.transport = _LingeringClose(self.transport, self, self.cycle)  # type: ignore[assignment]
 
     def linger(self) -> None:
         """Closing with an unread body: a plain close makes the kernel answer the
@@ -229,16 +231,44 @@ LINGER_MAX_BYTES = 64 * 1024 * 1024
 
 
 class _LingeringClose:
-    """The transport as a request cycle sees it: ``close()`` lingers while the request
-    body is still arriving; everything else is the real transport."""
+    """The transport as a request cycle sees it: the response head goes out with the first
+    body bytes in one write, and ``close()`` lingers while the request body is still
+    arriving; everything else is the real transport.
 
-    def __init__(self, transport: asyncio.Transport, protocol: Any) -> None:
+    uvicorn writes a response's status line and headers, then its body, as two writes: two
+    ``send`` calls and, with TCP_NODELAY, two packets the client wakes for. The head is held
+    until the body's first write (at once for a plain Response, which sends both without
+    yielding), or until the loop's next turn, so a streamed response's head never waits
+    for its first chunk."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: Any, cycle: Any) -> None:
         self._transport = transport
         self._protocol = protocol
-        self.write = transport.write  # what a response uses, bound once (no __getattr__)
+        self._cycle = cycle
+        self._head: bytes | None = None  # the response head, held for the first body write
+        self._head_seen = False
         self.is_closing = transport.is_closing
 
+    def write(self, data: bytes) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._transport.writelines((head, data))
+        elif not self._head_seen and self._cycle.response_started:  # this write is the head
+            self._head_seen = True
+            self._head = data
+            self._protocol.loop.call_soon(self._flush)
+        else:  # "100 Continue" before the response, or the body after the head went out
+            self._transport.write(data)
+
+    def _flush(self) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._transport.write(head)
+
     def close(self) -> None:
+        self._flush()
         cycle = self._protocol.cycle
         if cycle is not None and cycle.more_body and not self._transport.is_closing():
             self._protocol.linger()

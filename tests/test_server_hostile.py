@@ -186,6 +186,20 @@ def test_slow_header_gets_408_and_is_closed(server):
     assert time.monotonic() - t0 < 3.0
 
 
+def test_slow_header_after_a_served_request_gets_408(server):
+    """The deadline starts when a read ends inside a header, on every request of a
+    keep-alive connection, not only its first."""
+    url, _, _ = server
+    with socket.create_connection(host_port(url), timeout=5) as s:
+        s.sendall(b"GET /v2/health/live HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        s.sendall(b"POST /v2/models/gated/infer HTTP/1.1\r\nhost: x\r\n")  # never finished
+        t0 = time.monotonic()
+        data = s.recv(65536)
+    assert data.startswith(b"HTTP/1.1 408")
+    assert time.monotonic() - t0 < 3.0
+
+
 def test_connection_cap_answers_503_and_keeps_serving(server):
     url, _, _ = server
     socks = []

@@ -149,6 +149,7 @@ class Batcher(ABC):
         self.closing = False
         self.inflight = 0
         self._waiter: asyncio.Future[None] | None = None
+        self._wake_depth: int | None = None  # the waiter sleeps through arrivals below this depth
         self._stopped: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -245,11 +246,17 @@ class Batcher(ABC):
         return None
 
     # ------------------------------------------------------------------ helpers for policies
-    async def wait_for_change(self, timeout: float | None = None) -> None:
-        """Sleep until an item arrives, drain starts, or ``timeout`` seconds pass."""
+    async def wait_for_change(self, timeout: float | None = None, wake_at_depth: int | None = None) -> None:
+        """Sleep until an item arrives, drain starts, or ``timeout`` seconds pass.
+
+        ``wake_at_depth``: sleep through arrivals until the queue holds this many (a policy
+        whose decision changes only at that depth; drain still wakes it). A dynamic batch
+        waiting out its delay at 16 connections otherwise woke, re-decided and re-armed its
+        timer on every arrival."""
         loop = self._loop or asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         self._waiter = waiter
+        self._wake_depth = wake_at_depth
         handle = None
         if timeout is not None:
             handle = loop.call_later(max(0.0, timeout), _resolve, waiter)
@@ -273,7 +280,9 @@ class Batcher(ABC):
     def _queue_changed(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+            depth = self._wake_depth
+            if depth is None or self.closing or len(self.queue) >= depth:
+                waiter.set_result(None)
 
     def _expire(self, item: WorkItem) -> None:
         if self._unqueue(item):

@@ -66,6 +66,10 @@ class DynamicBatcher(RequestBatcher):
         fitting = [s for s in self._preferred if s <= queued]
         return fitting[-1] if fitting else None
 
+    def next_size_at_once(self, queued: int) -> int:
+        """The smallest queue depth above ``queued`` that ``size_now`` dispatches at once."""
+        return min([s for s in self._preferred if s > queued] + [self._cap])
+
     def size_on_timeout(self, queued: int) -> int:
         """Batch size once the oldest request has waited max_queue_delay (or on drain)."""
         n = min(queued, self._cap)
@@ -91,4 +95,6 @@ class DynamicBatcher(RequestBatcher):
             left = oldest + delay - monotonic()
             if left <= 0 or self.closing:
                 return self.take(self.size_on_timeout(queued))
-            await self.wait_for_change(left)
+            # Until the delay runs out, only reaching the next size that goes at once
+            # changes the decision: sleep through the arrivals before it.
+            await self.wait_for_change(left, wake_at_depth=self.next_size_at_once(queued))

@@ -24,4 +24,4 @@ class StaticBatcher(RequestBatcher):
                 return self.take(n)
             if self.closing:
                 return self.take(n) if len(self.queue) else None
-            await self.wait_for_change()
+            await self.wait_for_change(wake_at_depth=n)  # a full batch, or drain

@@ -95,6 +95,33 @@ async def test_dynamic_dispatches_after_max_queue_delay_otherwise():
     await task
 
 
+async def test_dynamic_sleeps_through_arrivals_that_cannot_dispatch_a_batch():
+    """Waiting out the delay, an arrival wakes the policy only at a size that goes at once."""
+    engine = GatedEngine()
+    b = DynamicBatcher([engine], DynamicConfig(max_batch_size=8, max_queue_delay_s=0.3,
+                                               preferred_batch_sizes=(6,)))  # fmt: skip
+    waits = []
+    real_wait = b.wait_for_change
+
+    async def counted(timeout=None, wake_at_depth=None):
+        waits.append((len(b.queue), wake_at_depth))
+        await real_wait(timeout, wake_at_depth)
+
+    b.wait_for_change = counted
+    task = await started(b)
+    pending = []
+    for i in range(5):  # five arrivals, 10 ms apart: below the preferred 6
+        pending.append(asyncio.create_task(submit(b, i)))
+        await asyncio.sleep(0.01)
+    results = await asyncio.wait_for(asyncio.gather(*pending), 10)
+    assert engine.batches == [[0, 1, 2, 3, 4]]
+    assert all(r.queue_time_s >= 0.3 * 0.95 for r in results[:1]), "the oldest waited the delay"
+    waited_with_work = [w for w in waits if w[0] > 0]
+    assert waited_with_work == [(1, 6)], "woken by the first arrival, then only by the delay"
+    await b.drain()
+    await task
+
+
 async def test_dynamic_max_batch_size_goes_at_once_and_splits():
     engine = GatedEngine(max_batch_size=3)
     b = DynamicBatcher([engine], DynamicConfig(max_batch_size=3, max_queue_delay_s=30.0))

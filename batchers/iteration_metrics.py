@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import weakref
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from wattserve.telemetry.buckets import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
+from wattserve.telemetry.histogram import BisectHistogram
 
 
 class _Families:
@@ -32,12 +33,12 @@ class _Families:
 
     def __init__(self, r: CollectorRegistry) -> None:
         labels = ("model", "batcher")
-        self._occupancy = Histogram(
+        self._occupancy = BisectHistogram(
             "wattserve_iteration_batch_size",
             "States advanced by one model call of an iterative model (per-iteration occupancy).",
             labels, buckets=BATCH_SIZE_BUCKETS, registry=r,
         )  # fmt: skip
-        self._duration = Histogram(
+        self._duration = BisectHistogram(
             "wattserve_iteration_duration_seconds",
             "One model call of an iterative model, scheduler update included.",
             labels, buckets=LATENCY_BUCKETS, registry=r,
@@ -51,7 +52,7 @@ class _Families:
             labels,
             registry=r,
         )
-        self._time_to_result = Histogram(
+        self._time_to_result = BisectHistogram(
             "wattserve_time_to_result_seconds",
             "Arrival to result of a request served by the iteration-level batcher.",
             labels, buckets=LATENCY_BUCKETS, registry=r,

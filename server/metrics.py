@@ -11,9 +11,10 @@ import weakref
 from contextvars import ContextVar
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from wattserve.server.statistics import ModelStatistics
 from wattserve.telemetry.buckets import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
+from wattserve.telemetry.histogram import BisectHistogram
 
 OUTCOMES = (
     "success",  # answered with a result
@@ -42,22 +43,22 @@ class _Families:
             "wattserve_requests", "Inference requests by protocol and outcome.",
             (*labels, "protocol", "outcome"), registry=r,
         )  # fmt: skip
-        self.request_latency = Histogram(
+        self.request_latency = BisectHistogram(
             "wattserve_request_duration_seconds",
             "Time from request arrival to response, successful requests, by protocol.",
             (*labels, "protocol"), buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
-        self.queue_time = Histogram(
+        self.queue_time = BisectHistogram(
             "wattserve_queue_duration_seconds",
             "Time a request waited in the queue before its batch started.",
             labels, buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
-        self.compute_time = Histogram(
+        self.compute_time = BisectHistogram(
             "wattserve_batch_compute_duration_seconds",
             "Engine time of one batch (stacking, model, splitting).",
             labels, buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
-        self.batch_size = Histogram(
+        self.batch_size = BisectHistogram(
             "wattserve_batch_size", "Requests per executed batch.",
             labels, buckets=BATCH_SIZE_BUCKETS, registry=r,
         )  # fmt: skip

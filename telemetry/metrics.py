@@ -8,7 +8,8 @@ tell the panels that need hardware from those that must always have data.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from wattserve.telemetry.histogram import BisectHistogram
 
 HARDWARE_PREFIXES = ("wattserve_gpu_", "wattserve_cpu_", "wattserve_energy_")
 ALWAYS_EXPORTED = frozenset({"wattserve_gpu_telemetry_available", "wattserve_rapl_available"})
@@ -151,7 +152,7 @@ class TelemetryMetrics:
             ("device", "source"),
             registry=r,
         )
-        self.batch_energy = Histogram(
+        self.batch_energy = BisectHistogram(
             "wattserve_energy_batch_joules",
             "Energy charged to one batch: its busy-time share of every counter window it ran "
             "in, observed one counter step after it ended.",
@@ -159,7 +160,7 @@ class TelemetryMetrics:
             buckets=ENERGY_BUCKETS,
             registry=r,
         )
-        self.inference_energy = Histogram(
+        self.inference_energy = BisectHistogram(
             "wattserve_energy_inference_joules",
             "Each request's equal share of its batch's energy (one observation per request); "
             'idle energy is not in it (see wattserve_energy_joules_total{state="idle"}).',
@@ -173,7 +174,7 @@ class TelemetryMetrics:
             ("source",),
             registry=r,
         )
-        self.sample_cost = Histogram(
+        self.sample_cost = BisectHistogram(
             "wattserve_telemetry_sample_duration_seconds",
             "Wall time of one sampler pass over every device.",
             buckets=SAMPLE_COST_BUCKETS,

@@ -1,0 +1,27 @@
+"""prometheus_client's Histogram with a bisect for the bucket (same samples, same API).
+
+``Histogram.observe`` finds the bucket by a Python loop over the bounds and checks on each
+call that it is not a labelled parent: with the request latency and queue time observed
+for every request, that was ~250 of the ~3,700 Python opcodes the identity model's hot path
+ran per request (the largest single item). Here the lookup is ``bisect`` (C) and the parent
+check is one attribute test; exemplars take the library's own path.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+from prometheus_client import Histogram
+
+
+class BisectHistogram(Histogram):
+    """Drop-in ``prometheus_client.Histogram``; label children are of this class too."""
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        if exemplar or (self._labelnames and not self._labelvalues) or amount != amount:
+            # exemplars, the library's error for an unlabelled parent, and NaN (which the
+            # library counts in the sum and in no bucket): its own code
+            super().observe(amount, exemplar)
+            return
+        self._sum.inc(amount)
+        self._buckets[bisect_left(self._upper_bounds, amount)].inc(1)  # first bound >= amount

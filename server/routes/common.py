@@ -76,8 +76,10 @@ async def _cancel_on_disconnect(
             return
 
 
-def timing_headers(results: list[Result]) -> dict[str, str]:
-    """Batching made visible: worst queue and compute time over the request's rows."""
+def timing_values(results: list[Result]) -> tuple[str, str, str]:
+    """Batching made visible: worst queue and compute time (ms) and largest batch over the
+    request's rows, formatted as the X-Queue-Time-Ms, X-Compute-Time-Ms and X-Batch-Size
+    headers carry them."""
     first = results[0]
     if len(results) == 1:
         queue_s, compute_s, size = first.queue_time_s, first.compute_time_s, first.batch_size
@@ -85,8 +87,9 @@ def timing_headers(results: list[Result]) -> dict[str, str]:
         queue_s = max(r.queue_time_s for r in results)
         compute_s = max(r.compute_time_s for r in results)
         size = max(r.batch_size for r in results)
-    return {
-        "X-Queue-Time-Ms": f"{queue_s * 1e3:.3f}",
-        "X-Compute-Time-Ms": f"{compute_s * 1e3:.3f}",
-        "X-Batch-Size": str(size),
-    }
+    return f"{queue_s * 1e3:.3f}", f"{compute_s * 1e3:.3f}", str(size)
+
+
+def timing_headers(results: list[Result]) -> dict[str, str]:
+    queue_ms, compute_ms, size = timing_values(results)
+    return {"X-Queue-Time-Ms": queue_ms, "X-Compute-Time-Ms": compute_ms, "X-Batch-Size": size}

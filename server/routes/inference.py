@@ -11,7 +11,14 @@ import asyncio
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from wattserve.server.admission import BodyBudget, Refused, admit, check_content_type, reserved_body
+from wattserve.server.admission import (
+    BodyBudget,
+    Refused,
+    admit,
+    check_content_type,
+    inference_headers,
+    read_reserved_body,
+)
 from wattserve.server.codec import BINARY_HEADER, InferRequest, encode_infer_response, parse_infer_request
 from wattserve.server.model_set import ModelSet
 from wattserve.server.routes.common import refusal_response, timing_values, watching_submit
@@ -46,14 +53,17 @@ def inference_routes(models: ModelSet, settings: Settings, body_budget: BodyBudg
             if engine is None:
                 raise Refused(f"model {name!r} is unloading", 503, retry_after=True, body_unread=True)
             engines.append(engine)
-            check_content_type(request)
-            async with reserved_body(request, settings.max_body_bytes, body_budget) as held:
-                body = held[0]
-                args = (body, request.headers.get(BINARY_HEADER), engine.inputs, engine.outputs,
-                        runtime.request_max_batch, runtime.settings.check_values)  # fmt: skip
+            content_type, declared, binary_length = inference_headers(request.scope)
+            check_content_type(content_type)
+            body, held = await read_reserved_body(request, declared, settings.max_body_bytes, body_budget)
+            try:
+                args = (body, binary_length, engine.inputs, engine.outputs, runtime.request_max_batch,
+                        runtime.settings.check_values)  # fmt: skip
                 if len(body) > OFFLOAD_DECODE_BYTES:
                     return await asyncio.to_thread(parse_infer_request, *args)
                 return parse_infer_request(*args)
+            finally:
+                body_budget.release(held)
 
         try:
             done = await admit(models, name, params.get("version"), decode, watching_submit(request))

@@ -154,10 +154,24 @@ async def _stream(request: Request, limit: int) -> AsyncIterator[bytes]:
 
 
 async def _body(request: Request) -> bytes:
-    try:
-        return await request.body()  # the server stops at Content-Length
-    except ClientDisconnect:
-        raise ClientGone("client disconnected during the upload") from None
+    """The whole body, straight from ``receive`` (the server stops at Content-Length).
+
+    Not ``Request.body()``: its async generator and ``aclosing`` were ~130 Python opcodes
+    of each identity request, for a body that almost always comes in one message. Nothing
+    reads this request's stream again (the gone-client watch only awaits the disconnect)."""
+    receive = request.receive
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        kind = message["type"]
+        if kind == "http.request":
+            chunk = message.get("body", b"")
+            if chunk:
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        elif kind == "http.disconnect":
+            raise ClientGone("client disconnected during the upload")
 
 
 # ---------------------------------------------------------------------------- the admission path

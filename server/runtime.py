@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from time import monotonic
@@ -160,7 +161,7 @@ class ModelRuntime:
             if self._batch_observer is not None:
                 self._batch_observer.unwatch()
                 self._batch_observer = None
-            await asyncio.to_thread(batcher.close)
+            await _close_off_loop(batcher)
         if self._collector is not None:  # a reload registers its new batcher's own
             collector, self._collector = self._collector, None
             self.metrics.registry.unregister(collector)
@@ -237,3 +238,26 @@ class ModelRuntime:
                 stats.record_success(elapsed, queue_s, compute_s)
             elif outcome != "cancelled":
                 stats.record_failure(elapsed)
+
+
+async def _close_off_loop(batcher: Batcher) -> None:
+    """``batcher.close`` (joins its engine threads) on a thread of its own, awaited.
+
+    Not ``asyncio.to_thread``: its worker still holds the call (and so the batcher and its
+    engines) for a moment after the awaiting coroutine resumes, and an unload's
+    ``freeze_heap`` then froze the model it had just unloaded, reference cycles and all,
+    out of the collector's reach (seen once in a full test run). A Thread drops its target
+    when it ends, before ``join`` returns."""
+    failed: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            batcher.close()
+        except BaseException as exc:  # raised here, on the loop, as to_thread would
+            failed.append(exc)
+
+    closer = threading.Thread(target=close, name="close-batcher", daemon=True)
+    closer.start()
+    await asyncio.to_thread(closer.join)
+    if failed:
+        raise failed[0]

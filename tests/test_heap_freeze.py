@@ -92,3 +92,20 @@ def test_an_unwatched_observer_lets_go_of_the_batcher_in_every_gauge():
     del batcher
     gc.collect()
     assert gone() is None
+
+
+async def test_an_unload_frees_the_model_even_when_the_closing_thread_lingers(monkeypatch):
+    """A thread-pool worker holds its call a moment after the awaiting coroutine resumes; the
+    unload must not freeze the model it just closed meanwhile (a full-suite run saw it).
+    Here every pool call lingers 0.3 s after its result, so the race is always lost."""
+    import time
+    from concurrent.futures import thread
+
+    real_run = thread._WorkItem.run
+
+    def lingering_run(self):
+        real_run(self)
+        time.sleep(0.3)  # ``self`` (fn, args) still alive while the loop goes on
+
+    monkeypatch.setattr(thread._WorkItem, "run", lingering_run)
+    await test_loading_freezes_the_heap_and_unloading_reclaims_the_models_cycles()

@@ -65,6 +65,7 @@ class ServingObserver:
             m.batch_size.observe(report.size)
             m.compute_time.observe(report.compute_s)
             m.executions.inc()
+            m.statistics.record_batch(report.size, report.compute_s, inferences=len(report.time_to_result))
             if report.time_to_result:
                 m.inferences.inc(len(report.time_to_result))
             if self.iteration is not None:

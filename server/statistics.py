@@ -37,12 +37,15 @@ class ModelStatistics:
     execution_count: int = 0
     last_inference_ms: int = 0
 
-    def record_batch(self, size: int, compute_s: float) -> None:
+    def record_batch(self, size: int, compute_s: float, inferences: int | None = None) -> None:
+        """One model execution of ``size`` rows. ``inferences``: the requests it completed
+        (default ``size``); an iteration-level step completes only the requests that finish
+        on it, as Triton counts a decoupled model's executions and inferences apart."""
         stats = self.batches.get(size)
         if stats is None:
             stats = self.batches[size] = Duration()
         stats.add(compute_s)
-        self.inference_count += size
+        self.inference_count += size if inferences is None else inferences
         self.execution_count += 1
 
     def record_success(self, seconds: float, queue_s: float, compute_s: float) -> None:

@@ -160,6 +160,9 @@ async def test_late_arrival_joins_at_next_iteration_and_leaves_first(engine, obs
     assert value("wattserve_batch_executions_total") == 30
     assert value("wattserve_inferences_total") == 2
     assert value("wattserve_running_states") == 0
+    stats = metrics.statistics.triton("tiny_unet", "1")  # Triton's /stats: every model call an execution
+    assert (stats["execution_count"], stats["inference_count"]) == (30, 2)
+    assert {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]} == {1: 25, 2: 5}
 
     calls = observed.calls
     join = calls.index(2)

@@ -75,7 +75,9 @@ def server_env(base: Mapping[str, str] | None = None, **settings: object) -> dic
 
 class ServerProcess:
     """One server subprocess, its output in ``log_path`` (a temporary file if not given: a
-    pipe nobody reads would fill up and stall the server).
+    pipe nobody reads would fill up and stall the server). A temporary log is read into
+    memory and deleted when the process stops (``log()`` still returns it): benchmarks start
+    hundreds of servers, and their logs were never removed.
 
     ``start`` launches it; ``wait_ready`` polls ``ready_path`` until one of ``ready_statuses``
     (and fails early, with the log's tail, if the process dies); ``stop`` sends SIGTERM, lets
@@ -110,6 +112,8 @@ class ServerProcess:
         self.exit_code: int | None = None
         self.killed = False
         self._log: IO[bytes] | None = None
+        self._temporary_log = log_path is None
+        self._stopped_log: str | None = None  # a temporary log's text, once the file is gone
 
     # ------------------------------------------------------------------ blocking steps
     def start(self) -> ServerProcess:
@@ -170,6 +174,9 @@ class ServerProcess:
         finally:
             if self._log is not None:
                 self._log.close()
+            if self._temporary_log and self.log_path is not None and self._stopped_log is None:
+                self._stopped_log = self.log()
+                self.log_path.unlink(missing_ok=True)
         return self.exit_code
 
     @property
@@ -183,6 +190,8 @@ class ServerProcess:
         return self.proc.pid
 
     def log(self) -> str:
+        if self._stopped_log is not None:
+            return self._stopped_log
         if self._log is not None and not self._log.closed:
             self._log.flush()
         try:

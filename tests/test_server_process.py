@@ -51,3 +51,22 @@ def test_a_ready_path_that_never_answers_200_times_out(tmp_path: Path) -> None:
             proc.wait_ready(1.5)
     finally:
         proc.stop()
+
+
+def test_a_temporary_log_is_deleted_at_stop_and_still_readable() -> None:
+    proc = ServerProcess(["{python}", "-c", "print('served on {port}')"], {}, free_port()).start()
+    proc.proc.wait(30)
+    path = proc.log_path
+    assert path is not None and path.exists()
+    proc.stop()
+    assert not path.exists(), "benchmarks start hundreds of servers: no log left behind"
+    assert "served on" in proc.log()
+
+
+def test_a_log_path_the_caller_gave_is_kept(tmp_path: Path) -> None:
+    proc = ServerProcess(
+        ["{python}", "-c", "print('kept')"], {}, free_port(), log_path=tmp_path / "s.log"
+    ).start()
+    proc.proc.wait(30)
+    proc.stop()
+    assert (tmp_path / "s.log").read_text().strip() == "kept" and "kept" in proc.log()

@@ -32,9 +32,10 @@ class CountedTransport:
         return getattr(self.transport, name)
 
 
-async def connection():
-    """(counted server transport, client reader, the listening server); the client's writer
-    rides on the reader (a collected writer closes the connection)."""
+async def connection(response_started: bool = False) -> SimpleNamespace:
+    """A real loopback connection: the wrapped server side (``transport``, its request
+    ``cycle``, the ``counted`` writes), the client's ``reader`` and the listening ``server``.
+    The client's writer rides along (a collected writer closes the connection)."""
     loop = asyncio.get_running_loop()
     accepted: asyncio.Future[asyncio.Transport] = loop.create_future()
 
@@ -44,63 +45,54 @@ async def connection():
 
     server = await loop.create_server(Accept, "127.0.0.1", 0)
     reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
-    reader.writer = writer  # type: ignore[attr-defined]
-    return CountedTransport(await accepted), reader, server
-
-
-def wrapper(counted: CountedTransport) -> tuple[_LingeringClose, SimpleNamespace]:
-    cycle = SimpleNamespace(response_started=False, more_body=False)
-    protocol = SimpleNamespace(loop=asyncio.get_running_loop(), cycle=cycle, linger=lambda: None)
-    return _LingeringClose(counted, protocol, cycle), cycle  # type: ignore[arg-type]
+    counted = CountedTransport(await accepted)
+    cycle = SimpleNamespace(response_started=response_started, more_body=False)  # uvicorn's cycle
+    protocol = SimpleNamespace(loop=loop, cycle=cycle, linger=lambda: None)
+    transport = _LingeringClose(counted, protocol, cycle)  # type: ignore[arg-type]
+    return SimpleNamespace(transport=transport, cycle=cycle, counted=counted, reader=reader, writer=writer,
+                           server=server)  # fmt: skip
 
 
 async def test_head_and_body_leave_in_one_write():
-    counted, reader, server = await connection()
-    transport, cycle = wrapper(counted)
-    cycle.response_started = True  # uvicorn sets it before writing the head
-    transport.write(HEAD)
-    transport.write(b"hello")
-    assert counted.calls == ["writelines"]
-    assert await reader.readexactly(len(HEAD) + 5) == HEAD + b"hello"
+    c = await connection(response_started=True)  # uvicorn sets it before writing the head
+    c.transport.write(HEAD)
+    c.transport.write(b"hello")
+    assert c.counted.calls == ["writelines"]
+    assert await c.reader.readexactly(len(HEAD) + 5) == HEAD + b"hello"
     await asyncio.sleep(0.01)  # the next-turn flush finds nothing left to send
-    assert counted.calls == ["writelines"]
-    transport.close()
-    server.close()
+    assert c.counted.calls == ["writelines"]
+    c.transport.close()
+    c.server.close()
 
 
 async def test_continue_goes_out_at_once_and_the_head_is_still_held():
-    counted, reader, server = await connection()
-    transport, cycle = wrapper(counted)
-    transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # before any response: not held
-    assert counted.calls == ["write"]
-    assert await reader.readexactly(25) == b"HTTP/1.1 100 Continue\r\n\r\n"
-    cycle.response_started = True
-    transport.write(HEAD)
-    transport.write(b"hello")
-    assert counted.calls == ["write", "writelines"]
-    transport.close()
-    server.close()
+    c = await connection()
+    c.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # before any response: not held
+    assert c.counted.calls == ["write"]
+    assert await c.reader.readexactly(25) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    c.cycle.response_started = True
+    c.transport.write(HEAD)
+    c.transport.write(b"hello")
+    assert c.counted.calls == ["write", "writelines"]
+    c.transport.close()
+    c.server.close()
 
 
 async def test_a_head_without_body_yet_goes_out_on_the_next_turn():
-    counted, reader, server = await connection()
-    transport, cycle = wrapper(counted)
-    cycle.response_started = True
-    transport.write(HEAD)  # a streamed response: its first chunk comes later
-    assert counted.calls == []
-    assert await asyncio.wait_for(reader.readexactly(len(HEAD)), 5) == HEAD
-    transport.write(b"hello")
-    assert counted.calls == ["write", "write"]
-    assert await reader.readexactly(5) == b"hello"
-    transport.close()
-    server.close()
+    c = await connection(response_started=True)
+    c.transport.write(HEAD)  # a streamed response: its first chunk comes later
+    assert c.counted.calls == []
+    assert await asyncio.wait_for(c.reader.readexactly(len(HEAD)), 5) == HEAD
+    c.transport.write(b"hello")
+    assert c.counted.calls == ["write", "write"]
+    assert await c.reader.readexactly(5) == b"hello"
+    c.transport.close()
+    c.server.close()
 
 
 async def test_close_sends_a_held_head_first():
-    counted, reader, server = await connection()
-    transport, cycle = wrapper(counted)
-    cycle.response_started = True
-    transport.write(HEAD)
-    transport.close()
-    assert await asyncio.wait_for(reader.read(), 5) == HEAD  # the head, then end of stream
-    server.close()
+    c = await connection(response_started=True)
+    c.transport.write(HEAD)
+    c.transport.close()
+    assert await asyncio.wait_for(c.reader.read(), 5) == HEAD  # the head, then end of stream
+    c.server.close()

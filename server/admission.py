@@ -20,7 +20,7 @@ from starlette.formparsers import MultiPartParser
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Scope
 from wattserve.batchers.types import ClientGone, RequestError, Result, WorkItem
-from wattserve.server.codec import BINARY_HEADER, BadRequest, InferRequest
+from wattserve.server.codec import BINARY_HEADER_RAW, BadRequest, InferRequest
 from wattserve.server.model_set import ModelSet, ModelState, UnknownModel
 from wattserve.server.runtime import ModelRuntime
 
@@ -57,9 +57,6 @@ class BudgetExceeded(BadRequest):
         super().__init__("server is reading too many request bodies at once; retry shortly", 503)
 
 
-_BINARY_HEADER = BINARY_HEADER.lower().encode()
-
-
 def inference_headers(scope: Scope) -> tuple[str, str | None, str | None]:
     """Content-Type, Content-Length and Inference-Header-Content-Length (each the first
     given, or ""/None), in one pass over the raw header list: three Starlette header
@@ -72,7 +69,7 @@ def inference_headers(scope: Scope) -> tuple[str, str | None, str | None]:
         elif name == b"content-length":
             if length is None:
                 length = value.decode("latin-1")
-        elif name == _BINARY_HEADER and binary is None:
+        elif name == BINARY_HEADER_RAW and binary is None:
             binary = value.decode("latin-1")
     return content_type or "", length, binary
 

@@ -17,6 +17,7 @@ import orjson
 from wattserve.engines.base import DATATYPE_TO_NUMPY, TensorSpec
 
 BINARY_HEADER = "Inference-Header-Content-Length"
+BINARY_HEADER_RAW = BINARY_HEADER.lower().encode()  # as an ASGI header list names it
 
 
 class BadRequest(ValueError):

@@ -246,7 +246,8 @@ async def _close_off_loop(batcher: Batcher) -> None:
     Not ``asyncio.to_thread``: its worker still holds the call (and so the batcher and its
     engines) for a moment after the awaiting coroutine resumes, and an unload's
     ``freeze_heap`` then froze the model it had just unloaded, reference cycles and all,
-    out of the collector's reach (seen once in a full test run). A Thread drops its target
+    out of the collector's reach until the next load or unload (seen once in a full test
+    run). A Thread drops its target
     when it ends, before ``join`` returns."""
     failed: list[BaseException] = []
 

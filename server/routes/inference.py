@@ -19,7 +19,13 @@ from wattserve.server.admission import (
     inference_headers,
     read_reserved_body,
 )
-from wattserve.server.codec import BINARY_HEADER, InferRequest, encode_infer_response, parse_infer_request
+from wattserve.server.codec import (
+    BINARY_HEADER,
+    BINARY_HEADER_RAW,
+    InferRequest,
+    encode_infer_response,
+    parse_infer_request,
+)
 from wattserve.server.model_set import ModelSet
 from wattserve.server.routes.common import refusal_response, timing_values, watching_submit
 from wattserve.server.runtime import ModelRuntime
@@ -75,7 +81,7 @@ def inference_routes(models: ModelSet, settings: Settings, body_budget: BodyBudg
         headers = [(b"x-queue-time-ms", queue_ms.encode()), (b"x-compute-time-ms", compute_ms.encode()),
                    (b"x-batch-size", size.encode())]  # fmt: skip
         if extra:
-            headers.append((BINARY_HEADER.lower().encode(), extra[BINARY_HEADER].encode()))
+            headers.append((BINARY_HEADER_RAW, extra[BINARY_HEADER].encode()))
             return InferResponse(payload, b"application/octet-stream", headers)
         return InferResponse(payload, b"application/json", headers)
 

@@ -90,13 +90,13 @@ class AdaptiveBatcher(SloBatcher):
         self.arrivals.arrived(item.arrival)  # offered load, whether or not it is accepted
         return await super().submit(item)
 
-    def ready_size(self, queued: int) -> int | None:
+    def ready_size(self) -> int | None:
         """Engine thread, between batches: a full batch goes at once (every other case needs
         the decision, which runs on the event loop)."""
         full = self.config.max_batch_size
         if self.config.reject_late:  # shedding runs on the loop, before every batch
             return None
-        return full if queued >= full else None
+        return full if self.queue.head(full).rows >= full else None
 
     async def run(self) -> None:
         if self.config.calibrate and not isinstance(self.engine, WarmsItself):
@@ -120,7 +120,7 @@ class AdaptiveBatcher(SloBatcher):
                 continue
             oldest = self.queue.oldest_arrival()
             assert oldest is not None
-            state = QueueState(len(self.queue), now - oldest)
+            state = QueueState(self.queue.head(self.config.max_batch_size).rows, now - oldest)
             decision = decide(state, self.cost_view(), self.arrivals.rate(now), self.objective)
             self.last_decision = decision
             if decision.dispatch:

@@ -48,9 +48,9 @@ class AimdBatcher(SloBatcher):
     def config_from(cls, settings: Any, engine: Engine) -> AimdConfig:
         return AimdConfig(**slo_config(settings))
 
-    def ready_size(self, queued: int) -> int | None:
+    def ready_size(self) -> int | None:
         """Engine thread, between batches: like continuous, up to the current limit."""
-        return min(queued, self.limit) or None
+        return self.limit if len(self.queue) else None
 
     async def form_batch(self) -> list[WorkItem] | None:
         while True:

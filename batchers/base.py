@@ -6,10 +6,14 @@ the policy for the next batch, and hands the batch to that instance's thread, so
 batch forms while this one computes. Stacking, the model call and splitting all run on
 the worker thread; the event loop only moves references.
 
+A work item is one whole request and may carry several rows (its tensors have the batch
+axis first); batch sizes count rows, and a batch is a run of whole items (``PriorityFifo.
+pop_batch``), as Triton never splits a request.
+
 Invariants kept here (docs/architecture.md, "How the invariants are kept"): every accepted
 item is answered exactly once (its future is resolved by exactly one of: result, engine
-error, deadline, drain); each item's outputs are row ``i`` of the batch it rode in; queues
-are bounded.
+error, deadline, drain); each item's outputs are its own rows of the batch it rode in
+(rows are concatenated in item order and sliced back by offset); queues are bounded.
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ class BatchOutcome:
     finished: float
     energy: Any  # what the observer's on_batch_end returned (telemetry: a BatchSpan), or None
     padded: int
+    rows: int = 0  # rows of the computed items (the batch size)
+    input_s: float = 0.0  # gathering the items' inputs into the batch
+    output_s: float = 0.0  # slicing the batch's outputs back into items
 
 
 @dataclass
@@ -188,15 +195,16 @@ class Batcher(ABC):
 
     def check_admission(self, rows: int = 1) -> None:
         """Raise the refusal ``submit`` would give now, so a route can refuse a request
-        before reading its body: draining, queue full by count, or by time."""
+        before reading its body: draining, queue full by count of requests (Triton's
+        max_queue_size), or by time (the rows queued at the measured rate)."""
         if self.closing:
             raise Draining("server is draining; not accepting new requests")
-        queued = len(self.queue)
-        if queued + rows > self.config.max_queue_size:
+        queue = self.queue
+        if len(queue) + 1 > self.config.max_queue_size:
             raise QueueFull(f"queue full ({self.config.max_queue_size} requests waiting)")
         bound = self.config.max_queue_wait_s
-        if bound > 0 and queued:
-            wait = self.service_rate.wait_s(queued + rows)
+        if bound > 0 and len(queue):
+            wait = self.service_rate.wait_s(queue.rows + rows)
             if wait > bound:
                 raise QueueFull(f"queue holds about {wait:.1f} s of work (bound {bound:g} s)")
 
@@ -249,8 +257,10 @@ class Batcher(ABC):
     async def wait_for_change(self, timeout: float | None = None, wake_at_depth: int | None = None) -> None:
         """Sleep until an item arrives, drain starts, or ``timeout`` seconds pass.
 
-        ``wake_at_depth``: sleep through arrivals until the queue holds this many (a policy
-        whose decision changes only at that depth; drain still wakes it). A dynamic batch
+        ``wake_at_depth``: sleep through arrivals until the queue holds this many rows (a
+        policy whose decision changes only at that depth; drain still wakes it, and so does
+        any arrival while the queue holds multi-row or mixed-shape requests, whose batches
+        a row count alone does not decide). A dynamic batch
         waiting out its delay at 16 connections otherwise woke, re-decided and re-armed its
         timer on every arrival."""
         loop = self._loop or asyncio.get_running_loop()
@@ -267,11 +277,20 @@ class Batcher(ABC):
             if handle is not None:
                 handle.cancel()
 
-    def take(self, n: int) -> list[WorkItem]:
-        """Up to ``n`` queued items, moved to running at once: from here on a cancel or a
+    def take(self, rows: int) -> list[WorkItem]:
+        """The batch of whole requests at the head, up to ``rows`` rows (the head request
+        always, whatever its rows), moved to running at once: from here on a cancel or a
         deadline answers them without ever sending them back to the queue."""
+        return self._started(self.queue.pop_batch(rows))
+
+    def take_items(self, n: int) -> list[WorkItem]:
+        """Up to ``n`` queued requests (not rows), as ``take`` moves them: for schedulers
+        that keep a set of requests rather than form a batch of rows."""
+        return self._started(self.queue.pop(n))
+
+    def _started(self, popped: list[WorkItem]) -> list[WorkItem]:
         now = monotonic()
-        taken = [item for item in self.queue.pop(n) if item.start(now)]
+        taken = [item for item in popped if item.start(now)]
         if taken:
             self.observer.on_dispatch(taken, now)
         return taken
@@ -281,15 +300,16 @@ class Batcher(ABC):
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             depth = self._wake_depth
-            if depth is None or self.closing or len(self.queue) >= depth:
+            queue = self.queue
+            if depth is None or self.closing or queue.rows >= depth or not queue.regular:
                 waiter.set_result(None)
 
     def _expire(self, item: WorkItem) -> None:
         if self._unqueue(item):
-            item.finish(error=DeadlineExceeded("deadline passed while queued; not computed"))
+            item.finish(error=DeadlineExceeded("expired while queued; not computed"))
         else:
             item.finish(
-                error=DeadlineExceeded("deadline passed during compute (or after dispatch); result discarded")
+                error=DeadlineExceeded("expired during compute (or after dispatch); result discarded")
             )
 
     def _unqueue(self, item: WorkItem) -> bool:
@@ -320,9 +340,15 @@ class Batcher(ABC):
         mark = observer.on_batch_start()
         per_item: list[dict[str, np.ndarray] | BaseException]
         energy = None
+        input_s = output_s = 0.0
         try:
             try:
-                per_item = list(_split(engine.infer(_stack(engine, items)), len(items)))
+                batch = _stack(engine, items)
+                gathered = monotonic()
+                outputs = engine.infer(batch)
+                computed = monotonic()
+                per_item = _split(outputs, items)
+                input_s, output_s = gathered - started, monotonic() - computed
             except Exception as exc:
                 if len(items) == 1:
                     per_item = [exc]
@@ -332,13 +358,14 @@ class Batcher(ABC):
         finally:  # keep the meter's busy/idle books balanced whatever happened
             energy = observer.on_batch_end(mark)
         finished = monotonic()
-        padded = padded_size(len(items), engine.batch_sizes) - len(items)
-        return BatchOutcome(list(items), per_item, started, finished, energy, padded)
+        rows = sum(item.rows for item in items)
+        padded = padded_size(rows, engine.batch_sizes) - rows
+        return BatchOutcome(list(items), per_item, started, finished, energy, padded, rows, input_s, output_s)
 
     @staticmethod
     def _run_alone(engine: Engine, item: WorkItem) -> dict[str, np.ndarray] | BaseException:
         try:
-            return next(_split(engine.infer(_stack(engine, [item])), 1))
+            return _split(engine.infer(_stack(engine, [item])), [item])[0]
         except Exception as exc:
             return exc
 
@@ -386,8 +413,8 @@ class RequestBatcher(Batcher):
         finally:
             self._stopped.set()
 
-    def ready_size(self, queued: int) -> int | None:
-        """The batch size the policy dispatches at once with ``queued`` items waiting, or
+    def ready_size(self) -> int | None:
+        """The batch size (rows) the policy dispatches at once from the queue as it is, or
         None if it would wait. Called on an engine thread under the queue's lock; must
         only read. The default never dispatches from the thread (no pipelining)."""
         return None
@@ -425,7 +452,7 @@ class RequestBatcher(Batcher):
     def _take_ready(self) -> list[WorkItem]:
         """Engine thread: the batch the policy dispatches right now, if any."""
         with self.queue.lock:
-            size = self.ready_size(len(self.queue))
+            size = self.ready_size()
             return self.take(size) if size else []
 
     def _finished(
@@ -452,13 +479,14 @@ class RequestBatcher(Batcher):
     def _scatter(self, outcome: BatchOutcome) -> None:
         """Answer every computed item from its own row. One item's trouble (answered
         meanwhile, a failing callback) never keeps the rest of the batch from answers."""
-        n = len(outcome.items)
-        if n == 0:
+        if not outcome.items:
             return  # every item was answered (deadline, client gone) before compute began
+        n = outcome.rows
         compute_s = outcome.finished - outcome.started
         self.service_rate.observe(n, compute_s)
         self.last_batch_at = outcome.finished
-        report = BatchReport(n, outcome.started, outcome.finished, outcome.energy, outcome.padded)
+        report = BatchReport(n, outcome.started, outcome.finished, outcome.energy, outcome.padded,
+                             input_s=outcome.input_s, output_s=outcome.output_s)  # fmt: skip
         try:
             self.observer.on_batch(report)
             self.batch_finished(outcome)
@@ -474,6 +502,8 @@ class RequestBatcher(Batcher):
                     queue_time_s=outcome.started - item.arrival,
                     compute_time_s=compute_s,
                     batch_size=n,
+                    input_s=outcome.input_s,
+                    output_s=outcome.output_s,
                 )
             )
 
@@ -498,12 +528,25 @@ def _resolve(future: asyncio.Future[None]) -> None:
 
 
 def _stack(engine: Engine, items: Sequence[WorkItem]) -> dict[str, np.ndarray]:
-    return {spec.name: np.stack([it.inputs[spec.name] for it in items]) for spec in engine.inputs}
+    """The batch: each input's rows, item after item (a lone item's arrays as they are)."""
+    if len(items) == 1:
+        inputs = items[0].inputs
+        return {spec.name: inputs[spec.name] for spec in engine.inputs}
+    return {spec.name: np.concatenate([it.inputs[spec.name] for it in items]) for spec in engine.inputs}
 
 
-def _split(outputs: dict[str, np.ndarray], n: int):
+def _split(outputs: dict[str, np.ndarray], items: Sequence[WorkItem]) -> list[dict[str, np.ndarray]]:
+    """Each item's own rows of every output, by offset (views, no copy)."""
+    rows = sum(item.rows for item in items)
     for name, value in outputs.items():
-        if len(value) != n:
-            raise BatchFailed(f"engine returned {len(value)} rows of {name!r} for {n} requests")
-    for i in range(n):
-        yield {name: value[i] for name, value in outputs.items()}
+        if len(value) != rows:
+            raise BatchFailed(f"engine returned {len(value)} rows of {name!r} for {rows} rows")
+    if len(items) == 1:
+        return [outputs]
+    per_item = []
+    start = 0
+    for item in items:
+        end = start + item.rows
+        per_item.append({name: value[start:end] for name, value in outputs.items()})
+        start = end
+    return per_item

@@ -1,12 +1,17 @@
-"""dynamic: Triton's dynamic batcher, one knob one meaning.
+"""dynamic: Triton's dynamic batcher, one knob one meaning; sizes count rows of whole
+requests (Triton never splits a request).
 
-- A batch goes at once when a preferred size can be formed (the largest preferred size
-  that fits what is queued), or when max_batch_size requests are queued.
+- A batch goes at once when whole requests at the head of the queue add up to a
+  preferred size (the largest such), or when they reach the largest preferred size (or
+  max_batch_size when none is set) -- a lone request that large goes alone, at once.
+- A batch also goes at once when the next queued request has another shape (variable
+  dimensions: only same-shape requests batch together), since waiting cannot grow it.
 - Otherwise it goes when the oldest queued request has waited ``max_queue_delay``: then
-  everything queued (up to max_batch_size) is dispatched.
+  the head's requests (up to max_batch_size rows) are dispatched.
 - With ``allowed_sizes`` (the engine's own batch sizes, when the user asks for only
-  those), every batch has one of those sizes: the largest allowed size that fits; if even
-  the smallest does not fit, the queued items go and the engine pads up.
+  those), every batch has one of those sizes where whole requests allow it: the largest
+  allowed size that fits; if even the smallest does not fit, the queued items go and the
+  engine pads up.
 Priorities and FIFO order come from the queue; deadlines and queue bounds from the base.
 """
 
@@ -44,6 +49,8 @@ class DynamicBatcher(RequestBatcher):
             cap = self._allowed[-1]
         self._preferred = preferred
         self._cap = cap
+        # Past this many rows the batch goes at once: Triton's largest preferred size
+        self._limit = preferred[-1] if preferred else cap
 
     @classmethod
     def config_from(cls, settings: Any, engine: Engine) -> DynamicConfig:
@@ -56,45 +63,52 @@ class DynamicBatcher(RequestBatcher):
             allowed_sizes=tuple(engine_sizes) if settings.batch_sizes_only and engine_sizes else None,
         )
 
-    def ready_size(self, queued: int) -> int | None:
-        return self.size_now(queued)
+    def ready_size(self) -> int | None:
+        return self.size_now()
 
-    def size_now(self, queued: int) -> int | None:
-        """Batch size to dispatch immediately, or None to keep waiting."""
-        if queued >= self._cap:
-            return self._cap
-        fitting = [s for s in self._preferred if s <= queued]
-        return fitting[-1] if fitting else None
+    def size_now(self) -> int | None:
+        """Batch size (rows) to dispatch immediately, or None to keep waiting (Triton's
+        ``GetDynamicBatch``: an exact preferred size first, then a batch that cannot grow)."""
+        head = self.queue.head(self._limit)
+        if not head.rows:
+            return None
+        best = [s for s in self._preferred if head.reachable(s)]
+        if best:
+            return best[-1]
+        if head.closed or head.rows >= self._limit:
+            return self._limit
+        return None
 
-    def next_size_at_once(self, queued: int) -> int:
-        """The smallest queue depth above ``queued`` that ``size_now`` dispatches at once."""
-        return min([s for s in self._preferred if s > queued] + [self._cap])
+    def next_size_at_once(self) -> int:
+        """The smallest queue depth (rows) above the current one that ``size_now``
+        dispatches at once, for a queue of one-row requests."""
+        queued = self.queue.rows
+        return min([s for s in self._preferred if s > queued] + [self._limit])
 
-    def size_on_timeout(self, queued: int) -> int:
+    def size_on_timeout(self) -> int:
         """Batch size once the oldest request has waited max_queue_delay (or on drain)."""
-        n = min(queued, self._cap)
+        n = self.queue.head(self._cap).rows
         if self._allowed:
             fitting = [s for s in self._allowed if s <= n]
             return fitting[-1] if fitting else n
-        return n
+        return self._cap
 
     async def form_batch(self) -> list[WorkItem] | None:
         delay = self.config.max_queue_delay_s
         while True:
-            queued = len(self.queue)
-            if queued == 0:
+            if len(self.queue) == 0:
                 if self.closing:
                     return None
                 await self.wait_for_change()
                 continue
-            size = self.size_now(queued)
+            size = self.size_now()
             if size is not None:
                 return self.take(size)
             oldest = self.queue.oldest_arrival()
             assert oldest is not None
             left = oldest + delay - monotonic()
             if left <= 0 or self.closing:
-                return self.take(self.size_on_timeout(queued))
+                return self.take(self.size_on_timeout())
             # Until the delay runs out, only reaching the next size that goes at once
             # changes the decision: sleep through the arrivals before it.
-            await self.wait_for_change(left, wake_at_depth=self.next_size_at_once(queued))
+            await self.wait_for_change(left, wake_at_depth=self.next_size_at_once())

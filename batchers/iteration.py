@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from wattserve.batchers.base import Batcher, BatcherConfig, EngineInstance
 from wattserve.batchers.observers import BatchReport
+from wattserve.batchers.status import Status
 from wattserve.batchers.types import BatchFailed, Draining, ItemState, RequestError, Result, WorkItem
 from wattserve.engines.base import StepEngine
 
@@ -45,7 +46,7 @@ log = logging.getLogger("wattserve.batcher.iteration")
 class InvalidRequest(RequestError):
     """The engine refused the request's inputs when starting it (bad seed, steps...)."""
 
-    status_code = 400
+    status = Status.INVALID_ARG
     outcome = "bad_request"
 
 
@@ -159,7 +160,7 @@ class IterationBatcher(Batcher):
                     if not await self._wait_for_work():
                         return  # draining, nothing queued, nothing running
                     continue
-                admitted = self.take(len(plan.admit))  # the planned items: queued -> running
+                admitted = self.take_items(len(plan.admit))  # the planned items: queued -> running
                 slot.admitting = admitted
                 if not slot.running and not admitted:
                     continue  # everything planned was answered meanwhile
@@ -202,7 +203,9 @@ class IterationBatcher(Batcher):
         active = list(running)
         for item in admitted:
             try:
-                active.append(Running(item, engine.start(item.inputs), joined=started))
+                # a step engine's request is one row (the runtime refuses more): its state
+                # starts from the row, and its result gets the batch axis back (_answer)
+                active.append(Running(item, engine.start(_row(item.inputs)), joined=started))
             except Exception as exc:
                 refused.append((item, exc))
         errors: dict[int, BaseException] = {}
@@ -270,7 +273,7 @@ class IterationBatcher(Batcher):
         assert item.dispatched_at is not None
         item.finish(
             Result(
-                outputs=outputs,
+                outputs={name: value[np.newaxis] for name, value in outputs.items()},
                 queue_time_s=item.dispatched_at - item.arrival,
                 compute_time_s=now - r.joined,
                 batch_size=max(1, round(r.occupancy_sum / r.steps)),
@@ -293,3 +296,8 @@ class IterationBatcher(Batcher):
         for item in [*(r.item for r in slot.running), *slot.admitting]:
             self._answer_error(item, exc)
         slot.running, slot.admitting = [], []
+
+
+def _row(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A one-row request's inputs without the batch axis, as ``StepEngine.start`` takes them."""
+    return {name: value[0] for name, value in inputs.items()}

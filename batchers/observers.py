@@ -24,7 +24,7 @@ from wattserve.batchers.types import WorkItem
 class BatchReport:
     """One executed batch (request-level) or one iteration (iteration-level)."""
 
-    size: int  # requests (request-level) or states (iteration-level) in the model call
+    size: int  # rows (request-level) or states (iteration-level) in the model call
     started: float  # monotonic seconds, engine side
     finished: float
     energy: Any = None  # what on_batch_end returned for it
@@ -32,6 +32,8 @@ class BatchReport:
     # Iteration-level only: arrival -> result of each request this iteration finished (a
     # request-level batch's requests all finish with it: None).
     time_to_result: tuple[float, ...] | None = None
+    input_s: float = 0.0  # gathering the batch's inputs (Triton's compute_input)
+    output_s: float = 0.0  # slicing its outputs back to requests (Triton's compute_output)
 
     @property
     def compute_s(self) -> float:

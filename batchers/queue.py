@@ -1,15 +1,44 @@
-"""A bounded multi-level FIFO: priority levels first, arrival order within a level.
+"""A bounded multi-level FIFO of whole requests: priority levels first, arrival order
+within a level; sizes counted in rows.
 
 The event loop pushes and removes; engine threads pop (pipelining), so every mutation
-holds ``lock`` (re-entrant: a thread holds it across its size decision and its pop)."""
+holds ``lock`` (re-entrant: a thread holds it across its size decision and its pop).
+
+A batch is a run of whole requests from the head (Triton never splits a request): it
+starts with the head item, whatever its rows, and goes on while the next item has the
+same ``shape_key`` and still fits. ``head`` describes that run for a policy's decision;
+``pop_batch`` takes it. In the common case (every item one row, one shape) both are
+O(1) arithmetic; otherwise they walk the head of the queue.
+"""
 
 from __future__ import annotations
 
 import threading
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from wattserve.batchers.types import ItemState, WorkItem
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The run of whole requests a batch of at most ``limit`` rows would take now.
+
+    ``rows``: rows of that run. ``sizes``: the batch sizes reachable by whole requests
+    (cumulative rows of the run), or None when every size 1..rows is (all items one row).
+    ``closed``: the run cannot grow with later arrivals (the next queued item has another
+    shape), so waiting for more does not make this batch bigger."""
+
+    rows: int
+    sizes: tuple[int, ...] | None
+    closed: bool
+
+    def reachable(self, size: int) -> bool:
+        return size <= self.rows if self.sizes is None else size in self.sizes
+
+
+EMPTY_HEAD = Head(0, None, False)
 
 
 class PriorityFifo:
@@ -18,6 +47,9 @@ class PriorityFifo:
     def __init__(self, levels: int = 1) -> None:
         self._levels: list[deque[WorkItem]] = [deque() for _ in range(levels)]
         self._count = 0
+        self.rows = 0  # rows of every queued item
+        self._multi_row = 0  # queued items with more than one row
+        self._keys: dict[tuple, int] = {}  # queued items per shape key (variable-shape models)
         self.lock = threading.RLock()
 
     def __len__(self) -> int:
@@ -28,10 +60,15 @@ class PriorityFifo:
             snapshot = [item for level in self._levels for item in level]
         return iter(snapshot)
 
+    @property
+    def regular(self) -> bool:
+        """Every queued item is one row and all share one shape: any prefix batches."""
+        return not self._multi_row and len(self._keys) <= 1
+
     def push(self, item: WorkItem) -> None:
         with self.lock:
             self._levels[item.priority - 1].append(item)
-            self._count += 1
+            self._added(item)
 
     def remove(self, item: WorkItem) -> bool:
         """Take out one queued item; False if it was not queued."""
@@ -40,22 +77,66 @@ class PriorityFifo:
                 self._levels[item.priority - 1].remove(item)
             except ValueError:
                 return False
-            self._count -= 1
+            self._removed(item)
             return True
 
     def pop(self, n: int) -> list[WorkItem]:
-        """Up to ``n`` items, highest level first, FIFO within a level."""
+        """Up to ``n`` items (not rows), highest level first, FIFO within a level."""
         out: list[WorkItem] = []
         with self.lock:
             for level in self._levels:
                 while level and len(out) < n:
                     item = level.popleft()
-                    self._count -= 1
+                    self._removed(item)
                     if item.state is ItemState.QUEUED:  # defensive: answered items never stay queued
                         out.append(item)
                 if len(out) == n:
                     break
         return out
+
+    def pop_batch(self, limit: int) -> list[WorkItem]:
+        """The run ``head(limit)`` describes: the head item whatever its rows, then each
+        next item of the same shape while the rows stay within ``limit``."""
+        with self.lock:
+            if self.regular:
+                return self.pop(limit)
+            out: list[WorkItem] = []
+            rows = 0
+            key = None
+            for level in self._levels:
+                while level:
+                    item = level[0]
+                    if item.state is not ItemState.QUEUED:  # defensive, as in pop
+                        level.popleft()
+                        self._removed(item)
+                        continue
+                    if out and (item.shape_key != key or rows + item.rows > limit):
+                        return out
+                    level.popleft()
+                    self._removed(item)
+                    out.append(item)
+                    rows += item.rows
+                    key = item.shape_key
+            return out
+
+    def head(self, limit: int) -> Head:
+        """What ``pop_batch(limit)`` would take now, without taking it."""
+        with self.lock:
+            if self.regular:
+                return Head(min(self._count, limit), None, False)
+            sizes: list[int] = []
+            rows = 0
+            key = None
+            for level in self._levels:
+                for item in level:
+                    if sizes and item.shape_key != key:
+                        return Head(rows, tuple(sizes), True)
+                    if sizes and rows + item.rows > limit:
+                        return Head(rows, tuple(sizes), False)
+                    rows += item.rows
+                    key = item.shape_key
+                    sizes.append(rows)
+            return Head(rows, tuple(sizes), False)
 
     def peek(self, n: int) -> list[WorkItem]:
         """The first ``n`` items ``pop`` would return, left in place."""
@@ -73,3 +154,26 @@ class PriorityFifo:
         with self.lock:
             heads = [level[0].arrival for level in self._levels if level]
         return min(heads) if heads else None
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _added(self, item: WorkItem) -> None:
+        self._count += 1
+        self.rows += item.rows
+        if item.rows != 1:
+            self._multi_row += 1
+        key = item.shape_key
+        if key is not None:
+            self._keys[key] = self._keys.get(key, 0) + 1
+
+    def _removed(self, item: WorkItem) -> None:
+        self._count -= 1
+        self.rows -= item.rows
+        if item.rows != 1:
+            self._multi_row -= 1
+        key = item.shape_key
+        if key is not None:
+            left = self._keys[key] - 1
+            if left:
+                self._keys[key] = left
+            else:
+                del self._keys[key]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from time import monotonic
 
 import numpy as np
+from wattserve.batchers.status import Status
 
 
 class ItemState(enum.Enum):
@@ -23,7 +24,14 @@ class ItemState(enum.Enum):
 
 @dataclass(eq=False, slots=True)
 class WorkItem:
-    """One request's inputs (no batch dimension) and its scheduling parameters."""
+    """One whole request: its inputs with the batch axis first (``rows`` rows each) and its
+    scheduling parameters.
+
+    A request is never split into rows (Triton batches whole requests): policies count
+    rows, a batch is a run of whole items, and each item's outputs are its own rows of the
+    batch's outputs. ``shape_key``: the item's per-row input shapes when the model has
+    variable dimensions (only items with equal keys share a batch, Triton's default); None
+    for fixed-shape models, where every item fits with every other."""
 
     inputs: dict[str, np.ndarray]
     priority: int = 1  # 1 is the highest level
@@ -32,6 +40,8 @@ class WorkItem:
     future: asyncio.Future[Result] | None = None
     state: ItemState = ItemState.QUEUED
     dispatched_at: float | None = None
+    rows: int = 1
+    shape_key: tuple | None = None
 
     def start(self, now: float) -> bool:
         """queued -> running, when a batch takes it. False if it was answered meanwhile."""
@@ -61,46 +71,58 @@ class WorkItem:
 
 @dataclass(slots=True)
 class Result:
-    """One request's outputs and how it was served (made visible in response headers)."""
+    """One request's outputs (its own rows, batch axis first) and how it was served (made
+    visible in response headers and Triton's statistics)."""
 
     outputs: dict[str, np.ndarray]
     queue_time_s: float
     compute_time_s: float
-    batch_size: int
+    batch_size: int  # rows in the batch it rode in
+    input_s: float = 0.0  # the batch's input gathering (Triton's compute_input)
+    output_s: float = 0.0  # the batch's output scatter (Triton's compute_output)
 
 
 class RequestError(Exception):
-    """An explicit, per-request error answer; maps to one HTTP status."""
+    """An explicit, per-request error answer: a status kind each front end maps."""
 
-    status_code = 500
+    status = Status.INTERNAL
     outcome = "error"
     retry_after: bool = False
 
 
 class QueueFull(RequestError):
-    status_code = 503
+    status = Status.UNAVAILABLE
     outcome = "queue_full"
     retry_after = True
 
 
 class Draining(RequestError):
-    status_code = 503
+    status = Status.UNAVAILABLE
     outcome = "draining"
     retry_after = True
 
 
+TIMEOUT_MESSAGE = "Request timeout expired"  # Triton's words; its clients match on them
+
+
 class DeadlineExceeded(RequestError):
-    status_code = 504
+    """The request's queue timeout expired: Triton's UNAVAILABLE "Request timeout expired"."""
+
+    status = Status.UNAVAILABLE
     outcome = "timeout"
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(TIMEOUT_MESSAGE)
+        self.detail = detail  # where it expired (queued, during compute), for logs and tests
 
 
 class ClientGone(RequestError):
-    """The client disconnected; nobody reads this answer (499, nginx's convention)."""
+    """The client disconnected; nobody reads this answer (HTTP 499, nginx's convention)."""
 
-    status_code = 499
+    status = Status.CANCELLED
     outcome = "cancelled"
 
 
 class BatchFailed(RequestError):
-    status_code = 500
+    status = Status.INTERNAL
     outcome = "error"

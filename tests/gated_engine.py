@@ -55,5 +55,6 @@ class GatedEngine:
         pass
 
 
-def item_input(value: float) -> dict[str, np.ndarray]:
-    return {"x": np.array([value, -value], dtype=np.float32)}
+def item_input(value: float, rows: int = 1) -> dict[str, np.ndarray]:
+    """One request's inputs: ``rows`` rows (the batch axis first), each [value, -value]."""
+    return {"x": np.tile(np.array([value, -value], dtype=np.float32), (rows, 1))}

@@ -77,7 +77,7 @@ async def test_a_failing_observer_costs_no_answer():
     result = await batcher.submit(WorkItem(item_input(5.0)))
     await batcher.drain(timeout=5)
     await task
-    assert result.outputs["y"][0] == pytest.approx(10.0)
+    assert result.outputs["y"][0, 0] == pytest.approx(10.0)
 
 
 async def test_the_runtime_wires_one_observer_and_the_policys_own_collector():
@@ -98,8 +98,8 @@ async def test_the_runtime_wires_one_observer_and_the_policys_own_collector():
                                name="gated")  # fmt: skip
         await runtime.start()
         assert registry.get_sample_value(*objective) == 0.1
-        results = await runtime.infer([runtime.make_item(item_input(3.0), 0, None)])
-        assert results[0].outputs["y"][0] == pytest.approx(6.0)
+        results = [await runtime.infer(runtime.work_item(item_input(3.0), 0, None))]
+        assert results[0].outputs["y"][0, 0] == pytest.approx(6.0)
         assert registry.get_sample_value("wattserve_queue_duration_seconds_count", labels) >= 1
         await runtime.stop()
         assert registry.get_sample_value(*objective) is None

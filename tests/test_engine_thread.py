@@ -5,6 +5,7 @@ between parallel regions (docs/architecture.md, "One thread per engine")."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -49,9 +50,9 @@ async def test_each_instance_is_built_warmed_and_run_on_its_own_thread(batcher):
     try:
         warm_calls = [len(e.batches) for e in built]
         assert all(n >= 1 for n in warm_calls), "warm-up ran on every instance"
-        items = [runtime.make_item(item_input(float(i)), 0, None) for i in range(16)]
-        results = await runtime.infer(items)
-        assert [r.outputs["y"][0] for r in results] == [2.0 * i for i in range(16)]
+        items = [runtime.work_item(item_input(float(i)), 0, None) for i in range(16)]
+        results = await asyncio.gather(*(runtime.infer(item) for item in items))
+        assert [r.outputs["y"][0, 0] for r in results] == [2.0 * i for i in range(16)]
     finally:
         await runtime.stop()
     loop_thread = threading.get_ident()

@@ -96,7 +96,10 @@ class RecordingObserver(ServingObserver):
 
 
 def work(seed: int, steps: int, **kw) -> WorkItem:
-    return WorkItem(inputs={"seed": np.array([seed], np.int64), "steps": np.array([steps], np.int32)}, **kw)
+    # one request of one row: the batch axis first, as every work item carries it
+    return WorkItem(
+        inputs={"seed": np.array([[seed]], np.int64), "steps": np.array([[steps]], np.int32)}, **kw
+    )
 
 
 async def started(batcher: IterationBatcher) -> asyncio.Task:
@@ -172,8 +175,8 @@ async def test_late_arrival_joins_at_next_iteration_and_leaves_first(engine, obs
     assert long.batch_size == 1  # mean occupancy 35/30, rounded
     # its latency is its own 5 steps (plus at most one iteration's wait), not the long one's 30
     assert short.compute_time_s < long.compute_time_s
-    np.testing.assert_allclose(short.outputs["image"], solo_cache(2, 5), atol=TOL, rtol=0)
-    np.testing.assert_allclose(long.outputs["image"], solo_cache(1, 30), atol=TOL, rtol=0)
+    np.testing.assert_allclose(short.outputs["image"][0], solo_cache(2, 5), atol=TOL, rtol=0)
+    np.testing.assert_allclose(long.outputs["image"][0], solo_cache(1, 30), atol=TOL, rtol=0)
 
 
 async def test_mixed_steps_answered_in_finish_order_with_own_images(engine, observed, solo_cache):
@@ -192,7 +195,7 @@ async def test_mixed_steps_answered_in_finish_order_with_own_images(engine, obse
     assert order == sorted(n for _, n in specs)  # each answered as soon as it finished
     assert observed.calls[0] == 5 and len(observed.calls) == 12
     for (seed, steps), r in zip(specs, results, strict=True):
-        np.testing.assert_allclose(r.outputs["image"], solo_cache(seed, steps), atol=TOL, rtol=0)
+        np.testing.assert_allclose(r.outputs["image"][0], solo_cache(seed, steps), atol=TOL, rtol=0)
 
 
 async def test_max_batch_bounds_the_running_set(engine, observed):
@@ -263,7 +266,7 @@ async def test_bad_request_fails_alone(engine, solo_cache):
     bad = asyncio.create_task(batcher.submit(work(6, -2)))
     with pytest.raises(InvalidRequest):
         await bad
-    np.testing.assert_allclose((await good).outputs["image"], solo_cache(5, 4), atol=TOL, rtol=0)
+    np.testing.assert_allclose((await good).outputs["image"][0], solo_cache(5, 4), atol=TOL, rtol=0)
     await finish(batcher, task)
 
 
@@ -292,9 +295,9 @@ async def test_a_failing_state_fails_alone(engine, solo_cache):
     bad = asyncio.create_task(batcher.submit(work(666, 6)))
     with pytest.raises(Exception, match="injected fault"):
         await bad
-    np.testing.assert_allclose((await good).outputs["image"], solo_cache(7, 6), atol=TOL, rtol=0)
+    np.testing.assert_allclose((await good).outputs["image"][0], solo_cache(7, 6), atol=TOL, rtol=0)
     after = await batcher.submit(work(8, 2))  # and the batcher keeps serving
-    assert after.outputs["image"].shape == (3, 32, 32)
+    assert after.outputs["image"].shape == (1, 3, 32, 32)  # its one row, batch axis kept
     await finish(batcher, task)
 
 
@@ -326,7 +329,7 @@ async def test_drain_finishes_running_and_queued_and_refuses_new(engine, solo_ca
     await drain
     await task  # the loop ends once everything is answered
     for (seed, steps), r in zip(specs, results, strict=True):
-        np.testing.assert_allclose(r.outputs["image"], solo_cache(seed, steps), atol=TOL, rtol=0)
+        np.testing.assert_allclose(r.outputs["image"][0], solo_cache(seed, steps), atol=TOL, rtol=0)
     assert batcher.running_count == 0 and len(batcher.queue) == 0
     release(batcher)
 
@@ -368,7 +371,7 @@ async def test_concurrent_load_every_request_answered_once_with_its_own_image(en
         if isinstance(out, QueueFull):
             continue  # an explicit answer under overload
         assert isinstance(out, Result), out
-        np.testing.assert_allclose(out.outputs["image"], solo_cache(seed, steps), atol=TOL, rtol=0)
+        np.testing.assert_allclose(out.outputs["image"][0], solo_cache(seed, steps), atol=TOL, rtol=0)
     assert sum(isinstance(o, Result) for o in outs) >= len(specs) // 2
     assert batcher.inflight == 0 and batcher.running_count == 0
 

@@ -27,13 +27,17 @@ DATATYPE_TO_NUMPY: dict[str, np.dtype] = {
     "FP16": np.dtype(np.float16),
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
+    # Triton's BYTES (TYPE_STRING in a config): each element a Python ``bytes`` object
+    "BYTES": np.dtype(object),
 }
 NUMPY_TO_DATATYPE: dict[np.dtype, str] = {v: k for k, v in DATATYPE_TO_NUMPY.items()}
+VARIABLE = -1  # a dimension whose size each request chooses (Triton's -1)
 
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One tensor of one item: shape without the batch dimension, KServe datatype."""
+    """One tensor of one request row: shape without the batch dimension (-1 where each
+    request chooses the size), KServe datatype."""
 
     name: str
     shape: tuple[int, ...]
@@ -47,7 +51,19 @@ class TensorSpec:
 
     @property
     def element_count(self) -> int:
+        """Elements per row; only meaningful for a fixed shape (see ``variable``)."""
         return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def variable(self) -> bool:
+        """Some dimension is -1: each request gives its own size there."""
+        return VARIABLE in self.shape
+
+    def accepts(self, shape: Sequence[int]) -> bool:
+        """Whether a row of ``shape`` fits this spec (-1 takes any size, 0 included)."""
+        return len(shape) == len(self.shape) and all(
+            want in (VARIABLE, got) for want, got in zip(self.shape, shape, strict=True)
+        )
 
     def metadata(self, batched: bool = True) -> dict[str, Any]:
         """KServe v2 tensor metadata; -1 marks the variable batch dimension."""
@@ -162,5 +178,11 @@ def warmup_sizes(max_batch_size: int, batch_sizes: Sequence[int] | None) -> list
 
 
 def zeros_batch(specs: Sequence[TensorSpec], batch_size: int) -> dict[str, np.ndarray]:
-    """A batch of zeros shaped for ``specs``; used for warm-up."""
+    """A batch of zeros shaped for ``specs``; used for warm-up (fixed shapes only: a zero
+    request of a variable-shape model is no better a guess than any other)."""
     return {s.name: np.zeros((batch_size, *s.shape), dtype=s.dtype) for s in specs}
+
+
+def warms_with_zeros(specs: Sequence[TensorSpec]) -> bool:
+    """Whether a batch of zeros is a request this model can take: fixed shapes, numbers."""
+    return all(not s.variable and s.datatype != "BYTES" for s in specs)

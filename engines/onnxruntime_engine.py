@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from wattserve.engines.base import Batch, EngineError, EngineUnavailable, TensorSpec
+from wattserve.engines.base import VARIABLE, Batch, EngineError, EngineUnavailable, TensorSpec
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,7 @@ _ORT_TYPES = {
     "tensor(int8)": "INT8",
     "tensor(uint8)": "UINT8",
     "tensor(bool)": "BOOL",
+    "tensor(string)": "BYTES",
 }
 
 
@@ -133,6 +134,8 @@ class OnnxRuntimeEngine:
         self.outputs = [_spec(o, allow_nonfinite=True, batched=batched) for o in self._session.get_outputs()]
         self._output_names = [o.name for o in self.outputs]
         self._dtypes = {s.name: s.dtype for s in self.inputs}
+        self._string_inputs = [s.name for s in self.inputs if s.datatype == "BYTES"]
+        self._string_outputs = [s.name for s in self.outputs if s.datatype == "BYTES"]
         log.info("onnxruntime %s on %s via %s", path.name, self.device, self.providers)
 
     @classmethod
@@ -159,6 +162,8 @@ class OnnxRuntimeEngine:
                     f"{self.name}: batch of {arr.shape[0]} exceeds max_batch_size {self.max_batch_size}"
                 )
             feeds[name] = np.ascontiguousarray(arr, dtype=dtype)
+        for name in self._string_inputs:
+            feeds[name] = _to_ort_strings(feeds[name])
         try:
             if self.batched:
                 results = self._session.run(self._output_names, feeds)
@@ -168,7 +173,21 @@ class OnnxRuntimeEngine:
                 results = [np.stack(col) for col in zip(*rows, strict=True)]
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidArgument types
             raise EngineError(f"{self.name}: onnxruntime failed: {exc}") from exc
-        return dict(zip(self._output_names, results, strict=True))
+        outputs = dict(zip(self._output_names, results, strict=True))
+        for name in self._string_outputs:
+            outputs[name] = _from_ort_strings(outputs[name])
+        return outputs
+
+    def validate(self, inputs: dict[str, np.ndarray]) -> None:
+        """A request's BYTES inputs must be UTF-8: ONNX Runtime's strings are (a 400, not a
+        failed batch)."""
+        for name in self._string_inputs:
+            for value in inputs[name].ravel():
+                try:
+                    value.decode()
+                except UnicodeDecodeError:
+                    raise ValueError(f"input {name!r}: ONNX Runtime string tensors take UTF-8 text "
+                                     "only") from None  # fmt: skip
 
     def close(self) -> None:
         self._session = None
@@ -181,7 +200,18 @@ def _spec(node, allow_nonfinite: bool = False, batched: bool = True) -> TensorSp
     except KeyError as exc:
         raise EngineUnavailable(f"tensor {node.name} has unsupported type {node.type}") from exc
     dims = node.shape[1:] if batched else node.shape
-    if any(not isinstance(d, int) for d in dims):
-        what = "non-batch dims" if batched else "dims (max_batch_size 0: no batch axis)"
-        raise EngineUnavailable(f"tensor {node.name} has dynamic {what} {node.shape}")
-    return TensorSpec(node.name, tuple(dims), datatype, allow_nonfinite=allow_nonfinite)
+    # A symbolic or unknown dimension is a variable one (-1): each request gives its size.
+    shape = tuple(d if isinstance(d, int) and d >= 0 else VARIABLE for d in dims)
+    return TensorSpec(node.name, shape, datatype, allow_nonfinite=allow_nonfinite)
+
+
+def _to_ort_strings(array: np.ndarray) -> np.ndarray:
+    """BYTES elements (``bytes``) as the ``str`` ONNX Runtime takes (it str()-ifies bytes);
+    ``validate`` has checked they are UTF-8."""
+    return np.array([v.decode() if isinstance(v, bytes) else str(v) for v in array.ravel()],
+                    dtype=object).reshape(array.shape)  # fmt: skip
+
+
+def _from_ort_strings(array: np.ndarray) -> np.ndarray:
+    return np.array([v.encode() if isinstance(v, str) else bytes(v) for v in array.ravel()],
+                    dtype=object).reshape(array.shape)  # fmt: skip

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from starlette.formparsers import MultiPartParser
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Scope
+from wattserve.batchers.status import Status
 from wattserve.batchers.types import ClientGone, RequestError, Result, WorkItem
 from wattserve.server.codec import BINARY_HEADER_RAW, BadRequest, InferRequest
 from wattserve.server.model_set import ModelSet, ModelState, UnknownModel
@@ -54,7 +55,9 @@ class BodyBudget:
 
 class BudgetExceeded(BadRequest):
     def __init__(self) -> None:
-        super().__init__("server is reading too many request bodies at once; retry shortly", 503)
+        super().__init__(
+            "server is reading too many request bodies at once; retry shortly", Status.UNAVAILABLE
+        )
 
 
 def inference_headers(scope: Scope) -> tuple[str, str | None, str | None]:
@@ -81,7 +84,7 @@ def check_content_type(content_type: str) -> None:
         raise BadRequest(
             f"content type {media!r} is not accepted for inference; send application/json "
             "or application/octet-stream",
-            415,
+            Status.UNSUPPORTED_MEDIA,
         )
 
 
@@ -96,7 +99,7 @@ async def read_reserved_body(
         if declared is not None and declared.isdigit():
             size = int(declared)
             if size > limit:
-                raise BadRequest(f"body of {declared} bytes exceeds the {limit}-byte limit", 413)
+                raise BadRequest(f"body of {declared} bytes exceeds the {limit}-byte limit", Status.TOO_LARGE)
             if not budget.try_reserve(size):
                 raise BudgetExceeded()
             held = size
@@ -119,7 +122,7 @@ async def read_upload(request: Request, limit: int) -> bytes:
     content_type = request.headers.get("content-type", "")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BadRequest(f"body of {declared} bytes exceeds the {limit}-byte limit", 413)
+        raise BadRequest(f"body of {declared} bytes exceeds the {limit}-byte limit", Status.TOO_LARGE)
     if not content_type.startswith("multipart/form-data"):
         return b"".join([chunk async for chunk in _stream(request, limit)])
     parser = MultiPartParser(request.headers, _stream(request, limit), max_files=1, max_fields=4)
@@ -144,7 +147,7 @@ async def _stream(request: Request, limit: int) -> AsyncIterator[bytes]:
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise BadRequest(f"body exceeds the {limit}-byte limit", 413)
+                raise BadRequest(f"body exceeds the {limit}-byte limit", Status.TOO_LARGE)
             yield chunk
     except ClientDisconnect:
         raise ClientGone("client disconnected during the upload") from None
@@ -175,13 +178,13 @@ async def _body(request: Request) -> bytes:
 
 
 class Refused(Exception):
-    """A request answered without a result: ``status`` (HTTP numbering) and why.
+    """A request answered without a result: its status kind (each front end maps it) and why.
 
     ``body_unread``: refused before (all of) its body was read, so an HTTP front end closes
     the connection rather than draining a large body it will not use."""
 
     def __init__(
-        self, message: str, status: int, retry_after: bool = False, body_unread: bool = False
+        self, message: str, status: Status, retry_after: bool = False, body_unread: bool = False
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -193,25 +196,26 @@ class Refused(Exception):
 class Admitted:
     runtime: ModelRuntime
     request: InferRequest
-    results: list[Result]
+    result: Result
 
 
 Decode = Callable[[ModelRuntime], Awaitable[InferRequest]]
-Submit = Callable[[ModelRuntime, list[WorkItem]], Awaitable[list[Result]]]
+Submit = Callable[[ModelRuntime, WorkItem], Awaitable[Result]]
 
 
 def select(models: ModelSet, name: str, version: str | None) -> ModelRuntime:
-    """The runtime that will serve ``name``/``version``, or Refused: 404 unknown; 503 +
-    Retry-After while loading, draining or without queue room (by count or measured time);
-    400 with the reason for a model that failed to load or was unloaded."""
+    """The runtime that will serve ``name``/``version``, or Refused: NOT_FOUND unknown;
+    UNAVAILABLE + Retry-After while loading, draining or without queue room (by count or
+    measured time); INVALID_ARG with the reason for a model that failed to load or was
+    unloaded."""
     try:
         entry = models.lookup(name, version)
     except UnknownModel as exc:
-        raise Refused(str(exc), 404, body_unread=True) from None
+        raise Refused(str(exc), Status.NOT_FOUND, body_unread=True) from None
     runtime = entry.runtime
     if runtime is not None and runtime.draining:
         runtime.metrics.outcome["draining"].inc()
-        raise Refused(f"model {name!r} is draining; retry elsewhere", 503, True, True)
+        raise Refused(f"model {name!r} is draining; retry elsewhere", Status.UNAVAILABLE, True, True)
     if (
         entry.state is ModelState.READY
         and runtime is not None
@@ -222,14 +226,16 @@ def select(models: ModelSet, name: str, version: str | None) -> ModelRuntime:
             runtime.batcher.check_admission()
         except RequestError as exc:
             runtime.metrics.outcome[exc.outcome].inc()
-            raise Refused(str(exc), exc.status_code, True, True) from None
+            raise Refused(str(exc), exc.status, True, True) from None
         return runtime
     if models.draining:
-        raise Refused("server is draining; retry elsewhere", 503, True, True)
+        raise Refused("server is draining; retry elsewhere", Status.UNAVAILABLE, True, True)
     if entry.state in (ModelState.LOADING, ModelState.UNLOADING):
-        raise Refused(f"model {name!r} is {entry.state.value.lower()}", 503, True, True)
+        raise Refused(f"model {name!r} is {entry.state.value.lower()}", Status.UNAVAILABLE, True, True)
     raise Refused(
-        f"model {name!r} is not available: {entry.reason or entry.state.value}", 400, body_unread=True
+        f"model {name!r} is not available: {entry.reason or entry.state.value}",
+        Status.INVALID_ARG,
+        body_unread=True,
     )
 
 
@@ -240,16 +246,18 @@ async def admit(
     runtime = select(models, name, version)
     try:
         request = await decode(runtime)
-        items = [runtime.make_item(i, request.priority, request.timeout_us) for i in request.items]
+        item = runtime.make_item(request)
     except (BadRequest, ValueError) as exc:
-        status = getattr(exc, "status", 400)
-        runtime.metrics.outcome["queue_full" if status == 503 else "bad_request"].inc()
-        raise Refused(str(exc), status, retry_after=status == 503, body_unread=status in (413, 503)) from None
+        status = getattr(exc, "status", Status.INVALID_ARG)
+        busy = status is Status.UNAVAILABLE
+        runtime.metrics.outcome["queue_full" if busy else "bad_request"].inc()
+        unread = busy or status is Status.TOO_LARGE
+        raise Refused(str(exc), status, retry_after=busy, body_unread=unread) from None
     except RequestError as exc:  # the client left during the upload
         runtime.metrics.outcome[exc.outcome].inc()
-        raise Refused(str(exc), exc.status_code, exc.retry_after) from None
+        raise Refused(str(exc), exc.status, exc.retry_after) from None
     try:
-        results = await (submit(runtime, items) if submit is not None else runtime.infer(items))
+        result = await (submit(runtime, item) if submit is not None else runtime.infer(item))
     except RequestError as exc:
-        raise Refused(str(exc), exc.status_code, exc.retry_after) from None
-    return Admitted(runtime, request, results)
+        raise Refused(str(exc), exc.status, exc.retry_after) from None
+    return Admitted(runtime, request, result)

@@ -15,13 +15,15 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from wattserve.engines.registry import build_engine
 from wattserve.server.admission import BodyBudget
 from wattserve.server.fast_path import WattserveApp
 from wattserve.server.lifecycle import IdleTrimmer
 from wattserve.server.metrics import ServingMetrics, server_metrics
-from wattserve.server.middleware import internal_error
+from wattserve.server.middleware import http_error, internal_error, invalid_parameters
 from wattserve.server.model_plan import EngineFactory, ModelPlan, ModelSource, SettingsSource
 from wattserve.server.model_set import ModelSet, ModelSetActivity
 from wattserve.server.routes.health import VERSION, health_router
@@ -88,6 +90,8 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
         lifespan=_lifespan(models, telemetry, grpc_front, trimmer, settings),
     )
     app.add_exception_handler(Exception, internal_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, invalid_parameters)
     if restrictions or settings.api_token:
         app.add_middleware(AccessControl, restrictions=restrictions, api_token=settings.api_token)
     _publish_state(app, settings, models, telemetry, registry, grpc_front)

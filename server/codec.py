@@ -14,27 +14,41 @@ from typing import Any
 
 import numpy as np
 import orjson
+from wattserve.batchers.status import Status
 from wattserve.engines.base import DATATYPE_TO_NUMPY, TensorSpec
+from wattserve.server.bytes_tensors import (
+    BYTES,
+    bytes_from_json,
+    bytes_from_values,
+    bytes_to_json,
+    deserialize_bytes,
+    serialize_bytes,
+)
 
 BINARY_HEADER = "Inference-Header-Content-Length"
 BINARY_HEADER_RAW = BINARY_HEADER.lower().encode()  # as an ASGI header list names it
 
 
 class BadRequest(ValueError):
-    """The client's fault; answered 400 (or ``status``) with this message."""
+    """The client's fault; answered INVALID_ARG (or ``status``) with this message."""
 
-    def __init__(self, message: str, status: int = 400) -> None:
+    def __init__(self, message: str, status: Status = Status.INVALID_ARG) -> None:
         super().__init__(message)
         self.status = status
 
 
 @dataclass
 class InferRequest:
-    """A validated request: per-item inputs, scheduling parameters, output choices."""
+    """A validated request: its whole input tensors, scheduling parameters, output choices.
+
+    One request stays one unit from here to its answer (Triton never splits a request):
+    ``inputs`` keep the client's batch axis when the model batches (``rows`` rows each),
+    and a non-batching model's tensors are as the client sent them (``rows`` 1)."""
 
     id: str | None
-    items: list[dict[str, np.ndarray]]  # one dict per batch row, no batch dim
-    batched: bool  # whether the client's shapes carried a batch dimension
+    inputs: dict[str, np.ndarray]
+    batched: bool  # whether the tensors carry a batch axis (the model batches)
+    rows: int = 1
     priority: int = 0  # Triton: 0 = the default level
     timeout_us: int | None = None
     outputs: list[str] | None = None  # None = all outputs
@@ -116,7 +130,9 @@ def _parse_infer_request(
             array = tensor_from_bytes(binary[offset : offset + size], spec, shape)
             offset += size
         else:
-            array = tensor_from_values(raw.get("data"), spec, shape)
+            data = raw.get("data")
+            array = bytes_from_json(data, spec.name, shape) if spec.datatype == BYTES else \
+                tensor_from_values(data, spec, shape)  # fmt: skip
         if check_values:
             check_finite(name, array)
         arrays[name] = array
@@ -135,8 +151,9 @@ def _parse_infer_request(
 def check_tensor_header(
     shape: Any, datatype: Any, spec: TensorSpec, max_batch_size: int
 ) -> tuple[list[int], bool]:
-    """Shape (with or without the batch axis, batch within 1..max) and datatype of one input.
-    Returns the shape and whether it carries the batch axis."""
+    """Shape (the batch axis first when the model batches, batch within 1..max; -1 dims
+    of the spec take any size) and datatype of one input. Returns the shape and whether
+    it carries the batch axis."""
     shape, batched = _check_shape(shape, spec, max_batch_size)
     if datatype != spec.datatype:
         raise BadRequest(f"input {spec.name!r} has datatype {datatype!r}; model expects {spec.datatype}")
@@ -144,7 +161,10 @@ def check_tensor_header(
 
 
 def tensor_from_bytes(chunk: bytes, spec: TensorSpec, shape: list[int]) -> np.ndarray:
-    """An input's raw little-endian bytes (binary extension, gRPC raw contents), size-checked."""
+    """An input's raw bytes (binary extension, gRPC raw contents), size-checked: numbers
+    little-endian, BYTES elements each behind a 4-byte little-endian length."""
+    if spec.datatype == BYTES:
+        return deserialize_bytes(chunk, spec.name, shape)
     expected = math.prod(shape) * spec.dtype.itemsize
     if len(chunk) != expected:
         raise BadRequest(
@@ -155,7 +175,9 @@ def tensor_from_bytes(chunk: bytes, spec: TensorSpec, shape: list[int]) -> np.nd
 
 
 def tensor_from_values(data: Any, spec: TensorSpec, shape: list[int]) -> np.ndarray:
-    """An input given as a (nested) sequence of numbers: JSON data, gRPC typed contents."""
+    """An input given as a (nested) sequence of values: JSON data, gRPC typed contents."""
+    if spec.datatype == BYTES:
+        return bytes_from_values(data, spec.name, shape)
     return _from_json_data(data, spec, shape, math.prod(shape))
 
 
@@ -174,20 +196,16 @@ def assemble_request(
     outputs: Any,
     output_specs: Sequence[TensorSpec],
 ) -> InferRequest:
-    """Checked inputs -> one InferRequest: every input present, one batch size, rows split,
-    parameters (priority, timeout in µs) and requested outputs read as the protocol says."""
+    """Checked inputs -> one InferRequest: every input present, one batch size, parameters
+    (priority, timeout in µs) and requested outputs read as the protocol says."""
     missing = sorted(set(by_name) - set(arrays))
     if missing:
         raise BadRequest(f"missing input(s) {missing}")
-    if len(batched_flags) > 1:
-        raise BadRequest("either every input has the batch dimension or none does")
     batched = batched_flags.pop()
     sizes = {a.shape[0] for a in arrays.values()} if batched else {1}
     if len(sizes) > 1:
         raise BadRequest(f"inputs disagree on the batch size: {sorted(sizes)}")
-    rows = sizes.pop()
-    items = [{k: v[i] for k, v in arrays.items()} for i in range(rows)] if batched else [arrays]
-    request = InferRequest(id=request_id, items=items, batched=batched)
+    request = InferRequest(id=request_id, inputs=arrays, batched=batched, rows=sizes.pop())
     _read_parameters(parameters, request)
     _read_outputs(outputs, output_specs, request)
     return request
@@ -220,18 +238,23 @@ def _request_id(doc: dict[str, Any]) -> str | None:
 
 
 def _check_shape(shape: Any, spec: TensorSpec, max_batch_size: int) -> tuple[list[int], bool]:
+    """Triton's rule: a batching model's inputs carry the batch axis first (1..max), a
+    non-batching model's do not; every other dimension as the spec says, -1 any size."""
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
         raise BadRequest(f"input {spec.name!r}: shape must be a list of non-negative integers")
-    item = list(spec.shape)
-    if shape == item:
-        return shape, False
     if max_batch_size == 0:  # Triton's max_batch_size 0: no batch axis in request shapes
-        raise BadRequest(f"input {spec.name!r}: shape {shape}; this model does not batch and expects {item}")
-    if len(shape) == len(item) + 1 and shape[1:] == item:
-        if not 1 <= shape[0] <= max_batch_size:
-            raise BadRequest(f"input {spec.name!r}: batch of {shape[0]} outside 1..{max_batch_size}")
-        return shape, True
-    raise BadRequest(f"input {spec.name!r}: shape {shape}; model expects [-1, {', '.join(map(str, item))}]")
+        if not spec.accepts(shape):
+            raise BadRequest(f"unexpected shape for input {spec.name!r} for model: expected "
+                             f"{list(spec.shape)}, got {shape} (this model does not batch: no batch "
+                             "axis)")  # fmt: skip
+        return shape, False
+    if not shape or not spec.accepts(shape[1:]):
+        raise BadRequest(f"unexpected shape for input {spec.name!r} for model: expected "
+                         f"{[-1, *spec.shape]}, got {shape}")  # fmt: skip
+    if not 1 <= shape[0] <= max_batch_size:
+        raise BadRequest(f"inference request batch-size must be <= {max_batch_size} for input "
+                         f"{spec.name!r}, got {shape[0]}")  # fmt: skip
+    return shape, True
 
 
 def _from_json_data(data: Any, spec: TensorSpec, shape: list[int], count: int) -> np.ndarray:
@@ -280,6 +303,8 @@ def _read_outputs(outputs: Any, specs: Sequence[TensorSpec], request: InferReque
         name = out.get("name") if isinstance(out, dict) else None
         if not isinstance(name, str) or name not in known:
             raise BadRequest(f"unknown output {name!r}; model has {sorted(known)}")
+        if name in names:  # Triton's words
+            raise BadRequest(f"output '{name}' already exists in request")
         names.append(name)
         out_params = out.get("parameters") or {}
         if not isinstance(out_params, dict):
@@ -294,48 +319,53 @@ def _read_outputs(outputs: Any, specs: Sequence[TensorSpec], request: InferReque
 
 
 def output_arrays(
-    request: InferRequest, rows: list[dict[str, np.ndarray]], output_specs: Sequence[TensorSpec]
+    request: InferRequest, outputs: dict[str, np.ndarray], output_specs: Sequence[TensorSpec]
 ) -> list[tuple[str, str, np.ndarray]]:
-    """(name, datatype, contiguous array) of each requested output, rows stacked back into
-    the request's own batch (none when the request carried no batch axis)."""
+    """(name, datatype, contiguous array) of each requested output: the request's own rows,
+    with the batch axis when the request had one."""
     names = request.outputs or [s.name for s in output_specs]
     datatypes = {s.name: s.datatype for s in output_specs}
     out = []
     for name in names:
-        if not request.batched:
-            value = rows[0][name]
-        elif len(rows) == 1:
-            value = rows[0][name][np.newaxis]  # a view: no copy for the common single row
-        else:
-            value = np.stack([r[name] for r in rows])
+        value = outputs[name] if request.batched else outputs[name][0]
         out.append(
             (name, datatypes[name], np.ascontiguousarray(value, dtype=DATATYPE_TO_NUMPY[datatypes[name]]))
         )
     return out
 
 
+def tensor_bytes(datatype: str, value: np.ndarray) -> bytes:
+    """An output's raw bytes as the binary extension and gRPC's raw contents carry them."""
+    return serialize_bytes(value) if datatype == BYTES else value.tobytes()
+
+
 def _has_nonfinite(tensors: list[dict[str, Any]]) -> bool:
     return any(
-        "data" in t and t["data"].dtype.kind == "f" and not np.isfinite(t["data"]).all() for t in tensors
+        isinstance(data := t.get("data"), np.ndarray)
+        and data.dtype.kind == "f"
+        and not np.isfinite(data).all()
+        for t in tensors
     )
 
 
 def encode_infer_response(
     model_name: str,
     request: InferRequest,
-    rows: list[dict[str, np.ndarray]],
+    outputs: dict[str, np.ndarray],
     output_specs: Sequence[TensorSpec],
     version: str = "1",
 ) -> tuple[bytes, dict[str, str]]:
     """Body and extra headers (binary extension) for one answered request."""
     tensors: list[dict[str, Any]] = []
     blobs: list[bytes] = []
-    for name, datatype, value in output_arrays(request, rows, output_specs):
+    for name, datatype, value in output_arrays(request, outputs, output_specs):
         tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
         if name in request.binary_outputs:
-            blob = value.tobytes()
+            blob = tensor_bytes(datatype, value)
             tensor["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
+        elif datatype == BYTES:
+            tensor["data"] = bytes_to_json(value)
         else:
             tensor["data"] = value.ravel()
         tensors.append(tensor)
@@ -346,7 +376,7 @@ def encode_infer_response(
     if b"null" in header and _has_nonfinite(tensors):
         # orjson writes NaN/Inf as null; Triton writes NaN/Infinity tokens, and so do we.
         for tensor in tensors:
-            if "data" in tensor:
+            if isinstance(tensor.get("data"), np.ndarray):
                 tensor["data"] = tensor["data"].tolist()
         header = json.dumps(doc, separators=(",", ":")).encode()
     if not blobs:

@@ -23,6 +23,7 @@ from wattserve.server.codec import (
     check_finite,
     check_tensor_header,
     output_arrays,
+    tensor_bytes,
     tensor_from_bytes,
     tensor_from_values,
 )
@@ -58,7 +59,9 @@ def payload_bytes(message: service_pb2.ModelInferRequest) -> int:
     for tensor in message.inputs:
         if tensor.HasField("contents"):
             field = CONTENTS_FIELD.get(tensor.datatype)
-            if field is not None:
+            if field == "bytes_contents":
+                size += sum(4 + len(v) for v in tensor.contents.bytes_contents)
+            elif field is not None:
                 size += 8 * len(getattr(tensor.contents, field))
     return size
 
@@ -125,16 +128,16 @@ def build_response(
     model_name: str,
     version: str,
     request: InferRequest,
-    rows: list[dict[str, np.ndarray]],
+    outputs: dict[str, np.ndarray],
     output_specs: Sequence[TensorSpec],
 ) -> service_pb2.ModelInferResponse:
     """One answered request as a ModelInferResponse, outputs as raw little-endian bytes."""
     response = service_pb2.ModelInferResponse(model_name=model_name, model_version=version,
                                               id=request.id or "")  # fmt: skip
-    for name, datatype, value in output_arrays(request, rows, output_specs):
+    for name, datatype, value in output_arrays(request, outputs, output_specs):
         tensor = response.outputs.add()
         tensor.name = name
         tensor.datatype = datatype
         tensor.shape.extend(value.shape)
-        response.raw_output_contents.append(value.tobytes())
+        response.raw_output_contents.append(tensor_bytes(datatype, value))
     return response

@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from wattserve.batchers.status import Status
 from wattserve.server.admission import BodyBudget, BudgetExceeded, Refused, admit
 from wattserve.server.codec import InferRequest
 from wattserve.server.grpc_access import GrpcAccessControl
@@ -45,18 +46,18 @@ from wattserve.server.settings import Settings
 log = logging.getLogger("wattserve.grpc")
 
 S = grpc.StatusCode
-GRPC_CODES = {  # HTTP status of a refusal -> the gRPC code Triton answers for the same error
-    400: S.INVALID_ARGUMENT,
-    401: S.UNAUTHENTICATED,
-    403: S.PERMISSION_DENIED,
-    404: S.NOT_FOUND,
-    413: S.RESOURCE_EXHAUSTED,
-    415: S.INVALID_ARGUMENT,
-    429: S.RESOURCE_EXHAUSTED,
-    499: S.CANCELLED,
-    500: S.INTERNAL,
-    503: S.UNAVAILABLE,
-    504: S.DEADLINE_EXCEEDED,
+GRPC_CODES = {  # the gRPC front end's one table: status kind -> Triton's gRPC code for it
+    Status.INVALID_ARG: S.INVALID_ARGUMENT,
+    Status.NOT_FOUND: S.NOT_FOUND,
+    Status.UNAVAILABLE: S.UNAVAILABLE,
+    Status.UNSUPPORTED: S.UNIMPLEMENTED,
+    Status.INTERNAL: S.INTERNAL,
+    Status.CANCELLED: S.CANCELLED,
+    Status.ALREADY_EXISTS: S.ALREADY_EXISTS,
+    Status.TOO_LARGE: S.RESOURCE_EXHAUSTED,
+    Status.UNSUPPORTED_MEDIA: S.INVALID_ARGUMENT,
+    Status.UNAUTHENTICATED: S.UNAUTHENTICATED,
+    Status.PERMISSION_DENIED: S.PERMISSION_DENIED,
 }
 STREAM_INFLIGHT = 1024  # requests one stream may have unanswered; past it the stream stops reading
 
@@ -169,10 +170,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         request_protocol.set("grpc")  # this handler's own task: the metrics' protocol label
         try:
-            response, results = await self._infer(request)
+            response, result = await self._infer(request)
         except Failure as failure:
             await self._abort(context, failure)
-        context.set_trailing_metadata(tuple((k.lower(), v) for k, v in timing_headers(results).items()))
+        context.set_trailing_metadata(tuple((k.lower(), v) for k, v in timing_headers(result).items()))
         return response
 
     async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
@@ -240,7 +241,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             )
         return service_pb2.ModelStreamInferResponse(infer_response=response)
 
-    async def _infer(self, message: Any) -> tuple[Any, list[Any]]:
+    async def _infer(self, message: Any) -> tuple[Any, Any]:
         """The admission path with a protobuf decoder; Failure for every refusal."""
         name = message.model_name
         engines = []  # the engine the request was decoded for (an unload may clear runtime.engine)
@@ -248,7 +249,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         async def decode(runtime: ModelRuntime) -> InferRequest:
             engine = runtime.engine
             if engine is None:
-                raise Refused(f"model {name!r} is unloading", 503, retry_after=True)
+                raise Refused(f"model {name!r} is unloading", Status.UNAVAILABLE, retry_after=True)
             engines.append(engine)
             size = payload_bytes(message)
             if not self.body_budget.try_reserve(size):
@@ -265,9 +266,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             done = await admit(self.models, name, message.model_version or None, decode)
             response = build_response(name, done.runtime.version, done.request,
-                                      [r.outputs for r in done.results], engines[0].outputs)  # fmt: skip
+                                      done.result.outputs, engines[0].outputs)  # fmt: skip
         except Refused as refused:
-            if not engines and refused.status == 400:
+            if not engines and refused.status is Status.INVALID_ARG:
                 # refused before decoding with a 400: the model failed to load or was
                 # unloaded. Not the request's fault: Triton answers UNAVAILABLE.
                 raise Failure(S.UNAVAILABLE, str(refused)) from None
@@ -275,7 +276,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         except Exception as exc:  # a bug, not a refusal: the request fails alone
             log.exception("gRPC inference for %r failed", name)
             raise Failure(S.INTERNAL, f"internal error: {type(exc).__name__}") from None
-        return response, done.results
+        return response, done.result
 
     # ------------------------------------------------------------------ helpers
     async def _serving(self, name: str, version: str, context: Any) -> ModelRuntime:

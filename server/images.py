@@ -6,6 +6,7 @@ import io
 from functools import lru_cache
 
 import numpy as np
+from wattserve.batchers.status import Status
 from wattserve.server.codec import BadRequest
 
 
@@ -41,7 +42,9 @@ def preprocess_image(data: bytes, model_name: str, max_pixels: int = 25_000_000)
         image = Image.open(io.BytesIO(data))  # reads the header only
         width, height = image.size
         if width * height > max_pixels:
-            raise BadRequest(f"image of {width}x{height} pixels exceeds the {max_pixels}-pixel limit", 413)
+            raise BadRequest(
+                f"image of {width}x{height} pixels exceeds the {max_pixels}-pixel limit", Status.TOO_LARGE
+            )
         if image.format == "JPEG":
             image.draft("RGB", (DECODE_AT_LEAST, DECODE_AT_LEAST))
         image.load()

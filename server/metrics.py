@@ -158,11 +158,13 @@ class ServingMetrics:
         self.queue_depth.set_function(lambda: 0)
         self.inflight.set_function(lambda: 0)
 
-    def observe_batch(self, size: int, compute_s: float, padded: int = 0) -> None:
-        """Called once per executed batch."""
+    def observe_batch(
+        self, size: int, compute_s: float, padded: int = 0, input_s: float = 0.0, output_s: float = 0.0
+    ) -> None:
+        """Called once per executed batch (``size`` rows)."""
         self.batch_size.observe(size)
         self.compute_time.observe(compute_s)
-        self.statistics.record_batch(size, compute_s)
+        self.statistics.record_batch(size, compute_s, input_s=input_s, output_s=output_s)
         self.inferences.inc(size)
         self.executions.inc()
         if padded:

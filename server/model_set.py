@@ -71,12 +71,12 @@ class ModelSet:
         """The entry of ``name`` at ``version`` (None or "": the newest READY one, else the newest)."""
         versions = self._models.get(name)
         if not versions:
-            raise UnknownModel(f"unknown model {name!r}; this server serves {sorted(self._models)}")
+            # Triton's words, which its clients match on; never a list of what else is served
+            raise UnknownModel(f"Request for unknown model: '{name}' is not found")
         if version:
             entry = versions.get(version)
             if entry is None:
-                raise UnknownModel(f"model {name!r} has no version {version!r} (versions: "
-                                   f"{sorted(v for v in versions if v)})")  # fmt: skip
+                raise UnknownModel(f"Request for unknown model: '{name}' version {version} is not found")
             return entry
         if len(versions) == 1:  # the common case, on every request: no list, no sort
             return next(iter(versions.values()))

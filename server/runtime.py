@@ -14,12 +14,22 @@ from concurrent.futures import ThreadPoolExecutor
 from time import monotonic
 from typing import Any
 
+import numpy as np
 from wattserve.batchers.base import Batcher, engine_thread
 from wattserve.batchers.iteration_metrics import IterationMetrics
 from wattserve.batchers.registry import build_batcher
 from wattserve.batchers.types import Draining, RequestError, Result, WorkItem
-from wattserve.engines.base import Engine, StepEngine, ValidatesInputs, WarmsItself, warmup_sizes, zeros_batch
+from wattserve.engines.base import (
+    Engine,
+    StepEngine,
+    ValidatesInputs,
+    WarmsItself,
+    warms_with_zeros,
+    warmup_sizes,
+    zeros_batch,
+)
 from wattserve.server.batch_observer import ServingObserver
+from wattserve.server.codec import InferRequest
 from wattserve.server.metrics import ServingMetrics
 from wattserve.server.model_plan import EngineFactory
 from wattserve.server.settings import Settings
@@ -66,6 +76,8 @@ class ModelRuntime:
         self.engine: Engine | None = None
         self.batcher: Batcher | None = None
         self._validate: Any = None  # the engine's own input checks (ValidatesInputs), if any
+        self._one_row = False  # a step engine: one row per request (its state is one row)
+        self._variable: list[str] | None = None  # inputs with -1 dims: their shapes key batches
         self._collector: Any = None  # the batcher's own Prometheus collector, if any
         self._batch_observer: ServingObserver | None = None  # watches the batcher for the gauges
         self.ready = False
@@ -86,7 +98,7 @@ class ModelRuntime:
                     settings = settings.model_copy(update={"device": device})
                 threads.append(engine_thread(index))
                 engines.append(await loop.run_in_executor(threads[-1], self._engine_factory, settings))
-            if self.settings.warmup:
+            if self.settings.warmup and warms_with_zeros(engines[0].inputs):
                 await asyncio.gather(
                     *(loop.run_in_executor(t, self._warm, e) for t, e in zip(threads, engines, strict=True))
                 )
@@ -101,6 +113,9 @@ class ModelRuntime:
             raise
         self.engine, self.batcher = engines[0], batcher
         self._validate = self.engine.validate if isinstance(self.engine, ValidatesInputs) else None
+        self._one_row = isinstance(self.engine, StepEngine)
+        variable = [spec.name for spec in self.engine.inputs if spec.variable]
+        self._variable = variable or None
         observer.watch(batcher)
         self._batch_observer = observer
         self._collector = batcher.collector(self.name)
@@ -167,17 +182,40 @@ class ModelRuntime:
             self.metrics.registry.unregister(collector)
         self.engine = None
         self._validate = None
+        self._one_row = False
+        self._variable = None
 
     # ------------------------------------------------------------------ requests
-    def make_item(self, inputs: dict[str, Any], priority: int, timeout_us: int | None) -> WorkItem:
-        """Map Triton-style priority (0 = default) and timeout (µs) onto a work item.
+    def make_item(self, request: InferRequest) -> WorkItem:
+        """One work item for one whole request (Triton never splits a request): Triton-style
+        priority (0 = default) and timeout (µs) mapped onto the item.
 
         Raises ValueError (answered 400) for a bad priority or inputs the engine refuses."""
         s = self.settings
-        if priority > s.priority_levels:
-            raise ValueError(f"priority {priority} outside 0..{s.priority_levels}")
-        if self._validate is not None:  # model-specific checks (-> 400)
-            self._validate(inputs)
+        if request.priority > s.priority_levels:
+            raise ValueError(f"priority {request.priority} outside 0..{s.priority_levels}")
+        inputs = request.inputs
+        if not request.batched:  # the batcher's items always carry the batch axis
+            inputs = {name: value[np.newaxis] for name, value in inputs.items()}
+        if self._one_row and request.rows != 1:
+            raise ValueError(f"model {self.name!r} takes one row per request (a step model); got "
+                             f"{request.rows}")  # fmt: skip
+        if self._validate is not None:  # model-specific checks (-> 400), on each row
+            if request.rows == 1:
+                self._validate({name: value[0] for name, value in inputs.items()})
+            else:
+                for i in range(request.rows):
+                    self._validate({name: value[i] for name, value in inputs.items()})
+        item = self.work_item(inputs, request.priority, request.timeout_us)
+        item.rows = request.rows
+        if self._variable is not None:  # only same-shape requests share a batch
+            item.shape_key = tuple(inputs[name].shape[1:] for name in self._variable)
+        return item
+
+    def work_item(self, inputs: dict[str, Any], priority: int, timeout_us: int | None) -> WorkItem:
+        """A one-row work item (``inputs`` with the batch axis) with Triton's priority and
+        timeout: the deadline is the default timeout, shortened by the request's own."""
+        s = self.settings
         level = priority or s.effective_default_priority
         now = monotonic()
         default_s = s.default_timeout_ms / 1e3 if s.default_timeout_ms is not None else None
@@ -190,31 +228,21 @@ class ModelRuntime:
             deadline = None
         return WorkItem(inputs=inputs, priority=level, deadline=deadline, arrival=now)
 
-    def cancel(self, items: Sequence[WorkItem]) -> None:
-        """The client left: answer its items now; queued ones are never computed."""
+    def cancel(self, item: WorkItem) -> None:
+        """The client left: answer its item now; a queued one is never computed."""
         if self.batcher is not None:
-            for item in items:
-                self.batcher.cancel(item)
+            self.batcher.cancel(item)
 
-    async def infer(self, items: Sequence[WorkItem]) -> list[Result]:
-        """Submit every row of one request; one outcome is counted per request."""
+    async def infer(self, item: WorkItem) -> Result:
+        """Submit one request's work item; its one outcome is counted."""
         if self.batcher is None:  # unloaded between admission and submit
             raise Draining(f"model {self.name!r} is unloading")
         started = monotonic()
         outcome = "success"
-        results: list[Result] = []
+        result: Result | None = None
         try:
-            if len(items) == 1:
-                results = [await self.batcher.submit(items[0])]
-                return results
-            tasks = [asyncio.ensure_future(self.batcher.submit(i)) for i in items]
-            try:
-                results = list(await asyncio.gather(*tasks))
-                return results
-            except BaseException:
-                for task in tasks:  # one row failed: the request is answered, stop the rest
-                    task.cancel()
-                raise
+            result = await self.batcher.submit(item)
+            return result
         except RequestError as exc:
             outcome = exc.outcome
             raise
@@ -228,14 +256,9 @@ class ModelRuntime:
             self.metrics.outcome[outcome].inc()
             elapsed = monotonic() - started
             stats = self.metrics.statistics
-            if outcome == "success":
+            if result is not None:
                 self.metrics.request_latency.observe(elapsed)
-                if len(results) == 1:
-                    queue_s, compute_s = results[0].queue_time_s, results[0].compute_time_s
-                else:
-                    queue_s = max(r.queue_time_s for r in results)
-                    compute_s = max(r.compute_time_s for r in results)
-                stats.record_success(elapsed, queue_s, compute_s)
+                stats.record_success(elapsed, result)
             elif outcome != "cancelled":
                 stats.record_failure(elapsed)
 

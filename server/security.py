@@ -90,7 +90,7 @@ class AccessControl:
             if api in r.apis:
                 got = headers.get(r.header)
                 if got is None or not hmac.compare_digest(got, r.value):
-                    return 403, f"this API is restricted; expecting header '{r.header.decode()}'", []
+                    return 403, f"This API is restricted, expecting header '{r.header.decode()}'", []
         if self.token is not None and api == "inference":
             auth = headers.get(b"authorization", b"")
             scheme, _, token = auth.partition(b" ")

@@ -1,5 +1,13 @@
 """Per-model counters in the shape of Triton's statistics extension (``/v2/models/{m}/stats``).
 
+Counted as Triton counts them, since its tools check them against each other
+(perf_analyzer stops with "Server side statistics compute counts must be the same" when
+they disagree): each successful request once in each of queue, compute_input,
+compute_infer and compute_output; each execution once in each of its batch size's three;
+``inference_count`` in rows (a request of batch 4 is four inferences), ``execution_count``
+in model executions. A batch's compute window splits into input gathering, the model call
+and output scatter, timed on the engine thread.
+
 Prometheus keeps histograms for dashboards; Triton's tools (perf_analyzer, model
 analyzer, ``tritonclient``'s ``get_inference_statistics``) want cumulative counts and
 nanosecond sums instead. Everything here is updated on the event loop (request ends in
@@ -27,36 +35,71 @@ class Duration:
 
 
 @dataclass
+class BatchDurations:
+    """One batch size's executions, as Triton's ``batch_stats`` entry counts them."""
+
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+    def doc(self, size: int) -> dict[str, Any]:
+        return {
+            "batch_size": size,
+            "compute_input": self.compute_input.doc(),
+            "compute_infer": self.compute_infer.doc(),
+            "compute_output": self.compute_output.doc(),
+        }
+
+
+@dataclass
 class ModelStatistics:
     success: Duration = field(default_factory=Duration)
     fail: Duration = field(default_factory=Duration)
     queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
-    batches: dict[int, Duration] = field(default_factory=dict)  # batch size -> executions
+    compute_output: Duration = field(default_factory=Duration)
+    batches: dict[int, BatchDurations] = field(default_factory=dict)  # batch size -> executions
     inference_count: int = 0
     execution_count: int = 0
     last_inference_ms: int = 0
 
-    def record_batch(self, size: int, compute_s: float, inferences: int | None = None) -> None:
-        """One model execution of ``size`` rows. ``inferences``: the requests it completed
-        (default ``size``); an iteration-level step completes only the requests that finish
-        on it, as Triton counts a decoupled model's executions and inferences apart."""
+    def record_batch(
+        self,
+        size: int,
+        compute_s: float,
+        inferences: int | None = None,
+        input_s: float = 0.0,
+        output_s: float = 0.0,
+    ) -> None:
+        """One model execution of ``size`` rows taking ``compute_s`` in all, of which
+        ``input_s`` gathering inputs and ``output_s`` scattering outputs. ``inferences``:
+        the rows it completed (default ``size``); an iteration-level step completes only
+        the requests that finish on it, as Triton counts a decoupled model's executions and
+        inferences apart."""
         stats = self.batches.get(size)
         if stats is None:
-            stats = self.batches[size] = Duration()
-        stats.add(compute_s)
+            stats = self.batches[size] = BatchDurations()
+        stats.compute_input.add(input_s)
+        stats.compute_infer.add(max(0.0, compute_s - input_s - output_s))
+        stats.compute_output.add(output_s)
         self.inference_count += size if inferences is None else inferences
         self.execution_count += 1
 
-    def record_success(self, seconds: float, queue_s: float, compute_s: float) -> None:
-        """Once per answered request (hot path: plain adds, no calls but the clock)."""
-        success, queue, compute = self.success, self.queue, self.compute_infer
-        success.count += 1
-        success.ns += int(seconds * 1e9)
-        queue.count += 1
-        queue.ns += int(queue_s * 1e9)
-        compute.count += 1
-        compute.ns += int(compute_s * 1e9)
+    def record_success(self, seconds: float, result: Any) -> None:
+        """Once per answered request (hot path: plain adds, no calls but the clock);
+        ``result``: its ``batchers.types.Result``."""
+        self.success.count += 1
+        self.success.ns += int(seconds * 1e9)
+        self.queue.count += 1
+        self.queue.ns += int(result.queue_time_s * 1e9)
+        input_s, output_s = result.input_s, result.output_s
+        self.compute_input.count += 1
+        self.compute_input.ns += int(input_s * 1e9)
+        self.compute_infer.count += 1
+        self.compute_infer.ns += int(max(0.0, result.compute_time_s - input_s - output_s) * 1e9)
+        self.compute_output.count += 1
+        self.compute_output.ns += int(output_s * 1e9)
         self.last_inference_ms = int(time.time() * 1000)
 
     def record_failure(self, seconds: float) -> None:
@@ -77,16 +120,13 @@ class ModelStatistics:
                 "success": self.success.doc(),
                 "fail": fail,
                 "queue": self.queue.doc(),
-                "compute_input": zero,  # stacking is timed inside compute_infer
+                "compute_input": self.compute_input.doc(),
                 "compute_infer": self.compute_infer.doc(),
-                "compute_output": zero,
+                "compute_output": self.compute_output.doc(),
                 "cache_hit": zero,
                 "cache_miss": zero,
             },
             "response_stats": {},
-            "batch_stats": [
-                {"batch_size": size, "compute_input": zero, "compute_infer": d.doc(), "compute_output": zero}
-                for size, d in sorted(self.batches.items())
-            ],
+            "batch_stats": [d.doc(size) for size, d in sorted(self.batches.items())],
             "memory_usage": [],
         }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from starlette.datastructures import Headers
 from starlette.requests import Request
+from wattserve.batchers.status import Status
 from wattserve.batchers.types import ClientGone
 from wattserve.server.admission import BodyBudget, BudgetExceeded, inference_headers, read_reserved_body
 from wattserve.server.codec import BadRequest
@@ -70,7 +71,7 @@ async def test_every_failed_read_gives_its_reservation_back():
     budget = BodyBudget(10)
     with pytest.raises(BadRequest) as too_big:
         await read_reserved_body(request_with([b"x" * 50], 50), "50", 20, budget)
-    assert too_big.value.status == 413
+    assert too_big.value.status is Status.TOO_LARGE  # HTTP 413
     with pytest.raises(BudgetExceeded):
         await read_reserved_body(request_with([b"x" * 15], 15), "15", 1000, budget)
     with pytest.raises(BudgetExceeded):  # chunked: over the budget on the third chunk

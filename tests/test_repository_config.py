@@ -221,7 +221,7 @@ def test_nan_and_infinity_served_by_default_and_refused_when_checked(tmp_path):
             refused = httpx.post(f"{url}/v2/models/{model}/infer", **request)
             assert refused.status_code == 400 and "NaN or Inf" in refused.json()["error"]
         fine = httpx.post(url + "/v2/models/json_checked/infer", json={"inputs": [
-            {"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})  # fmt: skip
+            {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})  # fmt: skip
         assert fine.status_code == 200
 
 
@@ -317,7 +317,7 @@ def test_queue_policy_timeout_override_with_triton_meaning():
 
     def deadline_in(settings: Settings, timeout_us: int | None) -> float | None:
         runtime = ModelRuntime(settings, lambda s: None, ServingMetrics("m", "dynamic"))
-        item = runtime.make_item({}, 0, timeout_us)
+        item = runtime.work_item({}, 0, timeout_us)
         return None if item.deadline is None else round(item.deadline - item.arrival, 3)
 
     policy = Settings(default_timeout_ms=40, allow_timeout_override=False)

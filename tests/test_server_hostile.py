@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from wattserve.batchers import BatcherConfig, ContinuousBatcher, QueueFull, WorkItem
+from wattserve.batchers.status import Status
 from wattserve.server.lifecycle import IdleTrimmer
 from wattserve.server.security import api_of, parse_restricted_api
 from wattserve.server.settings import Settings
@@ -151,7 +152,7 @@ def test_preprocess_checks_pixels_before_decoding():
             preprocess_image(buf.getvalue(), "mobilenet_v2", max_pixels=25_000_000)
     finally:
         ImageFile.ImageFile.load = real_load  # type: ignore[method-assign]
-    assert info.value.status == 413 and "8000x8000" in str(info.value)
+    assert info.value.status is Status.TOO_LARGE and "8000x8000" in str(info.value)
     assert decoded == []  # refused from the header: not one pixel decoded
 
 
@@ -295,7 +296,7 @@ def test_chunked_multipart_limit_on_an_image_model():
 
     with pytest.raises(BadRequest) as info:
         asyncio.run(read_upload(FakeRequest(), 10 * 1024))  # type: ignore[arg-type]
-    assert info.value.status == 413
+    assert info.value.status is Status.TOO_LARGE
 
 
 def test_huge_header_is_431_and_closed(server):

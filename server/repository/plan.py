@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wattserve.engines.base import DATATYPE_TO_NUMPY, Engine, EngineUnavailable, TensorSpec
+from wattserve.engines.base import DATATYPE_TO_NUMPY, VARIABLE, Engine, EngineUnavailable, TensorSpec
 from wattserve.engines.registry import MODELS, build_engine
 from wattserve.server.model_plan import EngineFactory, ModelPlan
 from wattserve.server.repository import model_config_pb2 as pb
@@ -199,20 +199,30 @@ def _instance_devices(
 # ---------------------------------------------------------------------------- engines
 
 
+# Triton's config names a datatype TYPE_<name>; the protocol calls TYPE_STRING "BYTES".
+CONFIG_DATATYPES = {"STRING": "BYTES"}
+
+
+def config_datatype(datatype: str) -> str:
+    """A protocol datatype as a config's ``data_type`` names it (BYTES -> TYPE_STRING)."""
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
 def config_tensors(
     tensors: Any, source: str, what: str, outputs: bool
 ) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """(client-side specs, model-side specs): they differ only where ``reshape`` is set."""
     outer, inner = [], []
     for i, t in enumerate(tensors):
-        datatype = pb.DataType.Name(t.data_type).removeprefix("TYPE_")
+        name = pb.DataType.Name(t.data_type).removeprefix("TYPE_")
+        datatype = CONFIG_DATATYPES.get(name, name)
         if datatype not in DATATYPE_TO_NUMPY:
-            raise ConfigError(f"{source}: {what}[{i}] ({t.name}) data_type TYPE_{datatype} is not "
+            raise ConfigError(f"{source}: {what}[{i}] ({t.name}) data_type TYPE_{name} is not "
                               "supported by wattserve")  # fmt: skip
         dims = tuple(int(d) for d in t.dims)
-        if any(d < 0 for d in dims):
-            raise ConfigError(f"{source}: {what}[{i}] ({t.name}) dims {list(dims)}: variable dimensions "
-                              "(-1) are not supported; give fixed dims")  # fmt: skip
+        if any(d < VARIABLE for d in dims):
+            raise ConfigError(f"{source}: {what}[{i}] ({t.name}) dims {list(dims)}: a dimension is a "
+                              "size >= 0 or -1 (variable)")  # fmt: skip
         shape = tuple(int(d) for d in t.reshape.shape) if t.HasField("reshape") else dims
         outer.append(TensorSpec(t.name, dims, datatype, allow_nonfinite=outputs))
         inner.append(TensorSpec(t.name, shape, datatype, allow_nonfinite=outputs))
@@ -293,6 +303,14 @@ KIND_ENGINES: dict[str, Callable[[ModelFile, Settings], Engine]] = {
 }
 
 
+def _dims_agree(model: tuple[int, ...], config: tuple[int, ...]) -> bool:
+    """Same rank, and each dimension equal or variable (-1) on either side: a config may
+    fix what the model leaves variable, or leave variable what the model fixes."""
+    return len(model) == len(config) and all(
+        VARIABLE in (m, c) or m == c for m, c in zip(model, config, strict=True)
+    )
+
+
 def _check_against_config(
     engine: Engine, inputs: list[TensorSpec], outputs: list[TensorSpec], source: str
 ) -> None:
@@ -306,7 +324,7 @@ def _check_against_config(
                                     f"model has {sorted(have)}")  # fmt: skip
         for spec in declared:
             real = have[spec.name]
-            if real.datatype != spec.datatype or tuple(real.shape) != tuple(spec.shape):
+            if real.datatype != spec.datatype or not _dims_agree(real.shape, spec.shape):
                 raise EngineUnavailable(
                     f"{source}: {what} {spec.name!r} is TYPE_{spec.datatype} {list(spec.shape)} in the "
                     f"config but TYPE_{real.datatype} {list(real.shape)} in the model"

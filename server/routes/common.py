@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from wattserve.batchers.types import Result, WorkItem
 from wattserve.server.admission import Refused
+from wattserve.server.http_status import HTTP_STATUS
 from wattserve.server.runtime import ModelRuntime
 
 WATCH_AFTER_S = 0.02  # answers slower than this get a task watching for a gone client
@@ -32,32 +33,33 @@ DRAIN_UNREAD_BODY_BYTES = 64 * 1024  # a refused request's unread body up to thi
 def refusal_response(refused: Refused, retry_after_s: int, request: Request | None = None) -> Response:
     """The error answer; a refusal that left a large (or chunked) body unread closes the
     connection instead of draining a body nobody will use."""
-    answer = error_response(str(refused), refused.status, retry_after_s if refused.retry_after else None)
+    status = HTTP_STATUS[refused.status]
+    answer = error_response(str(refused), status, retry_after_s if refused.retry_after else None)
     if refused.body_unread and request is not None:
         declared = request.headers.get("content-length", "")
-        if refused.status == 413 or not declared.isdigit() or int(declared) > DRAIN_UNREAD_BODY_BYTES:
+        if status == 413 or not declared.isdigit() or int(declared) > DRAIN_UNREAD_BODY_BYTES:
             answer.headers["connection"] = "close"
     return answer
 
 
-def watching_submit(request: Request) -> Callable[[ModelRuntime, list[WorkItem]], Awaitable[list[Result]]]:
-    """A submit for the admission path that cancels the request's items (never computed if
+def watching_submit(request: Request) -> Callable[[ModelRuntime, WorkItem], Awaitable[Result]]:
+    """A submit for the admission path that cancels the request's item (never computed if
     still queued) when the client goes away first.
 
     The watcher starts only after ``WATCH_AFTER_S``: most answers come sooner, and a
     watcher task per request costs more than the identity model's whole budget.
     """
 
-    async def submit(runtime: ModelRuntime, items: list[WorkItem]) -> list[Result]:
+    async def submit(runtime: ModelRuntime, item: WorkItem) -> Result:
         loop = asyncio.get_running_loop()
         watcher: list[asyncio.Task[None]] = []
 
         def start_watching() -> None:
-            watcher.append(loop.create_task(_cancel_on_disconnect(request.receive, runtime, items)))
+            watcher.append(loop.create_task(_cancel_on_disconnect(request.receive, runtime, item)))
 
         timer = loop.call_later(WATCH_AFTER_S, start_watching)
         try:
-            return await runtime.infer(items)
+            return await runtime.infer(item)
         finally:
             timer.cancel()
             for task in watcher:
@@ -67,29 +69,21 @@ def watching_submit(request: Request) -> Callable[[ModelRuntime, list[WorkItem]]
 
 
 async def _cancel_on_disconnect(
-    receive: Callable[[], Awaitable[dict[str, Any]]], runtime: ModelRuntime, items: list[WorkItem]
+    receive: Callable[[], Awaitable[dict[str, Any]]], runtime: ModelRuntime, item: WorkItem
 ) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            runtime.cancel(items)
+            runtime.cancel(item)
             return
 
 
-def timing_values(results: list[Result]) -> tuple[str, str, str]:
-    """Batching made visible: worst queue and compute time (ms) and largest batch over the
-    request's rows, formatted as the X-Queue-Time-Ms, X-Compute-Time-Ms and X-Batch-Size
-    headers carry them."""
-    first = results[0]
-    if len(results) == 1:
-        queue_s, compute_s, size = first.queue_time_s, first.compute_time_s, first.batch_size
-    else:
-        queue_s = max(r.queue_time_s for r in results)
-        compute_s = max(r.compute_time_s for r in results)
-        size = max(r.batch_size for r in results)
-    return f"{queue_s * 1e3:.3f}", f"{compute_s * 1e3:.3f}", str(size)
+def timing_values(result: Result) -> tuple[str, str, str]:
+    """Batching made visible: queue and compute time (ms) and the batch's rows, formatted
+    as the X-Queue-Time-Ms, X-Compute-Time-Ms and X-Batch-Size headers carry them."""
+    return f"{result.queue_time_s * 1e3:.3f}", f"{result.compute_time_s * 1e3:.3f}", str(result.batch_size)
 
 
-def timing_headers(results: list[Result]) -> dict[str, str]:
-    queue_ms, compute_ms, size = timing_values(results)
+def timing_headers(result: Result) -> dict[str, str]:
+    queue_ms, compute_ms, size = timing_values(result)
     return {"X-Queue-Time-Ms": queue_ms, "X-Compute-Time-Ms": compute_ms, "X-Batch-Size": size}

@@ -11,8 +11,10 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from wattserve.batchers.status import Status
 from wattserve.server.admission import Refused, select
 from wattserve.server.model_set import ModelSet, ModelState, UnknownModel
+from wattserve.server.repository.plan import config_datatype
 from wattserve.server.routes.common import error_response, json_response, refusal_response
 from wattserve.server.runtime import ModelRuntime
 from wattserve.server.settings import Settings
@@ -98,7 +100,7 @@ def serving_runtime(models: ModelSet, name: str, version: str | None) -> ModelRu
     try:
         entry = models.lookup(name, version)
     except UnknownModel as exc:
-        raise Refused(str(exc), 404) from None
+        raise Refused(str(exc), Status.NOT_FOUND) from None
     if entry.runtime is not None and entry.runtime.engine is not None:
         return entry.runtime
     return select(models, name, version)  # raises the refusal that says why
@@ -131,7 +133,9 @@ def triton_config(runtime: ModelRuntime) -> dict[str, Any]:
     assert engine is not None
 
     def tensors(specs: Any) -> list[dict[str, Any]]:
-        return [{"name": s.name, "data_type": f"TYPE_{s.datatype}", "dims": list(s.shape)} for s in specs]
+        return [
+            {"name": s.name, "data_type": config_datatype(s.datatype), "dims": list(s.shape)} for s in specs
+        ]
 
     config: dict[str, Any] = {
         "name": runtime.name,

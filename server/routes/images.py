@@ -74,15 +74,15 @@ def images_router(models: ModelSet, settings: Settings) -> APIRouter:
             expected = tuple(engine.inputs[0].shape)
             if tensor.shape != expected:
                 raise BadRequest(f"preprocessed image is {tensor.shape}, model expects {expected}")
-            return InferRequest(id=None, items=[{"input": tensor}], batched=False)
+            return InferRequest(id=None, inputs={"input": tensor}, batched=False)
 
         try:
             done = await admit(models, name, None, decode, watching_submit(request))
         except Refused as refused:
             return refusal_response(refused, retry_after_s, request)
-        logits = next(iter(done.results[0].outputs.values()))
+        logits = next(iter(done.result.outputs.values()))[0]
         classes = best_classes(logits, done.runtime.settings.model, top_k)
-        return json_response({"model_name": name, "top_k": classes}, headers=timing_headers(done.results))
+        return json_response({"model_name": name, "top_k": classes}, headers=timing_headers(done.result))
 
     @router.get("/v2/models/{name}/generate")
     async def generate_png(
@@ -92,7 +92,7 @@ def images_router(models: ModelSet, settings: Settings) -> APIRouter:
         steps: int = Query(0, ge=0, description="Denoising steps; 0: the server's default."),
         scale: int = Query(1, ge=1, le=MAX_SCALE, description="Nearest-neighbour enlargement."),
         priority: int = Query(0, ge=0, description="Triton priority level; 0: the default."),
-        timeout_ms: float | None = Query(None, gt=0, description="Deadline; 504 when passed."),
+        timeout_ms: float | None = Query(None, gt=0, description="Deadline; 503 when passed."),
     ) -> Response:
         async def decode(runtime: ModelRuntime) -> InferRequest:
             engine = runtime.engine
@@ -101,14 +101,14 @@ def images_router(models: ModelSet, settings: Settings) -> APIRouter:
             inputs = {"seed": np.array([seed], np.int64), "steps": np.array([steps], np.int32)}
             timeout_us = int(timeout_ms * 1000) if timeout_ms is not None else None
             return InferRequest(
-                id=None, items=[inputs], batched=False, priority=priority, timeout_us=timeout_us
+                id=None, inputs=inputs, batched=False, priority=priority, timeout_us=timeout_us
             )
 
         try:
             done = await admit(models, name, None, decode, watching_submit(request))
         except Refused as refused:
             return refusal_response(refused, retry_after_s)
-        png = await asyncio.to_thread(image_to_png, done.results[0].outputs["image"], scale)
-        return Response(png, media_type="image/png", headers=timing_headers(done.results))
+        png = await asyncio.to_thread(image_to_png, done.result.outputs["image"][0], scale)
+        return Response(png, media_type="image/png", headers=timing_headers(done.result))
 
     return router

@@ -11,6 +11,7 @@ import asyncio
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from wattserve.batchers.status import Status
 from wattserve.server.admission import (
     BodyBudget,
     Refused,
@@ -57,7 +58,8 @@ def inference_routes(models: ModelSet, settings: Settings, body_budget: BodyBudg
         async def decode(runtime: ModelRuntime) -> InferRequest:
             engine = runtime.engine
             if engine is None:
-                raise Refused(f"model {name!r} is unloading", 503, retry_after=True, body_unread=True)
+                raise Refused(f"model {name!r} is unloading", Status.UNAVAILABLE, retry_after=True,
+                              body_unread=True)  # fmt: skip
             engines.append(engine)
             content_type, declared, binary_length = inference_headers(request.scope)
             check_content_type(content_type)
@@ -75,9 +77,9 @@ def inference_routes(models: ModelSet, settings: Settings, body_budget: BodyBudg
             done = await admit(models, name, params.get("version"), decode, watching_submit(request))
         except Refused as refused:
             return refusal_response(refused, retry_after_s, request)
-        payload, extra = encode_infer_response(name, done.request, [r.outputs for r in done.results],
+        payload, extra = encode_infer_response(name, done.request, done.result.outputs,
                                                engines[0].outputs, done.runtime.version)  # fmt: skip
-        queue_ms, compute_ms, size = timing_values(done.results)
+        queue_ms, compute_ms, size = timing_values(done.result)
         headers = [(b"x-queue-time-ms", queue_ms.encode()), (b"x-compute-time-ms", compute_ms.encode()),
                    (b"x-batch-size", size.encode())]  # fmt: skip
         if extra:

@@ -1,0 +1,88 @@
+"""Tiny ONNX models in a Triton repository layout, built with onnx.helper in milliseconds:
+the shapes Triton's own QA generators make (identity and add/sub over any datatype, fixed
+or variable dimensions), for conformance tests and benchmarks. Nothing is downloaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from onnx import TensorProto, helper, save
+
+ONNX_TYPES = {
+    "BOOL": TensorProto.BOOL,
+    "UINT8": TensorProto.UINT8,
+    "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32,
+    "UINT64": TensorProto.UINT64,
+    "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16,
+    "INT32": TensorProto.INT32,
+    "INT64": TensorProto.INT64,
+    "FP16": TensorProto.FLOAT16,
+    "FP32": TensorProto.FLOAT,
+    "FP64": TensorProto.DOUBLE,
+    "BYTES": TensorProto.STRING,
+}
+
+
+def _dims(dims: list[int], batched: bool) -> list[int | str | None]:
+    out: list[int | str | None] = ["batch"] if batched else []
+    out += [None if d == -1 else d for d in dims]
+    return out
+
+
+def _save(nodes, inputs, outputs, path: Path) -> None:
+    graph = helper.make_graph(nodes, path.parent.parent.name, inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8  # what the installed ONNX Runtime reads
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save(model, str(path))
+
+
+def config_type(datatype: str) -> str:
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
+def identity_model(root: Path, name: str, datatype: str, dims: list[int], max_batch_size: int,
+                   extra_config: str = "") -> Path:  # fmt: skip
+    """INPUT0 -> OUTPUT0 unchanged (Triton's ``*_identity`` QA models), with config.pbtxt."""
+    t = ONNX_TYPES[datatype]
+    batched = max_batch_size > 0
+    _save(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
+        [helper.make_tensor_value_info("INPUT0", t, _dims(dims, batched))],
+        [helper.make_tensor_value_info("OUTPUT0", t, _dims(dims, batched))],
+        root / name / "1" / "model.onnx",
+    )
+    tensor = f"data_type: {config_type(datatype)} dims: [ {', '.join(map(str, dims))} ]"
+    (root / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch_size}\n'
+        f'input [ {{ name: "INPUT0" {tensor} }} ]\noutput [ {{ name: "OUTPUT0" {tensor} }} ]\n'
+        f"instance_group [ {{ count: 1 kind: KIND_CPU }} ]\n{extra_config}"
+    )
+    return root / name
+
+
+def add_sub_model(root: Path, name: str, datatype: str, dims: list[int], max_batch_size: int,
+                  extra_config: str = "") -> Path:  # fmt: skip
+    """OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (Triton's QA "simple" models)."""
+    t = ONNX_TYPES[datatype]
+    batched = max_batch_size > 0
+    shape = _dims(dims, batched)
+    _save(
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+        ],
+        [helper.make_tensor_value_info(n, t, shape) for n in ("INPUT0", "INPUT1")],
+        [helper.make_tensor_value_info(n, t, shape) for n in ("OUTPUT0", "OUTPUT1")],
+        root / name / "1" / "model.onnx",
+    )
+    tensor = f"data_type: {config_type(datatype)} dims: [ {', '.join(map(str, dims))} ]"
+    (root / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch_size}\n'
+        f'input [ {{ name: "INPUT0" {tensor} }}, {{ name: "INPUT1" {tensor} }} ]\n'
+        f'output [ {{ name: "OUTPUT0" {tensor} }}, {{ name: "OUTPUT1" {tensor} }} ]\n'
+        f"instance_group [ {{ count: 1 kind: KIND_CPU }} ]\n{extra_config}"
+    )
+    return root / name

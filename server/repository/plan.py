@@ -15,7 +15,8 @@ Auto-complete (Triton's, unless ``--disable-auto-complete-config``): a config wi
 ``platform``/``backend`` gets it from the model file's name; a directory with no
 config.pbtxt but a ``model.onnx`` gets its whole config from the file (inputs and outputs,
 and ``max_batch_size`` 4 with dynamic batching when every tensor's first dim is dynamic,
-Triton's default-max-batch-size).
+Triton's default-max-batch-size; the same for any ONNX config that sets neither
+max_batch_size nor tensors).
 """
 
 from __future__ import annotations
@@ -123,17 +124,16 @@ def plan_model(
     """Every version of the model in ``model_dir`` that its version policy selects.
     ``config``: an override that replaces the directory's config.pbtxt."""
     name = model_dir.name
-    whole = False  # the whole config comes from the model file (no config.pbtxt)
     if config is None:
         source = str(model_dir / CONFIG_FILE)
-        if not (model_dir / CONFIG_FILE).is_file() and not base.disable_auto_complete_config:
-            whole = _has_file(model_dir, "model.onnx")
-            config = pb.ModelConfig() if whole else read_config(model_dir)
+        missing = not (model_dir / CONFIG_FILE).is_file()
+        if missing and not base.disable_auto_complete_config and _has_file(model_dir, "model.onnx"):
+            config = pb.ModelConfig()  # the whole config comes from model.onnx
         else:
             config = read_config(model_dir)
     source = source or str(model_dir / CONFIG_FILE)
     if not base.disable_auto_complete_config:
-        auto_complete(config, model_dir, source, whole)
+        auto_complete(config, model_dir, source)
     platform = config.platform or config.backend
     if not platform:
         raise ConfigError(f"{source}: neither 'platform' nor 'backend' is set, and auto-complete is "
@@ -184,9 +184,11 @@ def _has_file(model_dir: Path, file_name: str) -> bool:
     return any((v / file_name).exists() for v in _version_dirs(model_dir))
 
 
-def auto_complete(config: pb.ModelConfig, model_dir: Path, source: str, whole: bool) -> None:
+def auto_complete(config: pb.ModelConfig, model_dir: Path, source: str) -> None:
     """Fill what Triton's auto-complete fills, in place: the platform from the model file's
-    name, and for a directory without config.pbtxt the batch size from model.onnx."""
+    name; for an ONNX model whose config sets no max_batch_size and no tensors (a directory
+    without config.pbtxt is one), max_batch_size 4 and dynamic batching when every tensor of
+    model.onnx has a dynamic first dim, as Triton's onnxruntime backend does."""
     if not config.platform and not config.backend:
         names = [config.default_model_filename] if config.default_model_filename else []
         names += [*FILE_PLATFORMS, *REFUSED_FILES]
@@ -204,7 +206,8 @@ def auto_complete(config: pb.ModelConfig, model_dir: Path, source: str, whole: b
         else:
             raise ConfigError(f"{source}: neither 'platform' nor 'backend' is set and no model file "
                               f"completes it ({', '.join(FILE_PLATFORMS)} in a version folder)")  # fmt: skip
-    if whole and PLATFORMS.get(config.platform or config.backend, ("",))[0] == "onnx":
+    onnx = PLATFORMS.get(config.platform or config.backend, ("",))[0] == "onnx"
+    if onnx and config.max_batch_size == 0 and not config.input and not config.output:
         newest = _version_dirs(model_dir)[-1] / (config.default_model_filename or "model.onnx")
         if _onnx_batches(newest, source):
             config.max_batch_size = DEFAULT_MAX_BATCH_SIZE

@@ -97,7 +97,9 @@ class TritonMetrics(Collector):
             success.add_sample("nv_inference_request_success", labels, stats["success"]["count"])
             for reason, outcomes in FAILURE_REASONS.items():
                 value = sum(runtime.metrics.count(o) for o in outcomes)
-                failure.add_sample("nv_inference_request_failure", {**labels, "reason": reason}, value)
+                # labels in Triton's (sorted) order: QA tests match the exposition text
+                failure_labels = {"model": entry.name, "reason": reason, "version": entry.version}
+                failure.add_sample("nv_inference_request_failure", failure_labels, value)
             count.add_sample("nv_inference_count", labels, doc["inference_count"])
             execs.add_sample("nv_inference_exec_count", labels, doc["execution_count"])
             for name, (key, _, _) in DURATIONS.items():

@@ -51,7 +51,9 @@ def infer(http: thttp.InferenceServerClient, model: str, version: str = "") -> N
     x = np.ones((1, 4), np.float32)
     tensor = thttp.InferInput("INPUT0", [1, 4], "FP32")
     tensor.set_data_from_numpy(x)
-    np.testing.assert_array_equal(http.infer(model, [tensor], model_version=version).as_numpy("OUTPUT0"), x + 1)
+    np.testing.assert_array_equal(
+        http.infer(model, [tensor], model_version=version).as_numpy("OUTPUT0"), x + 1
+    )
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -81,7 +83,9 @@ def test_tritons_config_override_flow(server, protocol):
     with pytest.raises(InferenceServerException, match="load failed for model 'versions'") as info:
         client.load_model("versions")
     assert info.value.status() == ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
-    client.load_model("versions", config='{"backend":"onnxruntime","version_policy":{"specific":{"versions":[2]}}}')
+    client.load_model(
+        "versions", config='{"backend":"onnxruntime","version_policy":{"specific":{"versions":[2]}}}'
+    )
     assert [http.is_model_ready("versions", v) for v in "123"] == [False, True, False]
     infer(http, "versions", "2")
     client.unload_model("versions")
@@ -92,7 +96,9 @@ def test_a_bad_override_is_a_400_that_says_why(server):
     url, _, http, grpc = server
     r = httpx.post(url + "/v2/repository/models/m/load", json={"parameters": {"config": "{not json"}})
     assert r.status_code == 400 and "not a JSON ModelConfig" in r.json()["error"]
-    r = httpx.post(url + "/v2/repository/models/m/load", json={"parameters": {"config": '{"max_batch_size": -3}'}})
+    r = httpx.post(
+        url + "/v2/repository/models/m/load", json={"parameters": {"config": '{"max_batch_size": -3}'}}
+    )
     assert r.status_code == 400 and "load failed for model 'm'" in r.json()["error"]
     with pytest.raises(InferenceServerException, match="no_such_field") as info:
         grpc.load_model("m", config='{"no_such_field": 1}')
@@ -126,7 +132,9 @@ def test_files_without_a_config_or_escaping_the_directory_are_refused(server, tm
     assert http.is_model_ready("m")  # the loaded model is untouched
     victim = tmp_path / "victim.txt"
     for key in (f"file:../../../../../../../../{victim}", f"file:{victim}", "file:1/../../x"):
-        body = {"parameters": {"config": '{"backend":"onnxruntime"}', key: base64.b64encode(b"owned").decode()}}
+        body = {
+            "parameters": {"config": '{"backend":"onnxruntime"}', key: base64.b64encode(b"owned").decode()}
+        }
         r = httpx.post(url + "/v2/repository/models/evil/load", json=body)
         assert r.status_code == 400 and "inside the model directory" in r.json()["error"], r.text
     assert not victim.exists()

@@ -58,7 +58,9 @@ def plan(repo, name, **settings):
 def test_platform_comes_from_the_model_files_name(repo):
     assert plan(repo, "no_platform")[0].platform == "onnxruntime_onnx"
     assert plan(repo, "torchscript")[0].platform == "pytorch_libtorch"
-    with pytest.raises(ConfigError, match="model.savedmodel is tensorflow_savedmodel.*no TensorFlow backend"):
+    with pytest.raises(
+        ConfigError, match=r"model\.savedmodel is tensorflow_savedmodel.*no TensorFlow backend"
+    ):
         plan(repo, "tf")
 
 
@@ -71,14 +73,16 @@ def test_a_directory_without_config_gets_it_from_model_onnx(repo):
 
 
 def test_disabled_auto_complete_needs_a_complete_config(repo):
-    with pytest.raises(ConfigError, match="neither 'platform' nor 'backend'.*--disable-auto-complete-config"):
+    with pytest.raises(
+        ConfigError, match=r"neither 'platform' nor 'backend'.*--disable-auto-complete-config"
+    ):
         plan(repo, "no_platform", disable_auto_complete_config=True)
-    with pytest.raises(ConfigError, match="config.pbtxt: missing"):
+    with pytest.raises(ConfigError, match=r"config\.pbtxt: missing"):
         plan(repo, "no_config", disable_auto_complete_config=True)
 
 
 def test_completed_models_serve_and_report_the_completed_config(repo):
-    with threaded_server(Settings(model_repository=repo, **BASE)) as (url, app):
+    with threaded_server(Settings(model_repository=repo, **BASE)) as (url, _app):
         client = thttp.InferenceServerClient(url.removeprefix("http://"))
         index = {m["name"]: m for m in client.get_model_repository_index()}
         assert index["tf"]["state"] == "UNAVAILABLE" and "TensorFlow" in index["tf"]["reason"]

@@ -58,7 +58,7 @@ def infer(http: thttp.InferenceServerClient, model: str, version: str = "") -> N
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_override_changes_batching_as_model_analyzer_does(server, protocol):
-    url, _, http, grpc = server
+    _, _, http, grpc = server
     client = http if protocol == "http" else grpc
     assert http.get_model_config("m")["max_batch_size"] == 8
     override = {"platform": "onnxruntime_onnx", "max_batch_size": 2,

@@ -34,6 +34,7 @@ from wattserve.server.runtime import ModelRuntime
 from wattserve.server.schemas import ErrorBody, InferRequestBody, InferResponseBody
 from wattserve.server.security import AccessControl, parse_restricted_api
 from wattserve.server.settings import Settings
+from wattserve.server.triton_metrics import TritonMetrics
 from wattserve.telemetry import TelemetryService
 
 if TYPE_CHECKING:
@@ -76,7 +77,10 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     # Zero-config serves one model: if it cannot load there is nothing to serve, so that
     # failure is fatal as before; a repository keeps serving the models that did load.
     strict = settings.strict or settings.model_repository is None
-    models = ModelSet(model_source(settings, engine_factory), make_runtime, strict=strict)
+    models = ModelSet(model_source(settings, engine_factory), make_runtime, strict=strict,
+                      mode=settings.model_control_mode, startup=settings.load_model,
+                      poll_s=settings.repository_poll_secs)  # fmt: skip
+    registry.register(TritonMetrics(models, telemetry))  # Triton's nv_* names, read at scrape time
     trimmer = IdleTrimmer(ModelSetActivity(models), settings.idle_trim_s) if settings.tune_malloc else None  # type: ignore[arg-type]
     grpc_front = None
     if settings.grpc_port:  # same models, admission path and batchers as HTTP; same event loop
@@ -159,7 +163,7 @@ def _add_routes(
     body_budget: BodyBudget,
 ) -> None:
     app.include_router(health_router(models, settings, registry))
-    app.include_router(repository_router(models))
+    app.include_router(repository_router(models, settings.max_body_bytes))
     app.include_router(images_router(models, settings))
     # The hot path: plain Starlette routes, first in the table, and past the middleware
     # stack when the app has no middleware of its own (server.fast_path).

@@ -28,7 +28,15 @@ from wattserve.server.codec import InferRequest
 from wattserve.server.grpc_access import GrpcAccessControl
 from wattserve.server.grpc_codec import build_response, parse_grpc_request, payload_bytes
 from wattserve.server.metrics import request_protocol
-from wattserve.server.model_set import ModelLoadError, ModelSet, ModelState, UnknownModel
+from wattserve.server.model_set import (
+    ModelControlRefused,
+    ModelLoadError,
+    ModelSet,
+    ModelState,
+    UnknownModel,
+    load_failure,
+)
+from wattserve.server.repository.override import FILE_PREFIX, LoadOverride, OverrideError, parse_override
 from wattserve.server.routes.common import timing_headers
 from wattserve.server.routes.health import (
     EXTENSIONS,
@@ -142,26 +150,31 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return response
 
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
-        if "config" in request.parameters:
-            message = "load with an overriding config is not supported; edit config.pbtxt"
-            await self._abort(context, Failure(S.INVALID_ARGUMENT, message))
+        """Triton's load, with its ``config`` (string_param) and ``file:`` (bytes_param)
+        overrides; refused outside explicit mode (UNAVAILABLE, Triton's message)."""
+        name = request.model_name
         try:
-            entries = await self.models.load(request.model_name)
+            self.models.check_control()
+            override = grpc_override(name, request.parameters)
+            entries = await self.models.load(name, override)
+        except ModelControlRefused as exc:
+            await self._abort(context, Failure(S.UNAVAILABLE, str(exc)))
+        except OverrideError as exc:
+            await self._abort(context, Failure(S.INVALID_ARGUMENT, str(exc)))
         except UnknownModel as exc:
             await self._abort(context, Failure(S.NOT_FOUND, str(exc)))
         except ModelLoadError as exc:
             await self._abort(context, Failure(S.UNAVAILABLE, str(exc), retry=True))
-        failed = [e for e in entries if e.state is not ModelState.READY]
-        if failed:
-            reasons = "; ".join(e.reason for e in failed)
-            await self._abort(
-                context, Failure(S.INVALID_ARGUMENT, f"failed to load {request.model_name!r}: {reasons}")
-            )
+        failure = load_failure(name, entries)
+        if failure:
+            await self._abort(context, Failure(S.INVALID_ARGUMENT, failure))
         return service_pb2.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         try:
             await self.models.unload(request.model_name)
+        except ModelControlRefused as exc:
+            await self._abort(context, Failure(S.UNAVAILABLE, str(exc)))
         except UnknownModel as exc:
             await self._abort(context, Failure(S.NOT_FOUND, str(exc)))
         return service_pb2.RepositoryModelUnloadResponse()
@@ -290,6 +303,24 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         """End the call with ``failure`` (raises, as grpc.aio's abort does)."""
         metadata = self.retry_metadata if failure.retry else ()
         await context.abort(failure.code, str(failure), trailing_metadata=metadata)
+
+
+def grpc_override(name: str, parameters: Any) -> LoadOverride | None:
+    """The override a gRPC load's parameters carry: ``config`` as string_param, each
+    ``file:<path>`` as bytes_param (tritonclient.grpc's load_model(config=, files=))."""
+    config = None
+    if "config" in parameters:
+        param = parameters["config"]
+        if param.WhichOneof("parameter_choice") != "string_param":
+            raise OverrideError("parameter 'config' must be a string_param holding JSON")
+        config = param.string_param
+    files = {}
+    for key, param in parameters.items():
+        if key.startswith(FILE_PREFIX):
+            if param.WhichOneof("parameter_choice") != "bytes_param":
+                raise OverrideError(f"parameter {key!r} must be a bytes_param holding the file")
+            files[key] = param.bytes_param
+    return parse_override(name, config, files)
 
 
 _CLOSING = object()  # put on a stream's answer queue when the server stops

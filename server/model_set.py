@@ -4,16 +4,21 @@ Routes ask this object and nothing else. Each model version has its own ``ModelR
 (batcher, queue, engine instances, threads); a model that fails to load is kept here as
 UNAVAILABLE with the reason, and the others serve (``strict``: the failure is fatal, like
 Triton's ``--exit-on-error``).
+
+Triton's model control modes decide what loads at start and who may change it afterwards:
+``none`` (Triton's default) loads everything and refuses load/unload requests; ``explicit``
+loads only the ``startup`` names ("*": all) and obeys clients; ``poll`` loads everything and
+lets only the repository poller (``server.repository.poll``) change the set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from wattserve.server.lifecycle import freeze_heap
 from wattserve.server.model_plan import ModelPlan, ModelSource
@@ -37,6 +42,36 @@ class ModelLoadError(RuntimeError):
     """A model failed to load and the server runs ``strict``."""
 
 
+ControlMode = Literal["none", "explicit", "poll"]
+# Triton's words (model_repository_manager) for a load/unload request outside explicit mode,
+# with UNAVAILABLE: HTTP 503, gRPC UNAVAILABLE (qa/L0_http, qa/L0_grpc python_*_aio_test.py).
+CONTROL_REFUSED = "explicit model load / unload is not allowed if polling is enabled"
+
+
+class ModelControlRefused(RuntimeError):
+    """A client asked to load or unload outside explicit mode: 503 / UNAVAILABLE."""
+
+    def __init__(self) -> None:
+        super().__init__(CONTROL_REFUSED)
+
+
+def unknown_load_message(name: str) -> str:
+    """Triton's words for loading a name the repository does not hold (and ours after them)."""
+    return (
+        f"failed to load '{name}', failed to poll from model repository: no model '{name}' in the repository"
+    )
+
+
+def load_failure(name: str, entries: Sequence[ModelEntry]) -> str | None:
+    """Triton's INVALID_ARG message for a load whose versions did not all come up, or None."""
+    failed = [e for e in entries if e.state is not ModelState.READY]
+    if not failed:
+        return None
+    return "".join(
+        f"load failed for model '{name}': version {e.version or '?'}: {e.reason}\n" for e in failed
+    )
+
+
 @dataclass
 class ModelEntry:
     name: str
@@ -54,17 +89,38 @@ RuntimeFactory = Callable[[ModelPlan], ModelRuntime]
 
 
 class ModelSet:
-    def __init__(self, source: ModelSource, make_runtime: RuntimeFactory, *, strict: bool = False) -> None:
+    def __init__(
+        self,
+        source: ModelSource,
+        make_runtime: RuntimeFactory,
+        *,
+        strict: bool = False,
+        mode: ControlMode = "none",
+        startup: Sequence[str] = (),
+        poll_s: float = 15.0,
+    ) -> None:
         self.source = source
         self.make_runtime = make_runtime
         self.strict = strict
+        self.mode: ControlMode = mode
+        self.poll_s = poll_s
+        self.poller: Any = None  # poll mode: server.repository.poll.RepositoryPoller, once started
         self.draining = False
         self.leaving = False  # SIGTERM seen: not ready, still accepting (drain grace)
         self.started = False
         self._models: dict[str, dict[str, ModelEntry]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        for name in source.names():
-            self._plan(name)
+        # what a config override loaded, kept for a later load without one (Triton keeps it)
+        self._overrides: dict[str, Any] = {}
+        everything = mode != "explicit" or list(startup) == ["*"]
+        for name in source.names() if everything else dict.fromkeys(startup):
+            try:
+                self._plan(name)
+            except KeyError:  # --load-model names a model the repository lacks
+                reason = unknown_load_message(name)
+                if strict:
+                    raise ModelLoadError(reason) from None
+                self._models[name] = {"": ModelEntry(name, "", ModelState.UNAVAILABLE, reason)}
 
     # ------------------------------------------------------------------ lookup
     def lookup(self, name: str, version: str | None = None) -> ModelEntry:
@@ -100,12 +156,14 @@ class ModelSet:
 
     @property
     def ready(self) -> bool:
-        """Server readiness: start-up finished, not draining, and at least one model serves."""
-        return (
-            self.started
-            and not self.draining
-            and not self.leaving
-            and any(e.state is ModelState.READY for e in self.entries())
+        """Server readiness: start-up finished, not draining, and at least one model serves, or
+        none was asked to (explicit mode without ``--load-model``, or every model unloaded:
+        Triton is ready then too)."""
+        if not self.started or self.draining or self.leaving:
+            return False
+        entries = self.entries()
+        return any(e.state is ModelState.READY for e in entries) or all(
+            e.state is ModelState.UNAVAILABLE and e.reason == "unloaded" for e in entries
         )
 
     def closing(self) -> bool:
@@ -137,30 +195,71 @@ class ModelSet:
         if failed and self.strict:
             reasons = "; ".join(f"{e.name}: {e.reason}" for e in failed)
             raise ModelLoadError(f"strict: {len(failed)} model(s) failed to load: {reasons}")
+        if self.mode == "poll":
+            from wattserve.server.repository.poll import RepositoryPoller  # it imports this module
 
-    async def load(self, name: str) -> list[ModelEntry]:
-        """(Re)load ``name`` from the source: the old versions are drained and freed first."""
+            self.poller = RepositoryPoller(self, self.poll_s)
+            await self.poller.start()
+
+    def check_control(self) -> None:
+        """Refuse a client's load/unload outside explicit mode, in Triton's words."""
+        if self.mode != "explicit":
+            raise ModelControlRefused()
+
+    async def load(self, name: str, override: Any = None) -> list[ModelEntry]:
+        """A client's load (explicit mode only). ``override``: what the source's
+        ``plans_override`` takes (a config, files); without one, a model last loaded with an
+        override keeps it, as Triton does until the model is unloaded."""
+        self.check_control()
+        if override is None:
+            override = self._overrides.get(name)
+        return await self.reload(name, override)
+
+    async def unload(self, name: str) -> None:
+        """A client's unload (explicit mode only)."""
+        self.check_control()
+        await self.retire(name)
+
+    async def reload(self, name: str, override: Any = None) -> list[ModelEntry]:
+        """(Re)load ``name`` from the source: the old versions are drained and freed first.
+        The model's files are read on a thread (a large ONNX file may be read to complete
+        its config), never on the event loop."""
         if self.draining:
             raise ModelLoadError("server is draining")
         async with self._lock(name):
             if name in self._models:
                 await self._stop_entries(name, reason="reloading")
             try:
-                self._plan(name)
+                plans = await asyncio.to_thread(self._read_plans, name, override)
             except KeyError:
                 self._models.pop(name, None)  # gone from the repository
-                raise UnknownModel(f"no model {name!r} in the repository") from None
+                raise UnknownModel(unknown_load_message(name)) from None
+            except Exception as exc:  # ConfigError and anything else reading the model's files
+                if override is not None and override is not self._overrides.get(name):
+                    override.close()  # a rejected override leaves no temporary files
+                self._models[name] = {"": ModelEntry(name, "", ModelState.UNAVAILABLE, str(exc))}
+                return list(self._models[name].values())
+            self._install(name, plans)
+            self._remember_override(name, override)
             await self._start_entries(name)
             freeze_heap()
             return list(self._models[name].values())
 
-    async def unload(self, name: str) -> None:
-        """Stop accepting for ``name``, answer everything it accepted, then free its engines."""
+    async def retire(self, name: str, forget: bool = False) -> None:
+        """Stop accepting for ``name``, answer everything it accepted, then free its engines.
+        ``forget``: the model left the repository, so it leaves the index too (poll mode)."""
         if name not in self._models:
             raise UnknownModel(f"unknown model {name!r}")
         async with self._lock(name):
             await self._stop_entries(name, reason="unloaded")
+            self._remember_override(name, None)
+            if forget:
+                self._models.pop(name, None)
             freeze_heap()
+
+    def loaded_names(self) -> list[str]:
+        """Models with an entry (loaded, failed or unloaded), for the poller."""
+        return sorted(self._models)
 
     async def drain(self, grace_s: float = 0.0) -> None:
         """SIGTERM: every model stops accepting and answers what it accepted.
@@ -177,11 +276,31 @@ class ModelSet:
 
     async def stop(self) -> None:
         self.draining = True
+        if self.poller is not None:
+            await self.poller.stop()
+        for override in self._overrides.values():
+            override.close()  # temporary model directories of 'file:' loads
         await asyncio.gather(*(r.stop() for r in self.runtimes()), return_exceptions=True)
 
     # ------------------------------------------------------------------ internals
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
+
+    def _read_plans(self, name: str, override: Any) -> list[ModelPlan]:
+        if override is None:
+            return self.source.plans(name)
+        plans_override = getattr(self.source, "plans_override", None)
+        if plans_override is None:
+            raise ValueError("a load with a 'config' or 'file:' override needs a model repository "
+                             "(--model-repository)")  # fmt: skip
+        return plans_override(name, override)
+
+    def _remember_override(self, name: str, override: Any) -> None:
+        old = self._overrides.pop(name, None)
+        if old is not None and old is not override and hasattr(old, "close"):
+            old.close()  # its temporary model directory, if it had files
+        if override is not None:
+            self._overrides[name] = override
 
     def _plan(self, name: str) -> None:
         """Read the model's configuration and make (unstarted) runtimes; a bad configuration
@@ -195,6 +314,9 @@ class ModelSet:
             if self.strict and not self.started:
                 raise ModelLoadError(str(exc)) from exc
             return
+        self._install(name, plans)
+
+    def _install(self, name: str, plans: list[ModelPlan]) -> None:
         entries = {}
         for plan in plans:
             runtime = self.make_runtime(plan)

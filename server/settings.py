@@ -58,6 +58,28 @@ class Settings(BaseSettings):
         description="Triton-layout model repository (<dir>/<model>/config.pbtxt + <version>/); "
         "set: every model in it is served and `model` is unused.",
     )
+    model_control_mode: Literal["none", "explicit", "poll"] = Field(
+        "none",
+        description="Triton's --model-control-mode. none (Triton's default): every model loads at "
+        "start and load/unload requests are refused; explicit: only --load-model models load at "
+        "start (none without it; '*' = all) and clients load/unload; poll: every model loads at "
+        "start and the repository is rescanned every repository_poll_secs.",
+    )
+    load_model: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="explicit mode: a model to load at start (repeat the flag, or a,b in the "
+        "variable); '*' alone: every model (Triton's --load-model).",
+    )
+    repository_poll_secs: float = Field(
+        15.0,
+        gt=0,
+        description="poll mode: seconds between rescans of the model repository (Triton's default 15).",
+    )
+    disable_auto_complete_config: bool = Field(
+        False,
+        description="Do not complete a repository config from its model file (platform from the "
+        "file name; a missing config.pbtxt, inputs, outputs and max_batch_size from model.onnx).",
+    )
     strict: bool = Field(
         False,
         description="Exit at start-up if any repository model fails to load (Triton's "
@@ -232,6 +254,24 @@ class Settings(BaseSettings):
     _split_lists = field_validator("preferred_batch_sizes", "engine_batch_sizes", "gpus", mode="before")(
         _int_list
     )
+
+    @field_validator("load_model", mode="before")
+    @classmethod
+    def _split_names(cls, value: object) -> object:
+        """ "a,b" from the environment; a list (repeated flags) as is."""
+        if isinstance(value, str):
+            return [p.strip() for p in value.split(",") if p.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _check_model_control(self) -> Settings:
+        if self.load_model and self.model_control_mode != "explicit":
+            raise ValueError(
+                "Use of '--load-model' requires setting '--model-control-mode=explicit' as well."
+            )
+        if "*" in self.load_model and len(self.load_model) > 1:
+            raise ValueError("--load-model=* must be the only --load-model argument")
+        return self
 
     @model_validator(mode="after")
     def _check_batching(self) -> Settings:

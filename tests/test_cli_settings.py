@@ -59,6 +59,8 @@ def representative(name: str) -> tuple[list[str], str]:
         text = str(default / 2 if default else 0.5)  # inside (0, 100) and >= 0 bounds
     elif kind == list[int]:
         text = "2,4"  # within the default max_batch_size, for preferred_batch_sizes
+    elif kind == list[str]:
+        text = "a,b"
     elif kind is Path:
         text = "/tmp/wattserve-flag-test"
     elif kind is str:
@@ -83,6 +85,8 @@ def test_every_setting_is_a_flag_in_serve_help(capsys: pytest.CaptureFixture[str
 @pytest.mark.parametrize("name", FIELDS)
 def test_flag_and_env_var_give_the_same_value(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     flags, env_text = representative(name)
+    if name == "load_model":  # Triton's rule: --load-model only with --model-control-mode=explicit
+        monkeypatch.setenv("WATTSERVE_MODEL_CONTROL_MODE", "explicit")
     by_flag = getattr(serve_settings(*flags), name)
     monkeypatch.setenv(f"WATTSERVE_{name.upper()}", env_text)
     by_env = getattr(serve_settings(), name)

@@ -42,7 +42,7 @@ def _model_set(built: list[CyclicEngine]) -> ModelSet:
         return ModelRuntime(plan.settings, plan.engine_factory, ServingMetrics(plan.name, "dynamic", CollectorRegistry()),
                             name=plan.name)  # fmt: skip
 
-    return ModelSet(SettingsSource(settings, factory), make_runtime)
+    return ModelSet(SettingsSource(settings, factory), make_runtime, mode="explicit", startup=["*"])
 
 
 async def test_loading_freezes_the_heap_and_unloading_reclaims_the_models_cycles():

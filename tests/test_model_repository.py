@@ -26,7 +26,10 @@ def repository(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(repository):
-    settings = Settings(model_repository=repository, torch_threads=1, max_queue_delay_ms=1)
+    # explicit mode with every model loaded: the load/unload tests below need a client to be
+    # allowed to change the set (the default, none, refuses it as Triton does)
+    settings = Settings(model_repository=repository, torch_threads=1, max_queue_delay_ms=1,
+                        model_control_mode="explicit", load_model=["*"])  # fmt: skip
     with threaded_server(settings) as (url, app):
         yield url, app
 

@@ -10,6 +10,13 @@ names it). wattserve's own choices go in ``parameters`` (Triton's place for back
   ``wattserve.engines.registry.MODELS``); defaults to the directory name.
 - ``check_values``: "true" rejects NaN/Inf in float inputs with a 400.
 - any key of ``MODEL_PARAMETERS`` below sets that WATTSERVE_* setting for this model only.
+
+Auto-complete (Triton's, unless ``--disable-auto-complete-config``): a config without
+``platform``/``backend`` gets it from the model file's name; a directory with no
+config.pbtxt but a ``model.onnx`` gets its whole config from the file (inputs and outputs,
+and ``max_batch_size`` 4 with dynamic batching when every tensor's first dim is dynamic,
+Triton's default-max-batch-size; the same for any ONNX config that sets neither
+max_batch_size nor tensors).
 """
 
 from __future__ import annotations
@@ -24,7 +31,14 @@ from wattserve.engines.base import DATATYPE_TO_NUMPY, VARIABLE, Engine, EngineUn
 from wattserve.engines.registry import MODELS, build_engine
 from wattserve.server.model_plan import EngineFactory, ModelPlan
 from wattserve.server.repository import model_config_pb2 as pb
-from wattserve.server.repository.config import ConfigError, read_config, select_versions, unhonoured_fields
+from wattserve.server.repository.config import (
+    CONFIG_FILE,
+    ConfigError,
+    read_config,
+    select_versions,
+    unhonoured_fields,
+)
+from wattserve.server.repository.override import LoadOverride
 from wattserve.server.settings import Settings
 
 log = logging.getLogger("wattserve.repository")
@@ -48,6 +62,18 @@ MODEL_PARAMETERS = {
     "identity_delay_per_item_ms", "slo_ms", "slo_percentile", "slo_headroom_ms", "slo_reject",
 }  # fmt: skip
 BUILTIN_KEY = "builtin"
+# Triton's auto-complete: the model file's default name -> its platform
+FILE_PLATFORMS = {
+    "model.onnx": "onnxruntime_onnx",
+    "model.pt": "pytorch_libtorch",
+    "model.plan": "tensorrt_plan",
+}
+# files Triton would auto-complete to a backend wattserve does not have: refused by name
+REFUSED_FILES = {
+    "model.savedmodel": "tensorflow_savedmodel (TensorFlow SavedModel)",
+    "model.graphdef": "tensorflow_graphdef (TensorFlow GraphDef)",
+}
+DEFAULT_MAX_BATCH_SIZE = 4  # Triton's --backend-config=default-max-batch-size
 
 
 class RepositorySource:
@@ -68,13 +94,50 @@ class RepositorySource:
             raise KeyError(name)
         return plan_model(model_dir, self.base)
 
+    def plans_override(self, name: str, override: LoadOverride) -> list[ModelPlan]:
+        """A load with a ``config`` (and maybe ``file:``) override: planned exactly as from a
+        config.pbtxt, over the override's files or else the repository's model directory."""
+        model_dir = override.model_dir or self.root / name
+        if not model_dir.is_dir():
+            raise KeyError(name)
+        config = pb.ModelConfig()
+        config.CopyFrom(override.config)
+        return plan_model(model_dir, self.base, config=config, source=f"load of '{name}' (override config)")
 
-def plan_model(model_dir: Path, base: Settings) -> list[ModelPlan]:
-    """Every version of the model in ``model_dir`` that its version policy selects."""
-    config = read_config(model_dir)
-    source = str(model_dir / "config.pbtxt")
+    def fingerprint(self, name: str) -> tuple[tuple[str, int, int], ...]:
+        """What the poller compares: every file under the model directory with its
+        modification time and size (config.pbtxt, version folders, label files)."""
+        model_dir = self.root / name
+        found = []
+        for path in sorted(model_dir.rglob("*")):
+            try:
+                stat = path.stat()
+            except OSError:  # removed while we looked: the next poll sees the change
+                continue
+            found.append((str(path.relative_to(model_dir)), stat.st_mtime_ns, stat.st_size))
+        return tuple(found)
+
+
+def plan_model(
+    model_dir: Path, base: Settings, *, config: pb.ModelConfig | None = None, source: str | None = None
+) -> list[ModelPlan]:
+    """Every version of the model in ``model_dir`` that its version policy selects.
+    ``config``: an override that replaces the directory's config.pbtxt."""
     name = model_dir.name
+    if config is None:
+        source = str(model_dir / CONFIG_FILE)
+        missing = not (model_dir / CONFIG_FILE).is_file()
+        if missing and not base.disable_auto_complete_config and _has_file(model_dir, "model.onnx"):
+            config = pb.ModelConfig()  # the whole config comes from model.onnx
+        else:
+            config = read_config(model_dir)
+    source = source or str(model_dir / CONFIG_FILE)
+    if not base.disable_auto_complete_config:
+        auto_complete(config, model_dir, source)
     platform = config.platform or config.backend
+    if not platform:
+        raise ConfigError(f"{source}: neither 'platform' nor 'backend' is set, and auto-complete is "
+                          "disabled (--disable-auto-complete-config)")  # fmt: skip
     if platform not in PLATFORMS:
         field = "platform" if config.platform else "backend"
         raise ConfigError(f"{source}: field '{field}' is {platform!r}; wattserve serves "
@@ -106,6 +169,68 @@ def plan_model(model_dir: Path, base: Settings) -> list[ModelPlan]:
     for warning in warnings:
         log.warning("%s", warning)
     return plans
+
+
+# ---------------------------------------------------------------------------- auto-complete
+
+
+def _version_dirs(model_dir: Path) -> list[Path]:
+    return sorted(
+        (p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
+    )
+
+
+def _has_file(model_dir: Path, file_name: str) -> bool:
+    return any((v / file_name).exists() for v in _version_dirs(model_dir))
+
+
+def auto_complete(config: pb.ModelConfig, model_dir: Path, source: str) -> None:
+    """Fill what Triton's auto-complete fills, in place: the platform from the model file's
+    name; for an ONNX model whose config sets no max_batch_size and no tensors (a directory
+    without config.pbtxt is one), max_batch_size 4 and dynamic batching when every tensor of
+    model.onnx has a dynamic first dim, as Triton's onnxruntime backend does."""
+    if not config.platform and not config.backend:
+        names = [config.default_model_filename] if config.default_model_filename else []
+        names += [*FILE_PLATFORMS, *REFUSED_FILES]
+        for file_name in names:
+            if not _has_file(model_dir, file_name):
+                continue
+            if file_name in REFUSED_FILES:
+                raise ConfigError(f"{source}: {file_name} is {REFUSED_FILES[file_name]}; wattserve has no "
+                                  "TensorFlow backend")  # fmt: skip
+            suffix_platform = {Path(f).suffix: p for f, p in FILE_PLATFORMS.items()}
+            platform = FILE_PLATFORMS.get(file_name) or suffix_platform.get(Path(file_name).suffix)
+            if platform:
+                config.platform = platform
+                break
+        else:
+            raise ConfigError(f"{source}: neither 'platform' nor 'backend' is set and no model file "
+                              f"completes it ({', '.join(FILE_PLATFORMS)} in a version folder)")  # fmt: skip
+    onnx = PLATFORMS.get(config.platform or config.backend, ("",))[0] == "onnx"
+    if onnx and config.max_batch_size == 0 and not config.input and not config.output:
+        newest = _version_dirs(model_dir)[-1] / (config.default_model_filename or "model.onnx")
+        if _onnx_batches(newest, source):
+            config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+            config.dynamic_batching.SetInParent()  # Triton enables it with default settings
+
+
+def _onnx_batches(path: Path, source: str) -> bool:
+    """True when every graph input and output has a dynamic first dim (Triton's test for a
+    model that can batch). Reads the graph only, not external weights."""
+    import onnx
+
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception as exc:  # a corrupt file: say so here rather than at engine build
+        raise ConfigError(f"{source}: cannot complete the config from {path}: {exc}") from None
+    initializers = {i.name for i in graph.initializer}
+    tensors = [t for t in graph.input if t.name not in initializers] + list(graph.output)
+
+    def dynamic_first(t: Any) -> bool:
+        dims = t.type.tensor_type.shape.dim
+        return bool(dims) and (bool(dims[0].dim_param) or not dims[0].HasField("dim_value"))
+
+    return bool(tensors) and all(dynamic_first(t) for t in tensors)
 
 
 # ---------------------------------------------------------------------------- settings

@@ -104,8 +104,8 @@ class _LevelSwitch(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         s, level = self.settings, record.levelno
-        if level < logging.INFO:
-            return s.verbose > 0
+        if level < logging.INFO:  # DEBUG records: gated by the root level (``apply``)
+            return True
         if level < logging.WARNING:
             return s.info
         if level < logging.ERROR:
@@ -175,11 +175,21 @@ class LogSettings:
         root = logging.getLogger()
         if self._root_level is None:
             self._root_level = root.level
-        root.setLevel(logging.DEBUG if self.verbose > 0 else self._root_level)
+        quiet = max(self._root_level, logging.INFO)  # verbose 0: no DEBUG records
+        root.setLevel(
+            logging.DEBUG
+            if self.verbose > 0
+            else quiet
+            if self._root_level < logging.INFO
+            else self._root_level
+        )
+        switched = not (self.info and self.warning and self.error)  # all on: leave handlers alone
         for name in self.LOGGERS:
             for handler in logging.getLogger(name).handlers:
-                if self._switch not in handler.filters:
+                if switched and self._switch not in handler.filters:
                     handler.addFilter(self._switch)
+                elif not switched:
+                    handler.removeFilter(self._switch)
                 self._set_time_format(handler)
 
     def _set_time_format(self, handler: logging.Handler) -> None:

@@ -226,3 +226,87 @@ def test_registration_disabled_by_default():
         assert exc.value.status() == "501"
         with pytest.raises(InferenceServerException, match="Client shared memory is disabled"):
             client.unregister_system_shared_memory()
+
+
+# ---------------------------------------------------------------- CUDA shared memory
+# Against a test double of the CUDA IPC backend (support/doubles/fake_cuda_ipc.py): the
+# routes, registry and inference path are real; cudaIpcOpenMemHandle is simulated.
+# Expectations: Triton's http_server.cc (HandleCudaSharedMemory: raw_handle.b64, device_id,
+# byte_size; status with device_id) and qa/L0_cuda_shared_memory.
+
+
+@pytest.fixture
+def fake_cuda(server):
+    from support.doubles.fake_cuda_ipc import FakeCudaIpc
+
+    registry = server[2].state.shared_memory
+    real, registry.cuda = registry.cuda, FakeCudaIpc()
+    yield registry.cuda
+    registry.unregister_all("cuda")
+    registry.cuda = real
+
+
+def test_cuda_regions_with_a_test_double(client, fake_cuda):
+    import base64
+
+    m = module(client)
+    in_handle, in_memory = fake_cuda.export(NBYTES)
+    out_handle, out_memory = fake_cuda.export(NBYTES, device_id=1)
+    data = np.arange(ELEMENTS, dtype=np.float32).reshape(1, ELEMENTS) - 3
+    in_memory[:] = data.tobytes()
+    for name, handle, device in (("cin", in_handle, 0), ("cout", out_handle, 1)):
+        b64 = base64.b64encode(handle)
+        client.register_cuda_shared_memory(
+            name, b64.decode() if client.protocol == "http" else b64, device, NBYTES
+        )
+    status = client.get_cuda_shared_memory_status()
+    if client.protocol == "http":
+        assert sorted(status, key=lambda r: r["name"]) == [
+            {"name": "cin", "device_id": 0, "byte_size": NBYTES},
+            {"name": "cout", "device_id": 1, "byte_size": NBYTES},
+        ]
+    else:
+        assert sorted(status.regions) == ["cin", "cout"]
+    assert names(client) == []  # not system regions
+
+    inp = m.InferInput("INPUT0", [1, ELEMENTS], "FP32")
+    inp.set_shared_memory("cin", NBYTES)
+    out = m.InferRequestedOutput("OUTPUT0")
+    out.set_shared_memory("cout", NBYTES)
+    client.infer("identity", [inp], outputs=[out])
+    np.testing.assert_array_equal(np.frombuffer(bytes(out_memory), np.float32), data[0])
+
+    with pytest.raises(InferenceServerException, match="is registered as CUDA shared memory, not system"):
+        client.get_system_shared_memory_status("cin")
+    client.unregister_cuda_shared_memory()
+    assert fake_cuda.open_count == 0  # every handle closed
+
+
+def test_cuda_register_refusals(client, fake_cuda):
+    import base64
+
+    bogus = base64.b64encode(b"\1" * 64)
+    with pytest.raises(
+        InferenceServerException, match="failed to register shared memory region 'c': invalid args"
+    ):
+        client.register_cuda_shared_memory("c", bogus.decode() if client.protocol == "http" else bogus, 0, 8)
+    handle, _ = fake_cuda.export(8)
+    b64 = base64.b64encode(handle)
+    with pytest.raises(InferenceServerException, match="invalid args"):  # larger than the allocation
+        client.register_cuda_shared_memory("c", b64.decode() if client.protocol == "http" else b64, 0, 16)
+
+
+def test_cuda_without_a_gpu_answers_triton_not_supported(client, server):
+    registry = server[2].state.shared_memory
+    real, registry.cuda = registry.cuda, None
+    try:
+        import base64
+
+        b64 = base64.b64encode(b"\0" * 64)
+        with pytest.raises(
+            InferenceServerException,
+            match="failed to register CUDA shared memory region: 'c', GPUs not supported",
+        ):
+            client.register_cuda_shared_memory("c", b64.decode() if client.protocol == "http" else b64, 0, 8)
+    finally:
+        registry.cuda = real

@@ -47,9 +47,10 @@ def trace_logging_router(models: ModelSet, trace: TraceSettings, log: LogSetting
         except ExtensionError as exc:
             return error_response(str(exc), exc.status)
 
-    router.add_api_route("/v2/trace/setting", trace_setting, methods=["GET", "POST"])
-    router.add_api_route("/v2/models/{name}/trace/setting", trace_setting, methods=["GET", "POST"])
-    router.add_api_route("/v2/logging", logging_setting, methods=["GET", "POST"])
+    for method in ("GET", "POST"):  # one route each: distinct OpenAPI operation ids
+        router.add_api_route("/v2/trace/setting", trace_setting, methods=[method])
+        router.add_api_route("/v2/models/{name}/trace/setting", trace_setting, methods=[method])
+        router.add_api_route("/v2/logging", logging_setting, methods=[method])
     return router
 
 

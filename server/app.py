@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from wattserve.engines.registry import build_engine
 from wattserve.server.admission import BodyBudget
+from wattserve.server.cuda_ipc import CudaRuntimeIpc
 from wattserve.server.fast_path import WattserveApp
 from wattserve.server.lifecycle import IdleTrimmer
 from wattserve.server.metrics import ServingMetrics, server_metrics
@@ -30,10 +31,14 @@ from wattserve.server.routes.health import VERSION, health_router
 from wattserve.server.routes.images import images_router
 from wattserve.server.routes.inference import inference_routes
 from wattserve.server.routes.repository import repository_router
+from wattserve.server.routes.shared_memory import shared_memory_router
+from wattserve.server.routes.trace_logging import trace_logging_router
 from wattserve.server.runtime import ModelRuntime
 from wattserve.server.schemas import ErrorBody, InferRequestBody, InferResponseBody
 from wattserve.server.security import AccessControl, parse_restricted_api
 from wattserve.server.settings import Settings
+from wattserve.server.shared_memory import SharedMemoryRegistry
+from wattserve.server.trace_logging import LogSettings, TraceSettings
 from wattserve.server.triton_metrics import TritonMetrics
 from wattserve.telemetry import TelemetryService
 
@@ -82,16 +87,19 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
                       poll_s=settings.repository_poll_secs)  # fmt: skip
     registry.register(TritonMetrics(models, telemetry))  # Triton's nv_* names, read at scrape time
     trimmer = IdleTrimmer(ModelSetActivity(models), settings.idle_trim_s) if settings.tune_malloc else None  # type: ignore[arg-type]
+    # Triton's shared-memory, trace and logging extensions (one of each per app)
+    shm = SharedMemoryRegistry(settings.allow_client_shm, cuda=CudaRuntimeIpc())
+    extensions = {"shm": shm, "trace": TraceSettings(), "log": LogSettings(settings.log_level)}
     grpc_front = None
     if settings.grpc_port:  # same models, admission path and batchers as HTTP; same event loop
         from wattserve.server.grpc_service import GrpcFrontEnd
 
-        grpc_front = GrpcFrontEnd(models, settings, body_budget, restrictions)
+        grpc_front = GrpcFrontEnd(models, settings, body_budget, restrictions, **extensions)
 
     app = WattserveApp(
         title="wattserve",
         version=VERSION,
-        lifespan=_lifespan(models, telemetry, grpc_front, trimmer, settings),
+        lifespan=_lifespan(models, telemetry, grpc_front, trimmer, settings, shm),
     )
     app.add_exception_handler(Exception, internal_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
@@ -99,7 +107,11 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     if restrictions or settings.api_token:
         app.add_middleware(AccessControl, restrictions=restrictions, api_token=settings.api_token)
     _publish_state(app, settings, models, telemetry, registry, grpc_front)
-    _add_routes(app, models, settings, registry, body_budget)
+    app.state.shared_memory = shm
+    app.state.trace_settings, app.state.log_settings = extensions["trace"], extensions["log"]
+    _add_routes(app, models, settings, registry, body_budget, shm)
+    app.include_router(shared_memory_router(shm))
+    app.include_router(trace_logging_router(models, extensions["trace"], extensions["log"]))
     return app
 
 
@@ -109,6 +121,7 @@ def _lifespan(
     grpc_front: GrpcFrontEnd | None,
     trimmer: IdleTrimmer | None,
     settings: Settings,
+    shm: SharedMemoryRegistry,
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
     """Start: gRPC binds, telemetry, every model, gRPC serves, the trimmer. Stop: the reverse."""
 
@@ -130,6 +143,7 @@ def _lifespan(
             if grpc_front is not None:  # after a SIGTERM drain nothing is in flight: quick
                 await grpc_front.stop(settings.drain_timeout_s)
             await models.stop()
+            shm.close()  # after every request that could read or write a region
             await asyncio.to_thread(telemetry.stop)
 
     return lifespan
@@ -161,13 +175,14 @@ def _add_routes(
     settings: Settings,
     registry: CollectorRegistry,
     body_budget: BodyBudget,
+    shm: SharedMemoryRegistry,
 ) -> None:
     app.include_router(health_router(models, settings, registry))
     app.include_router(repository_router(models, settings.max_body_bytes))
     app.include_router(images_router(models, settings))
     # The hot path: plain Starlette routes, first in the table, and past the middleware
     # stack when the app has no middleware of its own (server.fast_path).
-    infer_routes = inference_routes(models, settings, body_budget)
+    infer_routes = inference_routes(models, settings, body_budget, shm)
     app.router.routes[0:0] = infer_routes
     app.fast_routes = infer_routes
     _document_infer_route(app)

@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 from wattserve.batchers.status import Status
 from wattserve.engines.base import DATATYPE_TO_NUMPY, TensorSpec
+from wattserve.server import shared_memory
 from wattserve.server.bytes_tensors import (
     BYTES,
     bytes_from_json,
@@ -24,6 +25,7 @@ from wattserve.server.bytes_tensors import (
     deserialize_bytes,
     serialize_bytes,
 )
+from wattserve.server.shared_memory import SharedMemoryRegistry
 
 BINARY_HEADER = "Inference-Header-Content-Length"
 BINARY_HEADER_RAW = BINARY_HEADER.lower().encode()  # as an ASGI header list names it
@@ -53,6 +55,8 @@ class InferRequest:
     timeout_us: int | None = None
     outputs: list[str] | None = None  # None = all outputs
     binary_outputs: set[str] = field(default_factory=set)
+    # outputs to write into shared memory: name -> (region, offset, byte_size)
+    output_regions: dict[str, tuple[str, int, int]] = field(default_factory=dict)
 
 
 def split_binary_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
@@ -75,6 +79,7 @@ def parse_infer_request(
     output_specs: Sequence[TensorSpec],
     max_batch_size: int,
     check_values: bool = False,
+    shm: SharedMemoryRegistry | None = None,
 ) -> InferRequest:
     """Decode and validate one KServe v2 infer request for a model with ``specs`` inputs.
 
@@ -85,7 +90,12 @@ def parse_infer_request(
     Every malformed body is a BadRequest (400): a value of the wrong JSON type anywhere
     that the checks below did not foresee is still the client's fault, never a 500."""
     try:
-        return _parse_infer_request(body, header_length, specs, output_specs, max_batch_size, check_values)
+        request = _parse_infer_request(
+            body, header_length, specs, output_specs, max_batch_size, check_values, shm
+        )
+        if request.output_regions:
+            shared_memory.check_output_regions(shm, request.output_regions)
+        return request
     except (TypeError, AttributeError, KeyError, IndexError) as exc:
         raise BadRequest(f"malformed inference request: {exc}") from None
 
@@ -97,6 +107,7 @@ def _parse_infer_request(
     output_specs: Sequence[TensorSpec],
     max_batch_size: int,
     check_values: bool,
+    shm: SharedMemoryRegistry | None = None,
 ) -> InferRequest:
     json_part, binary = split_binary_body(body, header_length)
     doc = _loads(json_part)
@@ -123,7 +134,9 @@ def _parse_infer_request(
         params = raw.get("parameters") or {}
         if not isinstance(params, dict):
             raise BadRequest(f"input {name!r}: parameters must be an object")
-        if "binary_data_size" in params:
+        if "shared_memory_region" in params:
+            array = tensor_from_bytes(shared_memory.read_input(shm, name, raw, params), spec, shape)
+        elif "binary_data_size" in params:
             size = params["binary_data_size"]
             if not _is_int(size) or size < 0 or offset + size > len(binary):
                 raise BadRequest(f"input {name!r}: binary_data_size {size!r} beyond the body")
@@ -309,6 +322,9 @@ def _read_outputs(outputs: Any, specs: Sequence[TensorSpec], request: InferReque
         out_params = out.get("parameters") or {}
         if not isinstance(out_params, dict):
             raise BadRequest(f"output {name!r}: parameters must be an object")
+        region = shared_memory.output_region(name, out_params)
+        if region is not None:
+            request.output_regions[name] = region
         wants = out_params.get("binary_data")
         if wants is True:
             binary.add(name)
@@ -354,13 +370,20 @@ def encode_infer_response(
     outputs: dict[str, np.ndarray],
     output_specs: Sequence[TensorSpec],
     version: str = "1",
+    shm: SharedMemoryRegistry | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """Body and extra headers (binary extension) for one answered request."""
     tensors: list[dict[str, Any]] = []
     blobs: list[bytes] = []
-    for name, datatype, value in output_arrays(request, outputs, output_specs):
+    arrays = output_arrays(request, outputs, output_specs)
+    in_shm = (
+        shared_memory.write_outputs(shm, request.output_regions, arrays) if request.output_regions else ()
+    )
+    for name, datatype, value in arrays:
         tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
-        if name in request.binary_outputs:
+        if name in in_shm:  # written to its region: metadata only (Triton)
+            pass
+        elif name in request.binary_outputs:
             blob = tensor_bytes(datatype, value)
             tensor["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)

@@ -32,6 +32,14 @@ API_OF_METHOD = {  # Triton's restricted-API groups, by gRPC method
     "RepositoryIndex": "model-repository",
     "RepositoryModelLoad": "model-repository",
     "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory",
+    "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory",
+    "CudaSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory",
+    "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace",
+    "LogSettings": "logging",
 }
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2
 from wattserve.engines.base import TensorSpec
+from wattserve.server import shared_memory
 from wattserve.server.codec import (
     BadRequest,
     InferRequest,
@@ -72,21 +73,24 @@ def parse_grpc_request(
     output_specs: Sequence[TensorSpec],
     max_batch_size: int,
     check_values: bool = False,
+    shm: shared_memory.SharedMemoryRegistry | None = None,
 ) -> InferRequest:
     """Decode and validate one ModelInferRequest for a model with ``specs`` inputs; every
     problem is a BadRequest (INVALID_ARGUMENT) with the message HTTP would give."""
     if not message.inputs:
         raise BadRequest("'inputs' must be a non-empty list")
     raw = message.raw_input_contents
-    if raw and len(raw) != len(message.inputs):
+    in_shm = sum("shared_memory_region" in t.parameters for t in message.inputs)
+    if raw and len(raw) != len(message.inputs) - in_shm:
         raise BadRequest(
-            f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs; "
+            f"raw_input_contents has {len(raw)} entries for {len(message.inputs) - in_shm} inputs; "
             "send raw contents for every input or for none"
         )
     by_name = {s.name: s for s in specs}
     arrays: dict[str, np.ndarray] = {}
     batched_flags: set[bool] = set()
-    for index, tensor in enumerate(message.inputs):
+    index = 0  # into raw_input_contents, which has no entry for a shared-memory input
+    for tensor in message.inputs:
         name = tensor.name
         if name not in by_name:
             raise BadRequest(f"unknown input {name!r}; expected {sorted(by_name)}")
@@ -94,10 +98,18 @@ def parse_grpc_request(
             raise BadRequest(f"input {name!r} given twice")
         spec = by_name[name]
         shape, batched = check_tensor_header(list(tensor.shape), tensor.datatype, spec, max_batch_size)
-        if raw:
+        if in_shm and "shared_memory_region" in tensor.parameters:
+            params = {k: parameter_value(v) for k, v in tensor.parameters.items()}
+            if tensor.HasField("contents"):
+                raise BadRequest(
+                    f"unexpected 'content' provided when using shared memory for input tensor {name!r}"
+                )
+            array = tensor_from_bytes(shared_memory.read_region(shm, name, params), spec, shape)
+        elif raw:
             if tensor.HasField("contents"):
                 raise BadRequest(f"input {name!r} has both contents and raw_input_contents")
             array = tensor_from_bytes(raw[index], spec, shape)
+            index += 1
         else:
             array = _from_contents(tensor, spec, shape)
         if check_values:
@@ -111,8 +123,11 @@ def parse_grpc_request(
             {"name": o.name, "parameters": {k: parameter_value(v) for k, v in o.parameters.items()}}
             for o in message.outputs
         ]
-    return assemble_request(message.id or None, arrays, batched_flags, by_name, parameters, outputs,
-                            output_specs)  # fmt: skip
+    request = assemble_request(message.id or None, arrays, batched_flags, by_name, parameters, outputs,
+                               output_specs)  # fmt: skip
+    if request.output_regions:
+        shared_memory.check_output_regions(shm, request.output_regions)
+    return request
 
 
 def _from_contents(tensor: Any, spec: TensorSpec, shape: list[int]) -> np.ndarray:
@@ -130,14 +145,20 @@ def build_response(
     request: InferRequest,
     outputs: dict[str, np.ndarray],
     output_specs: Sequence[TensorSpec],
+    shm: shared_memory.SharedMemoryRegistry | None = None,
 ) -> service_pb2.ModelInferResponse:
     """One answered request as a ModelInferResponse, outputs as raw little-endian bytes."""
     response = service_pb2.ModelInferResponse(model_name=model_name, model_version=version,
                                               id=request.id or "")  # fmt: skip
-    for name, datatype, value in output_arrays(request, outputs, output_specs):
+    arrays = output_arrays(request, outputs, output_specs)
+    in_shm = (
+        shared_memory.write_outputs(shm, request.output_regions, arrays) if request.output_regions else ()
+    )
+    for name, datatype, value in arrays:
         tensor = response.outputs.add()
         tensor.name = name
         tensor.datatype = datatype
         tensor.shape.extend(value.shape)
-        response.raw_output_contents.append(tensor_bytes(datatype, value))
+        # an output written to shared memory has an empty entry (Triton: one per output)
+        response.raw_output_contents.append(b"" if name in in_shm else tensor_bytes(datatype, value))
     return response

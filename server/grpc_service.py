@@ -25,6 +25,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from wattserve.batchers.status import Status
 from wattserve.server.admission import BodyBudget, BudgetExceeded, Refused, admit
 from wattserve.server.codec import InferRequest
+from wattserve.server.extension_errors import ExtensionError
 from wattserve.server.grpc_access import GrpcAccessControl
 from wattserve.server.grpc_codec import build_response, parse_grpc_request, payload_bytes
 from wattserve.server.metrics import request_protocol
@@ -47,9 +48,12 @@ from wattserve.server.routes.health import (
     triton_config,
 )
 from wattserve.server.routes.inference import OFFLOAD_DECODE_BYTES
+from wattserve.server.routes.trace_logging import check_model_ready
 from wattserve.server.runtime import ModelRuntime
 from wattserve.server.security import Restriction
 from wattserve.server.settings import Settings
+from wattserve.server.shared_memory import SharedMemoryRegistry
+from wattserve.server.trace_logging import LogSettings, TraceSettings
 
 log = logging.getLogger("wattserve.grpc")
 
@@ -86,10 +90,21 @@ class Failure(Exception):
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     """Every RPC of the KServe v2 / Triton gRPC protocol that the HTTP side has."""
 
-    def __init__(self, models: ModelSet, settings: Settings, body_budget: BodyBudget) -> None:
+    def __init__(
+        self,
+        models: ModelSet,
+        settings: Settings,
+        body_budget: BodyBudget,
+        shm: SharedMemoryRegistry | None = None,
+        trace: TraceSettings | None = None,
+        log: LogSettings | None = None,
+    ) -> None:
         self.models = models
         self.settings = settings
         self.body_budget = body_budget
+        self.shm = shm if shm is not None else SharedMemoryRegistry(settings.allow_client_shm)
+        self.trace = trace if trace is not None else TraceSettings()
+        self.log = log if log is not None else LogSettings(settings.log_level)
         self.retry_metadata = (
             ("retry-after", str(settings.retry_after_s)),
             ("grpc-retry-pushback-ms", str(settings.retry_after_s * 1000)),
@@ -269,7 +284,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 raise BudgetExceeded()
             try:
                 args = (message, engine.inputs, engine.outputs, runtime.request_max_batch,
-                        runtime.settings.check_values)  # fmt: skip
+                        runtime.settings.check_values, self.shm)  # fmt: skip
                 if size > OFFLOAD_DECODE_BYTES:
                     return await asyncio.to_thread(parse_grpc_request, *args)
                 return parse_grpc_request(*args)
@@ -278,18 +293,112 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         try:
             done = await admit(self.models, name, message.model_version or None, decode)
-            response = build_response(name, done.runtime.version, done.request,
-                                      done.result.outputs, engines[0].outputs)  # fmt: skip
+            response = build_response(name, done.runtime.version, done.request, done.result.outputs,
+                                      engines[0].outputs, self.shm)  # fmt: skip
         except Refused as refused:
             if not engines and refused.status is Status.INVALID_ARG:
                 # refused before decoding with a 400: the model failed to load or was
                 # unloaded. Not the request's fault: Triton answers UNAVAILABLE.
                 raise Failure(S.UNAVAILABLE, str(refused)) from None
             raise Failure.of(refused) from None
+        except ExtensionError as exc:  # an output region too small, or unregistered meanwhile
+            raise Failure(GRPC_CODES[exc.status], str(exc)) from None
         except Exception as exc:  # a bug, not a refusal: the request fails alone
             log.exception("gRPC inference for %r failed", name)
             raise Failure(S.INTERNAL, f"internal error: {type(exc).__name__}") from None
         return response, done.result
+
+    # ------------------------------------------------------------------ shared memory, trace, logging
+    # Triton's extensions (server.shared_memory, server.trace_logging); refusals carry
+    # Triton's messages and codes.
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        regions = await self._extension(context, self.shm.status, "system", request.name)
+        response = service_pb2.SystemSharedMemoryStatusResponse()
+        for doc in regions:
+            response.regions[doc["name"]].CopyFrom(
+                service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(**doc)
+            )
+        return response
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        await self._extension(context, self.shm.register_system, request.name, request.key, request.offset,
+                              request.byte_size)  # fmt: skip
+        return service_pb2.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        if request.name:
+            await self._extension(context, self.shm.unregister, request.name, "system")
+        else:
+            await self._extension(context, self.shm.unregister_all, "system")
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        regions = await self._extension(context, self.shm.status, "cuda", request.name)
+        response = service_pb2.CudaSharedMemoryStatusResponse()
+        for doc in regions:
+            response.regions[doc["name"]].CopyFrom(
+                service_pb2.CudaSharedMemoryStatusResponse.RegionStatus(**doc)
+            )
+        return response
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        await self._extension(context, self.shm.register_cuda, request.name, request.raw_handle,
+                              request.device_id, request.byte_size)  # fmt: skip
+        return service_pb2.CudaSharedMemoryRegisterResponse()
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        if request.name:
+            await self._extension(context, self.shm.unregister, request.name, "cuda")
+        else:
+            await self._extension(context, self.shm.unregister_all, "cuda")
+        return service_pb2.CudaSharedMemoryUnregisterResponse()
+
+    async def TraceSetting(self, request: Any, context: Any) -> Any:
+        def call() -> dict[str, Any]:
+            if request.model_name:
+                check_model_ready(self.models, request.model_name)
+            if not request.settings:
+                return self.trace.get(request.model_name or None)
+            changes: dict[str, Any] = {}
+            for key, setting in request.settings.items():
+                values = list(setting.value)
+                if key == "trace_level" or not values:
+                    changes[key] = values or None
+                elif len(values) == 1:
+                    changes[key] = values[0]
+                else:
+                    raise ExtensionError(f"expect only 1 value for '{key}'")
+            return self.trace.update(request.model_name or None, changes)
+
+        doc = await self._extension(context, call)
+        response = service_pb2.TraceSettingResponse()
+        for key, value in doc.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
+
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        changes = {}
+        for key, setting in request.settings.items():
+            choice = setting.WhichOneof("parameter_choice")
+            changes[key] = None if choice is None else getattr(setting, choice)
+        doc = await self._extension(context, self.log.update, changes)
+        response = service_pb2.LogSettingsResponse()
+        for key, value in doc.items():
+            field = (
+                "bool_param"
+                if isinstance(value, bool)
+                else "uint32_param"
+                if isinstance(value, int)
+                else "string_param"
+            )
+            setattr(response.settings[key], field, value)
+        return response
+
+    async def _extension(self, context: Any, call: Any, *args: Any) -> Any:
+        try:
+            return call(*args)
+        except ExtensionError as exc:
+            await self._abort(context, Failure(GRPC_CODES[exc.status], str(exc)))
 
     # ------------------------------------------------------------------ helpers
     async def _serving(self, name: str, version: str, context: Any) -> ModelRuntime:
@@ -336,9 +445,12 @@ class GrpcFrontEnd:
         settings: Settings,
         body_budget: BodyBudget,
         restrictions: list[Restriction],
+        shm: SharedMemoryRegistry | None = None,
+        trace: TraceSettings | None = None,
+        log: LogSettings | None = None,
     ) -> None:
         self.settings = settings
-        self.service = InferenceService(models, settings, body_budget)
+        self.service = InferenceService(models, settings, body_budget, shm, trace, log)
         self.restrictions = restrictions
         host = settings.grpc_host or settings.host
         if ":" in host and not host.startswith("["):  # an IPv6 address, e.g. "::"

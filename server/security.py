@@ -15,7 +15,8 @@ from typing import Any
 
 import orjson
 
-APIS = ("health", "metadata", "inference", "model-config", "model-repository", "statistics")
+APIS = ("health", "metadata", "inference", "model-config", "model-repository", "statistics",
+        "shared-memory", "trace", "logging")  # fmt: skip
 
 # Order matters: the first pattern that matches names the API group of a path.
 _ROUTES: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -25,6 +26,9 @@ _ROUTES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/config$"), "model-config"),
     (re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/stats$"), "statistics"),
     (re.compile(r"^/v2/models/stats$"), "statistics"),
+    (re.compile(r"^/v2/(system|cuda)sharedmemory(/|$)"), "shared-memory"),
+    (re.compile(r"^/v2(/models/[^/]+)?/trace/setting$"), "trace"),
+    (re.compile(r"^/v2/logging$"), "logging"),
     (re.compile(r"^/v2(/models/[^/]+(/versions/[^/]+)?(/ready)?)?/?$"), "metadata"),
 )
 

@@ -223,8 +223,14 @@ class Settings(BaseSettings):
     restricted_api: str | None = Field(
         None,
         description="Triton's --http-restricted-api: 'API[,API...]:HEADER=VALUE', several separated "
-        "by ';'. APIs: health, metadata, inference, model-config, model-repository, statistics. "
-        "Requests to a restricted API need that header (403 otherwise).",
+        "by ';'. APIs: health, metadata, inference, model-config, model-repository, statistics, "
+        "shared-memory, trace, logging. Requests to a restricted API need that header (403 otherwise).",
+    )
+    allow_client_shm: bool = Field(
+        False,
+        description="Triton's --allow-client-shm: let clients register shared-memory regions "
+        "(system: any /dev/shm object this server's user may open). Off: register and "
+        "unregister answer Triton's 'Client shared memory is disabled'; status answers.",
     )
     retry_after_s: int = Field(1, ge=0, description="Retry-After value sent with 503s.")
     drain_timeout_s: float = Field(30.0, ge=0, description="On SIGTERM, longest wait for accepted work.")

@@ -21,7 +21,7 @@ from wattserve.server.settings import Settings
 
 VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data", "schedule_policy", "model_configuration", "classification",
-              "model_repository", "statistics"]  # fmt: skip
+              "model_repository", "statistics", "system_shared_memory", "trace", "logging"]  # fmt: skip
 
 
 def health_router(models: ModelSet, settings: Settings, registry: CollectorRegistry) -> APIRouter:

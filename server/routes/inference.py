@@ -28,9 +28,10 @@ from wattserve.server.codec import (
     parse_infer_request,
 )
 from wattserve.server.model_set import ModelSet
-from wattserve.server.routes.common import refusal_response, timing_values, watching_submit
+from wattserve.server.routes.common import error_response, refusal_response, timing_values, watching_submit
 from wattserve.server.runtime import ModelRuntime
 from wattserve.server.settings import Settings
+from wattserve.server.shared_memory import SharedMemoryRegistry, ShmError
 
 OFFLOAD_DECODE_BYTES = 256 * 1024  # bodies above this are decoded on a worker thread
 
@@ -47,7 +48,9 @@ class InferResponse(Response):
         self.raw_headers = [*headers, (b"content-length", b"%d" % len(body)), (b"content-type", media_type)]
 
 
-def inference_routes(models: ModelSet, settings: Settings, body_budget: BodyBudget) -> list[Route]:
+def inference_routes(
+    models: ModelSet, settings: Settings, body_budget: BodyBudget, shm: SharedMemoryRegistry | None = None
+) -> list[Route]:
     retry_after_s = settings.retry_after_s
 
     async def infer(request: Request) -> Response:
@@ -66,7 +69,7 @@ def inference_routes(models: ModelSet, settings: Settings, body_budget: BodyBudg
             body, held = await read_reserved_body(request, declared, settings.max_body_bytes, body_budget)
             try:
                 args = (body, binary_length, engine.inputs, engine.outputs, runtime.request_max_batch,
-                        runtime.settings.check_values)  # fmt: skip
+                        runtime.settings.check_values, shm)  # fmt: skip
                 if len(body) > OFFLOAD_DECODE_BYTES:
                     return await asyncio.to_thread(parse_infer_request, *args)
                 return parse_infer_request(*args)
@@ -77,8 +80,11 @@ def inference_routes(models: ModelSet, settings: Settings, body_budget: BodyBudg
             done = await admit(models, name, params.get("version"), decode, watching_submit(request))
         except Refused as refused:
             return refusal_response(refused, retry_after_s, request)
-        payload, extra = encode_infer_response(name, done.request, done.result.outputs,
-                                               engines[0].outputs, done.runtime.version)  # fmt: skip
+        try:
+            payload, extra = encode_infer_response(name, done.request, done.result.outputs,
+                                                   engines[0].outputs, done.runtime.version, shm)  # fmt: skip
+        except ShmError as exc:  # an output region too small, or unregistered meanwhile
+            return error_response(str(exc), exc.http_status)
         queue_ms, compute_ms, size = timing_values(done.result)
         headers = [(b"x-queue-time-ms", queue_ms.encode()), (b"x-compute-time-ms", compute_ms.encode()),
                    (b"x-batch-size", size.encode())]  # fmt: skip

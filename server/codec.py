@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import orjson
-from wattserve.engines.base import DATATYPE_TO_NUMPY, TensorSpec
+from wattserve.engines.base import BF16, DATATYPE_TO_NUMPY, TensorSpec
 
 BINARY_HEADER = "Inference-Header-Content-Length"
 BINARY_HEADER_RAW = BINARY_HEADER.lower().encode()  # as an ASGI header list names it
@@ -336,8 +336,8 @@ def encode_infer_response(
             blob = value.tobytes()
             tensor["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
-        else:
-            tensor["data"] = value.ravel()
+        else:  # orjson has no bfloat16: BF16 goes out as the FP32 numbers it holds exactly
+            tensor["data"] = value.astype(np.float32).ravel() if value.dtype == BF16 else value.ravel()
         tensors.append(tensor)
     doc: dict[str, Any] = {"model_name": model_name, "model_version": version, "outputs": tensors}
     if request.id is not None:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import orjson
 from wattserve.engines.base import BF16, DATATYPE_TO_NUMPY, TensorSpec
+from wattserve.server import classification
 
 BINARY_HEADER = "Inference-Header-Content-Length"
 BINARY_HEADER_RAW = BINARY_HEADER.lower().encode()  # as an ASGI header list names it
@@ -39,6 +40,7 @@ class InferRequest:
     timeout_us: int | None = None
     outputs: list[str] | None = None  # None = all outputs
     binary_outputs: set[str] = field(default_factory=set)
+    classification: dict[str, int] = field(default_factory=dict)  # output -> K (top K classes)
 
 
 def split_binary_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
@@ -289,15 +291,31 @@ def _read_outputs(outputs: Any, specs: Sequence[TensorSpec], request: InferReque
             binary.add(name)
         elif wants is False:
             binary.discard(name)
+        if classification.PARAMETER in out_params:  # the classification extension
+            _read_classification(name, out_params[classification.PARAMETER], specs, request)
     request.outputs = names
     request.binary_outputs = binary
 
 
+def _read_classification(name: str, value: Any, specs: Sequence[TensorSpec], request: InferRequest) -> None:
+    spec = next(s for s in specs if s.name == name)
+    known = spec.element_count if all(d >= 0 for d in spec.shape) else None
+    try:
+        request.classification[name] = classification.class_count(name, value)
+        classification.check_classifiable(name, spec.datatype, known)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
 def output_arrays(
-    request: InferRequest, rows: list[dict[str, np.ndarray]], output_specs: Sequence[TensorSpec]
+    request: InferRequest,
+    rows: list[dict[str, np.ndarray]],
+    output_specs: Sequence[TensorSpec],
+    labels: classification.ClassLabels | None = None,
 ) -> list[tuple[str, str, np.ndarray]]:
     """(name, datatype, contiguous array) of each requested output, rows stacked back into
-    the request's own batch (none when the request carried no batch axis)."""
+    the request's own batch (none when the request carried no batch axis); an output asked
+    for as classes is BYTES (``server.classification``), labelled from ``labels``."""
     names = request.outputs or [s.name for s in output_specs]
     datatypes = {s.name: s.datatype for s in output_specs}
     out = []
@@ -308,15 +326,28 @@ def output_arrays(
             value = rows[0][name][np.newaxis]  # a view: no copy for the common single row
         else:
             value = np.stack([r[name] for r in rows])
-        out.append(
-            (name, datatypes[name], np.ascontiguousarray(value, dtype=DATATYPE_TO_NUMPY[datatypes[name]]))
-        )
+        value = np.ascontiguousarray(value, dtype=DATATYPE_TO_NUMPY[datatypes[name]])
+        if name in request.classification:
+            k, class_names = request.classification[name], labels.get(name) if labels else None
+            out.append((name, "BYTES", classification.top_k_strings(value, k, class_names, request.batched)))
+            continue
+        out.append((name, datatypes[name], value))
     return out
+
+
+def bytes_tensor_blob(value: np.ndarray) -> bytes:
+    """A BYTES tensor (object array of bytes) on the wire: each element a 4-byte little-endian
+    length and its bytes (binary extension, gRPC raw contents). Minimal: the lead's BYTES
+    codec replaces it."""
+    return b"".join(len(b).to_bytes(4, "little") + b for b in value.ravel().tolist())
 
 
 def _has_nonfinite(tensors: list[dict[str, Any]]) -> bool:
     return any(
-        "data" in t and t["data"].dtype.kind == "f" and not np.isfinite(t["data"]).all() for t in tensors
+        isinstance(t.get("data"), np.ndarray)
+        and t["data"].dtype.kind == "f"
+        and not np.isfinite(t["data"]).all()
+        for t in tensors
     )
 
 
@@ -326,14 +357,17 @@ def encode_infer_response(
     rows: list[dict[str, np.ndarray]],
     output_specs: Sequence[TensorSpec],
     version: str = "1",
+    labels: classification.ClassLabels | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """Body and extra headers (binary extension) for one answered request."""
     tensors: list[dict[str, Any]] = []
     blobs: list[bytes] = []
-    for name, datatype, value in output_arrays(request, rows, output_specs):
+    for name, datatype, value in output_arrays(request, rows, output_specs, labels):
         tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
-        if name in request.binary_outputs:
-            blob = value.tobytes()
+        if datatype == "BYTES" and name not in request.binary_outputs:  # JSON strings
+            tensor["data"] = [b.decode("utf-8", "replace") for b in value.ravel().tolist()]
+        elif name in request.binary_outputs:
+            blob = bytes_tensor_blob(value) if datatype == "BYTES" else value.tobytes()
             tensor["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:  # orjson has no bfloat16: BF16 goes out as the FP32 numbers it holds exactly
@@ -346,7 +380,7 @@ def encode_infer_response(
     if b"null" in header and _has_nonfinite(tensors):
         # orjson writes NaN/Inf as null; Triton writes NaN/Infinity tokens, and so do we.
         for tensor in tensors:
-            if "data" in tensor:
+            if isinstance(tensor.get("data"), np.ndarray):
                 tensor["data"] = tensor["data"].tolist()
         header = json.dumps(doc, separators=(",", ":")).encode()
     if not blobs:

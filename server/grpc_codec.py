@@ -16,10 +16,12 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2
 from wattserve.engines.base import TensorSpec
+from wattserve.server.classification import ClassLabels
 from wattserve.server.codec import (
     BadRequest,
     InferRequest,
     assemble_request,
+    bytes_tensor_blob,
     check_finite,
     check_tensor_header,
     output_arrays,
@@ -127,14 +129,17 @@ def build_response(
     request: InferRequest,
     rows: list[dict[str, np.ndarray]],
     output_specs: Sequence[TensorSpec],
+    labels: ClassLabels | None = None,
 ) -> service_pb2.ModelInferResponse:
     """One answered request as a ModelInferResponse, outputs as raw little-endian bytes."""
     response = service_pb2.ModelInferResponse(model_name=model_name, model_version=version,
                                               id=request.id or "")  # fmt: skip
-    for name, datatype, value in output_arrays(request, rows, output_specs):
+    for name, datatype, value in output_arrays(request, rows, output_specs, labels):
         tensor = response.outputs.add()
         tensor.name = name
         tensor.datatype = datatype
         tensor.shape.extend(value.shape)
-        response.raw_output_contents.append(value.tobytes())
+        response.raw_output_contents.append(
+            bytes_tensor_blob(value) if datatype == "BYTES" else value.tobytes()
+        )
     return response

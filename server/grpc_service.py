@@ -265,7 +265,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             done = await admit(self.models, name, message.model_version or None, decode)
             response = build_response(name, done.runtime.version, done.request,
-                                      [r.outputs for r in done.results], engines[0].outputs)  # fmt: skip
+                                      [r.outputs for r in done.results], engines[0].outputs,
+                                      labels=done.runtime.class_labels)  # fmt: skip
         except Refused as refused:
             if not engines and refused.status == 400:
                 # refused before decoding with a 400: the model failed to load or was

@@ -76,7 +76,8 @@ def inference_routes(models: ModelSet, settings: Settings, body_budget: BodyBudg
         except Refused as refused:
             return refusal_response(refused, retry_after_s, request)
         payload, extra = encode_infer_response(name, done.request, [r.outputs for r in done.results],
-                                               engines[0].outputs, done.runtime.version)  # fmt: skip
+                                               engines[0].outputs, done.runtime.version,
+                                               labels=done.runtime.class_labels)  # fmt: skip
         queue_ms, compute_ms, size = timing_values(done.results)
         headers = [(b"x-queue-time-ms", queue_ms.encode()), (b"x-compute-time-ms", compute_ms.encode()),
                    (b"x-batch-size", size.encode())]  # fmt: skip

@@ -11,9 +11,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import ml_dtypes
 import numpy as np
 
-# KServe v2 / Triton datatype names <-> numpy dtypes.
+# KServe v2 / Triton datatype names <-> numpy dtypes. numpy has no bfloat16: BF16 is
+# ml_dtypes.bfloat16 (what tritonclient r26.06+ takes and returns); an engine whose library
+# cannot take it (ONNX Runtime's and torch's numpy bridges) passes the raw 16-bit words.
 DATATYPE_TO_NUMPY: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
     "UINT8": np.dtype(np.uint8),
@@ -27,10 +30,12 @@ DATATYPE_TO_NUMPY: dict[str, np.dtype] = {
     "FP16": np.dtype(np.float16),
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
     # Triton's BYTES (TYPE_STRING in a config): each element a Python ``bytes`` object
     "BYTES": np.dtype(object),
 }
 NUMPY_TO_DATATYPE: dict[np.dtype, str] = {v: k for k, v in DATATYPE_TO_NUMPY.items()}
+BF16 = DATATYPE_TO_NUMPY["BF16"]
 VARIABLE = -1  # a dimension whose size each request chooses (Triton's -1)
 
 

@@ -6,28 +6,36 @@ Same contract as the torch engine (input "input" FP32 [3,224,224], output "logit
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from wattserve.engines.base import VARIABLE, Batch, EngineError, EngineUnavailable, TensorSpec
+from wattserve.engines.base import BF16, VARIABLE, Batch, EngineError, EngineUnavailable, TensorSpec
 
 log = logging.getLogger(__name__)
 
-# ONNX Runtime's element type strings -> KServe datatypes.
+# ONNX Runtime's element type strings -> KServe datatypes: every Triton datatype ONNX has
+# (BYTES, ONNX's string, is the codec's: numpy object arrays of bytes).
 _ORT_TYPES = {
     "tensor(float)": "FP32",
     "tensor(float16)": "FP16",
+    "tensor(bfloat16)": "BF16",
     "tensor(double)": "FP64",
     "tensor(int64)": "INT64",
     "tensor(int32)": "INT32",
+    "tensor(int16)": "INT16",
     "tensor(int8)": "INT8",
+    "tensor(uint64)": "UINT64",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint16)": "UINT16",
     "tensor(uint8)": "UINT8",
     "tensor(bool)": "BOOL",
     "tensor(string)": "BYTES",
 }
+_ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16: ONNX Runtime's element type number
 
 
 def _import_ort():
@@ -136,6 +144,9 @@ class OnnxRuntimeEngine:
         self._dtypes = {s.name: s.dtype for s in self.inputs}
         self._string_inputs = [s.name for s in self.inputs if s.datatype == "BYTES"]
         self._string_outputs = [s.name for s in self.outputs if s.datatype == "BYTES"]
+        # ONNX Runtime's numpy bridge has no bfloat16: a model with a BF16 tensor runs
+        # through OrtValues built from (and read back as) the raw 16-bit words.
+        self._bf16 = any(s.datatype == "BF16" for s in (*self.inputs, *self.outputs))
         log.info("onnxruntime %s on %s via %s", path.name, self.device, self.providers)
 
     @classmethod
@@ -166,9 +177,9 @@ class OnnxRuntimeEngine:
             feeds[name] = _to_ort_strings(feeds[name])
         try:
             if self.batched:
-                results = self._session.run(self._output_names, feeds)
+                results = self._run(feeds)
             else:
-                rows = [self._session.run(self._output_names, {k: v[i] for k, v in feeds.items()})
+                rows = [self._run({k: v[i] for k, v in feeds.items()})
                         for i in range(len(next(iter(feeds.values()))))]  # fmt: skip
                 results = [np.stack(col) for col in zip(*rows, strict=True)]
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidArgument types
@@ -189,8 +200,30 @@ class OnnxRuntimeEngine:
                     raise ValueError(f"input {name!r}: ONNX Runtime string tensors take UTF-8 text "
                                      "only") from None  # fmt: skip
 
+    def _run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        if not self._bf16:
+            return self._session.run(self._output_names, feeds)
+        ort = _import_ort()
+        values = {
+            name: ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a.view(np.uint16), _ONNX_BFLOAT16)
+            if a.dtype == BF16
+            else ort.OrtValue.ortvalue_from_numpy(a)
+            for name, a in feeds.items()
+        }
+        outs = self._session.run_with_ort_values(self._output_names, values)
+        return [_bf16_array(v) if v.data_type() == "tensor(bfloat16)" else v.numpy() for v in outs]
+
     def close(self) -> None:
         self._session = None
+
+
+def _bf16_array(value) -> np.ndarray:
+    """A BF16 OrtValue (in host memory, where run_with_ort_values leaves outputs) copied
+    out as an ml_dtypes.bfloat16 array: OrtValue.numpy() refuses bfloat16."""
+    if value.device_name().lower() != "cpu":
+        raise EngineError(f"BF16 output on {value.device_name()}; only host outputs can be read")
+    raw = ctypes.string_at(value.data_ptr(), value.tensor_size_in_bytes())
+    return np.frombuffer(raw, dtype=BF16).reshape(value.shape())
 
 
 def _spec(node, allow_nonfinite: bool = False, batched: bool = True) -> TensorSpec:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from wattserve.engines.base import Batch, EngineError, EngineUnavailable, TensorSpec
+from wattserve.engines.base import BF16, Batch, EngineError, EngineUnavailable, TensorSpec
 from wattserve.engines.torch_engine import resolve_device
 
 log = logging.getLogger("wattserve.engines.torchscript")
@@ -30,6 +30,22 @@ def triton_order(specs: Sequence[TensorSpec]) -> list[TensorSpec]:
         keyed = [(int(m.group(1)), s) for m, s in zip(indices, specs, strict=True) if m is not None]
         return [s for _, s in sorted(keyed, key=lambda p: p[0])]
     return list(specs)
+
+
+def to_torch(array: np.ndarray) -> torch.Tensor:
+    """numpy -> torch without a copy; BF16 (ml_dtypes, which torch.from_numpy refuses)
+    crosses as its 16-bit words. UINT16/32/64 cross as torch's uint16/32/64 (torch >= 2.3)."""
+    if array.dtype == BF16:
+        return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """torch (any device) -> numpy; bfloat16 comes back as ml_dtypes.bfloat16."""
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.uint16).numpy().view(BF16)
+    return tensor.numpy()
 
 
 class TorchScriptEngine:
@@ -89,14 +105,11 @@ class TorchScriptEngine:
             raise EngineError(f"{self.name}: missing input {exc}") from exc
         with torch.inference_mode():
             if self.batched:
-                outs = self._forward([torch.from_numpy(a).to(self._device) for a in arrays])
-                results = [o.cpu().numpy() for o in outs]
+                outs = self._forward([to_torch(a).to(self._device) for a in arrays])
+                results = [to_numpy(o) for o in outs]
             else:  # max_batch_size 0: the model takes one request at a time, no batch axis
                 rows = [
-                    [
-                        o.cpu().numpy()
-                        for o in self._forward([torch.from_numpy(a[i]).to(self._device) for a in arrays])
-                    ]
+                    [to_numpy(o) for o in self._forward([to_torch(a[i]).to(self._device) for a in arrays])]
                     for i in range(len(arrays[0]))
                 ]
                 results = [np.stack(col) for col in zip(*rows, strict=True)]

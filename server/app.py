@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from wattserve.engines.registry import build_engine
 from wattserve.server.admission import BodyBudget
+from wattserve.server.classification import ClassLabels
 from wattserve.server.cuda_ipc import CudaRuntimeIpc
 from wattserve.server.fast_path import WattserveApp
 from wattserve.server.lifecycle import IdleTrimmer
@@ -67,9 +68,14 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
 
     def make_runtime(plan: ModelPlan) -> ModelRuntime:
         metrics = ServingMetrics(plan.name, plan.settings.batcher, registry)
-        runtime = ModelRuntime(plan.settings, plan.engine_factory, metrics, name=plan.name,
+        # label files (classification) are read once, at load, by the engine factory: a
+        # missing one fails the load and names the file, as in Triton
+        model_dir = settings.model_repository / plan.name if settings.model_repository else None
+        labels = ClassLabels(plan.config, model_dir)
+        runtime = ModelRuntime(plan.settings, labels.loading(plan.engine_factory), metrics, name=plan.name,
                                version=plan.version, batching=plan.batching, devices=plan.devices,
                                platform=plan.platform, config=plan.config)  # fmt: skip
+        runtime.class_labels = labels
 
         def record_batch(batch_size: int, energy: Any) -> None:
             telemetry.record_batch(plan.name, plan.settings.batcher, batch_size, energy)

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import orjson
 from wattserve.batchers.status import Status
-from wattserve.engines.base import DATATYPE_TO_NUMPY, TensorSpec
-from wattserve.server import shared_memory
+from wattserve.engines.base import BF16, DATATYPE_TO_NUMPY, TensorSpec
+from wattserve.server import classification, shared_memory
 from wattserve.server.bytes_tensors import (
     BYTES,
     bytes_from_json,
@@ -57,6 +57,7 @@ class InferRequest:
     binary_outputs: set[str] = field(default_factory=set)
     # outputs to write into shared memory: name -> (region, offset, byte_size)
     output_regions: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+    classification: dict[str, int] = field(default_factory=dict)  # output -> K (top K classes)
 
 
 def split_binary_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
@@ -330,23 +331,42 @@ def _read_outputs(outputs: Any, specs: Sequence[TensorSpec], request: InferReque
             binary.add(name)
         elif wants is False:
             binary.discard(name)
+        if classification.PARAMETER in out_params:  # the classification extension
+            _read_classification(name, out_params[classification.PARAMETER], specs, request)
     request.outputs = names
     request.binary_outputs = binary
 
 
+def _read_classification(name: str, value: Any, specs: Sequence[TensorSpec], request: InferRequest) -> None:
+    spec = next(s for s in specs if s.name == name)
+    known = spec.element_count if all(d >= 0 for d in spec.shape) else None
+    try:
+        request.classification[name] = classification.class_count(name, value)
+        classification.check_classifiable(name, spec.datatype, known)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
 def output_arrays(
-    request: InferRequest, outputs: dict[str, np.ndarray], output_specs: Sequence[TensorSpec]
+    request: InferRequest,
+    outputs: dict[str, np.ndarray],
+    output_specs: Sequence[TensorSpec],
+    labels: classification.ClassLabels | None = None,
 ) -> list[tuple[str, str, np.ndarray]]:
     """(name, datatype, contiguous array) of each requested output: the request's own rows,
-    with the batch axis when the request had one."""
+    with the batch axis when the request had one; an output asked for as classes is BYTES
+    (``server.classification``), labelled from ``labels``."""
     names = request.outputs or [s.name for s in output_specs]
     datatypes = {s.name: s.datatype for s in output_specs}
     out = []
     for name in names:
         value = outputs[name] if request.batched else outputs[name][0]
-        out.append(
-            (name, datatypes[name], np.ascontiguousarray(value, dtype=DATATYPE_TO_NUMPY[datatypes[name]]))
-        )
+        value = np.ascontiguousarray(value, dtype=DATATYPE_TO_NUMPY[datatypes[name]])
+        if name in request.classification:
+            k, class_names = request.classification[name], labels.get(name) if labels else None
+            out.append((name, "BYTES", classification.top_k_strings(value, k, class_names, request.batched)))
+            continue
+        out.append((name, datatypes[name], value))
     return out
 
 
@@ -371,11 +391,12 @@ def encode_infer_response(
     output_specs: Sequence[TensorSpec],
     version: str = "1",
     shm: SharedMemoryRegistry | None = None,
+    labels: classification.ClassLabels | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """Body and extra headers (binary extension) for one answered request."""
     tensors: list[dict[str, Any]] = []
     blobs: list[bytes] = []
-    arrays = output_arrays(request, outputs, output_specs)
+    arrays = output_arrays(request, outputs, output_specs, labels)
     in_shm = (
         shared_memory.write_outputs(shm, request.output_regions, arrays) if request.output_regions else ()
     )
@@ -389,8 +410,8 @@ def encode_infer_response(
             blobs.append(blob)
         elif datatype == BYTES:
             tensor["data"] = bytes_to_json(value)
-        else:
-            tensor["data"] = value.ravel()
+        else:  # orjson has no bfloat16: BF16 goes out as the FP32 numbers it holds exactly
+            tensor["data"] = value.astype(np.float32).ravel() if value.dtype == BF16 else value.ravel()
         tensors.append(tensor)
     doc: dict[str, Any] = {"model_name": model_name, "model_version": version, "outputs": tensors}
     if request.id is not None:

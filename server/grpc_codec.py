@@ -17,6 +17,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 from wattserve.engines.base import TensorSpec
 from wattserve.server import shared_memory
+from wattserve.server.classification import ClassLabels
 from wattserve.server.codec import (
     BadRequest,
     InferRequest,
@@ -146,11 +147,12 @@ def build_response(
     outputs: dict[str, np.ndarray],
     output_specs: Sequence[TensorSpec],
     shm: shared_memory.SharedMemoryRegistry | None = None,
+    labels: ClassLabels | None = None,
 ) -> service_pb2.ModelInferResponse:
     """One answered request as a ModelInferResponse, outputs as raw little-endian bytes."""
     response = service_pb2.ModelInferResponse(model_name=model_name, model_version=version,
                                               id=request.id or "")  # fmt: skip
-    arrays = output_arrays(request, outputs, output_specs)
+    arrays = output_arrays(request, outputs, output_specs, labels)
     in_shm = (
         shared_memory.write_outputs(shm, request.output_regions, arrays) if request.output_regions else ()
     )

@@ -23,11 +23,12 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from wattserve.batchers.status import Status
-from wattserve.server.admission import BodyBudget, BudgetExceeded, Refused, admit
-from wattserve.server.codec import InferRequest
+from wattserve.server.admission import BodyBudget, BudgetExceeded, Refused, admit, select
+from wattserve.server.codec import BadRequest, InferRequest, check_tensor_header
 from wattserve.server.extension_errors import ExtensionError
 from wattserve.server.grpc_access import GrpcAccessControl
 from wattserve.server.grpc_codec import build_response, parse_grpc_request, payload_bytes
+from wattserve.server.grpc_wire import RequestPeek, WireError, peek_request
 from wattserve.server.metrics import request_protocol
 from wattserve.server.model_set import (
     ModelControlRefused,
@@ -195,11 +196,23 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.RepositoryModelUnloadResponse()
 
     # ------------------------------------------------------------------ inference
-    async def ModelInfer(self, request: Any, context: Any) -> Any:
+    async def ModelInfer(self, raw: bytes, context: Any) -> Any:
+        """``raw``: the serialized request (registered without a deserializer: ``_receive``
+        refuses what cannot be served before parsing it)."""
         request_protocol.set("grpc")  # this handler's own task: the metrics' protocol label
+        failure = None
         try:
-            response, result = await self._infer(request)
-        except Failure as failure:
+            request, reserved = await self._receive(raw)
+            try:
+                response, result = await self._infer(request)
+            finally:
+                self.body_budget.release(reserved)
+        except Failure as caught:  # a fresh exception: the caught one's traceback holds ``raw``
+            failure = Failure(caught.code, str(caught), caught.retry)
+        if failure is not None:
+            # abort raises out of this frame; whatever keeps that exception (grpc.aio, until the
+            # cyclic collector runs) must not keep the request's bytes with it
+            del raw
             await self._abort(context, failure)
         context.set_trailing_metadata(tuple((k.lower(), v) for k, v in timing_headers(result).items()))
         return response
@@ -260,14 +273,65 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         for answers in self._streams:
             answers.put_nowait(_CLOSING)
 
-    async def _stream_answer(self, request: Any) -> Any:
+    async def _stream_answer(self, raw: bytes) -> Any:
+        request_id = ""
         try:
-            response, _ = await self._infer(request)
+            request_id = _peek_id(raw)
+            request, reserved = await self._receive(raw)
+            try:
+                response, _ = await self._infer(request)
+            finally:
+                self.body_budget.release(reserved)
         except Failure as failure:
             return service_pb2.ModelStreamInferResponse(
-                error_message=str(failure), infer_response=service_pb2.ModelInferResponse(id=request.id)
+                error_message=str(failure), infer_response=service_pb2.ModelInferResponse(id=request_id)
             )
         return service_pb2.ModelStreamInferResponse(infer_response=response)
+
+    # ------------------------------------------------------------------ receiving a request
+    async def _receive(self, raw: bytes) -> tuple[Any, int]:
+        """Refuse from the wire header alone (``server.grpc_wire``) what cannot be served:
+        an unknown or unavailable model, unknown inputs, a wrong datatype or shape, a message
+        whose decoding would cost more than the whole body budget. Then parse it, holding
+        its worst-case decoding cost in the body budget; returns the message and that
+        reservation, which the caller releases once the request is answered."""
+        try:
+            peek = peek_request(raw)
+        except WireError as exc:
+            raise Failure(S.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}") from None
+        try:
+            runtime = select(self.models, peek.model_name, peek.model_version or None)
+        except Refused as refused:
+            if refused.status is Status.INVALID_ARG:  # failed to load or unloaded: Triton answers UNAVAILABLE
+                raise Failure(S.UNAVAILABLE, str(refused)) from None
+            raise Failure.of(refused) from None
+        engine = runtime.engine
+        cost = peek.decode_cost(len(raw))
+        try:
+            if engine is not None:
+                _check_header(peek, engine.inputs, runtime.request_max_batch)
+            if cost > self.body_budget.limit:
+                raise BadRequest(
+                    f"decoding this request could take {cost >> 20} MiB, more than the server "
+                    f"decodes at once ({self.body_budget.limit >> 20} MiB, max_inflight_body_bytes); "
+                    "send tensors as raw_input_contents",
+                    Status.TOO_LARGE,
+                )
+        except BadRequest as exc:
+            runtime.metrics.outcome["bad_request"].inc()
+            raise Failure(GRPC_CODES[exc.status], str(exc)) from None
+        if not self.body_budget.try_reserve(cost):
+            runtime.metrics.outcome["queue_full"].inc()
+            raise Failure(S.UNAVAILABLE, str(BudgetExceeded()), retry=True)
+        try:
+            if len(raw) > OFFLOAD_DECODE_BYTES:
+                message = await asyncio.to_thread(service_pb2.ModelInferRequest.FromString, raw)
+            else:
+                message = service_pb2.ModelInferRequest.FromString(raw)
+        except Exception as exc:  # protobuf's DecodeError: what the peek could not see
+            self.body_budget.release(cost)
+            raise Failure(S.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}") from None
+        return message, cost
 
     async def _infer(self, message: Any) -> tuple[Any, Any]:
         """The admission path with a protobuf decoder; Failure for every refusal."""
@@ -293,8 +357,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         try:
             done = await admit(self.models, name, message.model_version or None, decode)
-            response = build_response(name, done.runtime.version, done.request, done.result.outputs,
-                                      engines[0].outputs, self.shm)  # fmt: skip
+            runtime = done.runtime
+            response = build_response(name, runtime.version, done.request, done.result.outputs,
+                                      engines[0].outputs, self.shm, labels=runtime.class_labels)  # fmt: skip
         except Refused as refused:
             if not engines and refused.status is Status.INVALID_ARG:
                 # refused before decoding with a 400: the model failed to load or was
@@ -435,6 +500,53 @@ def grpc_override(name: str, parameters: Any) -> LoadOverride | None:
 _CLOSING = object()  # put on a stream's answer queue when the server stops
 
 
+def _peek_id(raw: bytes) -> str:
+    try:
+        return peek_request(raw).id
+    except WireError:
+        return ""
+
+
+def _check_header(peek: RequestPeek, specs: Any, max_batch_size: int) -> None:
+    """The checks of ``parse_grpc_request`` that need no tensor data, with its messages."""
+    by_name = {s.name: s for s in specs}
+    for tensor in peek.inputs:
+        if tensor.name not in by_name:
+            raise BadRequest(f"unknown input {tensor.name!r}; expected {sorted(by_name)}")
+        check_tensor_header(tensor.shape, tensor.datatype, by_name[tensor.name], max_batch_size)
+
+
+SERVICE = "inference.GRPCInferenceService"
+
+
+def add_service(service: InferenceService, server: Any) -> None:
+    """Register every RPC as Triton's generated code does, except that ModelInfer and
+    ModelStreamInfer take their requests as bytes: ``_receive`` parses them only after
+    checking what they ask for (a 50 MiB message of typed BYTES to an unknown model was
+    parsed into ~0.5 GB of protobuf objects before its NOT_FOUND)."""
+
+    class Capture:
+        handlers: dict[str, Any] = {}
+
+        def add_generic_rpc_handlers(self, handlers: Any) -> None:
+            pass
+
+        def add_registered_method_handlers(self, name: str, handlers: dict[str, Any]) -> None:
+            self.handlers = dict(handlers)
+
+    capture = Capture()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(service, capture)
+    handlers = capture.handlers
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+        service.ModelInfer, response_serializer=service_pb2.ModelInferResponse.SerializeToString
+    )
+    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+        service.ModelStreamInfer, response_serializer=service_pb2.ModelStreamInferResponse.SerializeToString
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
 class GrpcFrontEnd:
     """The grpc.aio server of one app: bound early (a taken port fails start-up at once),
     started once the models are loaded, stopped in the app's lifespan."""
@@ -472,7 +584,7 @@ class GrpcFrontEnd:
             ("grpc.so_reuseport", 0),  # a taken port is an error, not a silently shared one
         ]
         server = grpc.aio.server(interceptors=interceptors, options=options)
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, server)
+        add_service(self.service, server)
         port = server.add_insecure_port(self.address)
         if not port:
             raise RuntimeError(f"gRPC could not bind {self.address}")

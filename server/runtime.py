@@ -29,6 +29,7 @@ from wattserve.engines.base import (
     zeros_batch,
 )
 from wattserve.server.batch_observer import ServingObserver
+from wattserve.server.classification import ClassLabels
 from wattserve.server.codec import InferRequest
 from wattserve.server.metrics import ServingMetrics
 from wattserve.server.model_plan import EngineFactory
@@ -69,6 +70,7 @@ class ModelRuntime:
         self.devices = list(devices) if devices else [settings.device] * settings.instances
         self.platform = platform
         self.config = config  # parsed ModelConfig when served from a repository
+        self.class_labels: ClassLabels | None = None  # outputs' label files (classification)
         self.metrics = metrics
         self._engine_factory = engine_factory
         # read by start(): "energy_meter_for" (device -> meter), "on_batch" (size, energy)

@@ -82,7 +82,8 @@ def inference_routes(
             return refusal_response(refused, retry_after_s, request)
         try:
             payload, extra = encode_infer_response(name, done.request, done.result.outputs,
-                                                   engines[0].outputs, done.runtime.version, shm)  # fmt: skip
+                                                   engines[0].outputs, done.runtime.version, shm,
+                                                   labels=done.runtime.class_labels)  # fmt: skip
         except ShmError as exc:  # an output region too small, or unregistered meanwhile
             return error_response(str(exc), exc.http_status)
         queue_ms, compute_ms, size = timing_values(done.result)

@@ -42,8 +42,8 @@ def solo(engine: DiffusionEngine, seed: int, steps: int) -> np.ndarray:
 def infer_body(seed: int, steps: int) -> dict:
     return {
         "inputs": [
-            {"name": "seed", "shape": [1], "datatype": "INT64", "data": [seed]},
-            {"name": "steps", "shape": [1], "datatype": "INT32", "data": [steps]},
+            {"name": "seed", "shape": [1, 1], "datatype": "INT64", "data": [seed]},
+            {"name": "steps", "shape": [1, 1], "datatype": "INT32", "data": [steps]},
         ]
     }
 
@@ -51,7 +51,8 @@ def infer_body(seed: int, steps: int) -> dict:
 def image_of(doc: dict) -> np.ndarray:
     out = doc["outputs"][0]
     assert out["name"] == "image" and out["datatype"] == "FP32"
-    return np.asarray(out["data"], np.float32).reshape(out["shape"])
+    assert out["shape"][0] == 1  # one request, its batch axis kept
+    return np.asarray(out["data"], np.float32).reshape(out["shape"])[0]
 
 
 @contextlib.contextmanager

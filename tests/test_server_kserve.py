@@ -64,10 +64,13 @@ def test_triton_client_default_outputs_and_priority_timeout(identity_server):
 def test_response_headers_show_batching(identity_server):
     import httpx
 
-    body = {"inputs": [{"name": "INPUT0", "shape": [16], "datatype": "FP32", "data": list(range(16))}]}
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": list(range(16))}]}
     r = httpx.post(identity_server + "/v2/models/identity/versions/1/infer", json=body)
     assert r.status_code == 200
-    assert r.json()["outputs"][0]["shape"] == [16]  # unbatched request, unbatched answer
+    assert r.json()["outputs"][0]["shape"] == [1, 16]  # the request's own batch axis, kept
+    unbatched = httpx.post(identity_server + "/v2/models/identity/versions/1/infer",
+                           json={"inputs": [{**body["inputs"][0], "shape": [16]}]})  # fmt: skip
+    assert unbatched.status_code == 400  # Triton: a batching model's input needs its batch axis
     assert int(r.headers["x-batch-size"]) >= 1
     assert float(r.headers["x-queue-time-ms"]) >= 0
     assert float(r.headers["x-compute-time-ms"]) >= 0

@@ -68,7 +68,11 @@ class PriorityFifo:
     def push(self, item: WorkItem) -> None:
         with self.lock:
             self._levels[item.priority - 1].append(item)
-            self._added(item)
+            self._count += 1
+            rows = item.rows
+            self.rows += rows
+            if rows != 1 or item.shape_key is not None:  # the bookkeeping of the rare cases
+                self._added(item)
 
     def remove(self, item: WorkItem) -> bool:
         """Take out one queued item; False if it was not queued."""
@@ -77,7 +81,7 @@ class PriorityFifo:
                 self._levels[item.priority - 1].remove(item)
             except ValueError:
                 return False
-            self._removed(item)
+            self._forget(item)
             return True
 
     def pop(self, n: int) -> list[WorkItem]:
@@ -87,7 +91,11 @@ class PriorityFifo:
             for level in self._levels:
                 while level and len(out) < n:
                     item = level.popleft()
-                    self._removed(item)
+                    self._count -= 1
+                    rows = item.rows
+                    self.rows -= rows
+                    if rows != 1 or item.shape_key is not None:
+                        self._removed(item)
                     if item.state is ItemState.QUEUED:  # defensive: answered items never stay queued
                         out.append(item)
                 if len(out) == n:
@@ -108,12 +116,12 @@ class PriorityFifo:
                     item = level[0]
                     if item.state is not ItemState.QUEUED:  # defensive, as in pop
                         level.popleft()
-                        self._removed(item)
+                        self._forget(item)
                         continue
                     if out and (item.shape_key != key or rows + item.rows > limit):
                         return out
                     level.popleft()
-                    self._removed(item)
+                    self._forget(item)
                     out.append(item)
                     rows += item.rows
                     key = item.shape_key
@@ -157,17 +165,22 @@ class PriorityFifo:
 
     # ------------------------------------------------------------------ bookkeeping
     def _added(self, item: WorkItem) -> None:
-        self._count += 1
-        self.rows += item.rows
+        """Multi-row and shape-keyed items' part of the books (push counts every item)."""
         if item.rows != 1:
             self._multi_row += 1
         key = item.shape_key
         if key is not None:
             self._keys[key] = self._keys.get(key, 0) + 1
 
-    def _removed(self, item: WorkItem) -> None:
+    def _forget(self, item: WorkItem) -> None:
+        """All the books of one item that left the queue (pop inlines this for one-row items)."""
         self._count -= 1
         self.rows -= item.rows
+        if item.rows != 1 or item.shape_key is not None:
+            self._removed(item)
+
+    def _removed(self, item: WorkItem) -> None:
+        """The inverse of ``_added`` (pop counts every item)."""
         if item.rows != 1:
             self._multi_row -= 1
         key = item.shape_key

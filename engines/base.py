@@ -66,6 +66,8 @@ class TensorSpec:
 
     def accepts(self, shape: Sequence[int]) -> bool:
         """Whether a row of ``shape`` fits this spec (-1 takes any size, 0 included)."""
+        if tuple(shape) == self.shape:  # a fixed shape, the common case: one comparison
+            return True
         return len(shape) == len(self.shape) and all(
             want in (VARIABLE, got) for want, got in zip(self.shape, shape, strict=True)
         )

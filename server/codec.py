@@ -10,12 +10,12 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import orjson
 from wattserve.batchers.status import Status
-from wattserve.engines.base import BF16, DATATYPE_TO_NUMPY, TensorSpec
+from wattserve.engines.base import DATATYPE_TO_NUMPY, TensorSpec
 from wattserve.server import classification, shared_memory
 from wattserve.server.bytes_tensors import (
     BYTES,
@@ -56,8 +56,11 @@ class InferRequest:
     outputs: list[str] | None = None  # None = all outputs
     binary_outputs: set[str] = field(default_factory=set)
     # outputs to write into shared memory: name -> (region, offset, byte_size)
-    output_regions: dict[str, tuple[str, int, int]] = field(default_factory=dict)
-    classification: dict[str, int] = field(default_factory=dict)  # output -> K (top K classes)
+    # Not fields: set only on the requests that use them (as fields, every request paid for
+    # them in __init__): outputs written to shared memory, name -> (region, offset,
+    # byte_size), and outputs asked for as classes, name -> K.
+    output_regions: ClassVar[dict[str, tuple[str, int, int]] | None] = None
+    classification: ClassVar[dict[str, int] | None] = None
 
 
 def split_binary_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
@@ -325,7 +328,7 @@ def _read_outputs(outputs: Any, specs: Sequence[TensorSpec], request: InferReque
             raise BadRequest(f"output {name!r}: parameters must be an object")
         region = shared_memory.output_region(name, out_params)
         if region is not None:
-            request.output_regions[name] = region
+            request.output_regions = {**(request.output_regions or {}), name: region}
         wants = out_params.get("binary_data")
         if wants is True:
             binary.add(name)
@@ -341,7 +344,8 @@ def _read_classification(name: str, value: Any, specs: Sequence[TensorSpec], req
     spec = next(s for s in specs if s.name == name)
     known = spec.element_count if all(d >= 0 for d in spec.shape) else None
     try:
-        request.classification[name] = classification.class_count(name, value)
+        count = classification.class_count(name, value)
+        request.classification = {**(request.classification or {}), name: count}
         classification.check_classifiable(name, spec.datatype, known)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
@@ -362,7 +366,7 @@ def output_arrays(
     for name in names:
         value = outputs[name] if request.batched else outputs[name][0]
         value = np.ascontiguousarray(value, dtype=DATATYPE_TO_NUMPY[datatypes[name]])
-        if name in request.classification:
+        if request.classification and name in request.classification:
             k, class_names = request.classification[name], labels.get(name) if labels else None
             out.append((name, "BYTES", classification.top_k_strings(value, k, class_names, request.batched)))
             continue
@@ -411,7 +415,7 @@ def encode_infer_response(
         elif datatype == BYTES:
             tensor["data"] = bytes_to_json(value)
         else:  # orjson has no bfloat16: BF16 goes out as the FP32 numbers it holds exactly
-            tensor["data"] = value.astype(np.float32).ravel() if value.dtype == BF16 else value.ravel()
+            tensor["data"] = value.astype(np.float32).ravel() if datatype == "BF16" else value.ravel()
         tensors.append(tensor)
     doc: dict[str, Any] = {"model_name": model_name, "model_version": version, "outputs": tensors}
     if request.id is not None:

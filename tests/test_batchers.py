@@ -64,6 +64,65 @@ async def test_dynamic_dispatches_preferred_size_at_once():
     await task
 
 
+async def test_dynamic_batches_whole_requests_by_their_rows():
+    """Triton's rule with whole requests (preferred [2, 6], a long delay): a 7-row request
+    goes at once as one batch of 7; a 3-row one cannot make a preferred size alone and goes
+    whole when the delay has passed; two requests that add up to 6 go at once together."""
+    engine = GatedEngine()
+    b = DynamicBatcher([engine], DynamicConfig(max_batch_size=8, max_queue_delay_s=0.3,
+                                               preferred_batch_sizes=(2, 6)))  # fmt: skip
+    task = await started(b)
+    t0 = monotonic()
+    seven = await b.submit(WorkItem(item_input(7.0, rows=7), rows=7))
+    assert monotonic() - t0 < 0.3 and seven.batch_size == 7
+    check_result(seven, 7.0, rows=7)
+    t0 = monotonic()
+    three = await b.submit(WorkItem(item_input(3.0, rows=3), rows=3))
+    assert monotonic() - t0 >= 0.29 and three.batch_size == 3  # held for the delay, then whole
+    check_result(three, 3.0, rows=3)
+    engine.gate.clear()
+    engine.started.clear()
+    blocker = asyncio.create_task(submit(b, 100))
+    await asyncio.to_thread(engine.started.wait, 5)
+    pair = [
+        asyncio.create_task(b.submit(WorkItem(item_input(v, rows=r), rows=r)))
+        for v, r in ((4.0, 4), (2.0, 2))
+    ]
+    await wait_until(lambda: b.queue.rows == 6)
+    t0 = monotonic()
+    engine.gate.set()
+    results = await asyncio.gather(*pair)
+    assert monotonic() - t0 < 0.3 and [r.batch_size for r in results] == [6, 6]
+    check_result(results[0], 4.0, rows=4)
+    check_result(results[1], 2.0, rows=2)
+    await blocker
+    await b.drain()
+    await task
+
+
+async def test_requests_of_different_shapes_never_share_a_batch():
+    engine = GatedEngine()
+    engine.gate.clear()
+    b = ContinuousBatcher([engine], BatcherConfig(max_batch_size=8))
+    task = await started(b)
+    blocker = asyncio.create_task(submit(b, 100))
+    await asyncio.to_thread(engine.started.wait, 5)
+    keys = [(1,), (1,), (2,), (1,)]  # what the runtime sets for a variable-shape model
+    pending = [
+        asyncio.create_task(b.submit(WorkItem(item_input(float(i)), shape_key=k))) for i, k in enumerate(keys)
+    ]
+    await wait_until(lambda: len(b.queue) == 4)
+    assert b.queue.head(8).closed and b.queue.head(8).rows == 2  # the run stops at the other shape
+    engine.gate.set()
+    results = await asyncio.gather(*pending)
+    for i, r in enumerate(results):
+        check_result(r, float(i))
+    assert engine.batches[1:] == [[0, 1], [2], [3]]  # FIFO kept, shapes apart
+    await blocker
+    await b.drain()
+    await task
+
+
 async def test_dynamic_largest_preferred_that_fits_goes_first():
     engine = GatedEngine()
     engine.gate.clear()

@@ -149,8 +149,10 @@ def perf_analyzer() -> Path:
 def server(perf_analyzer, tmp_path_factory):
     repository = make_tool_repository(tmp_path_factory.mktemp("tool-repo"))
     grpc_port = free_port()
+    # Triton's --allow-client-shm=true: recent Triton refuses client shared-memory
+    # registration without it (docs/protocol/extension_shared_memory.md), and so does wattserve.
     env = {"WATTSERVE_MODEL_REPOSITORY": str(repository), "WATTSERVE_GRPC_PORT": str(grpc_port),
-           "WATTSERVE_TORCH_THREADS": "1"}  # fmt: skip
+           "WATTSERVE_TORCH_THREADS": "1", "WATTSERVE_ALLOW_CLIENT_SHM": "true"}  # fmt: skip
     with running_wattserve(env, ready_timeout_s=180) as proc:
         yield proc, grpc_port
 

@@ -1,8 +1,10 @@
 """A small Triton-layout repository for NVIDIA's tools (perf_analyzer, Model Analyzer).
 
-Three models, each the smallest that exercises one thing those tools send:
+Four models, each the smallest that exercises one thing those tools send:
 
 - ``identity``: wattserve's built-in identity, FP32 ``[16]``, batching: the plain case.
+- ``add``: ONNX ``Add(INPUT0, INPUT0)``, FP32 ``[16]``: an ONNX Runtime model with fixed dims
+  (the one Model Analyzer profiles).
 - ``add_var``: ONNX ``Add(INPUT0, INPUT0)``, FP32 ``dims: [ -1 ]`` (a variable dimension;
   perf_analyzer needs ``--shape INPUT0:16``).
 - ``string_identity``: ONNX ``Identity``, ``TYPE_STRING`` (BYTES) ``dims: [ 4 ]``.
@@ -31,6 +33,15 @@ max_batch_size: 16
 dynamic_batching { }
 parameters { key: "builtin" value: { string_value: "identity" } }
 parameters { key: "identity_elements" value: { string_value: "16" } }
+"""
+
+ADD_CONFIG = """
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+dynamic_batching { }
+instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
 ADD_VAR_CONFIG = """
@@ -75,8 +86,11 @@ def write_model(root: Path, name: str, config: str, model: onnx.ModelProto | Non
 
 
 def make_tool_repository(root: Path) -> Path:
-    """Write identity, add_var and string_identity under ``root``; return ``root``."""
+    """Write identity, add, add_var and string_identity under ``root``; return ``root``."""
     write_model(root, "identity", IDENTITY_CONFIG)
+    write_model(
+        root, "add", ADD_CONFIG, one_node_model("Add", ["INPUT0", "INPUT0"], TensorProto.FLOAT, ["b", 16])
+    )
     write_model(
         root,
         "add_var",

@@ -79,25 +79,16 @@ CASES = {
 }
 
 # Modes wattserve's main does not serve yet (issue 22), each with the text perf_analyzer fails
-# with today. Such a case must still fail with exactly that text (then it is xfailed); one that
-# passes, or fails otherwise, fails the test: remove its line when the mode is fixed.
-STATS = "Server side statistics compute counts must be the same"
+# with on main at 49c2f81. Such a case must still fail with exactly that text (then it is
+# xfailed); one that passes, or fails otherwise, fails the test: remove its line when the mode
+# is fixed. (On fd23329 every mode failed: the five plain ones with "Server side statistics
+# compute counts must be the same", -1 dims and BYTES at load; 49c2f81 fixed those.)
 PENDING: dict[str, str] = {
-    "http": STATS,
-    "grpc": STATS,
-    "async_poisson_rate": STATS,
-    "grpc_async_poisson_rate": STATS,
-    "sync_concurrency_1_2": STATS,
-    "json_input": STATS,
-    "json_input_and_output": STATS,
-    # POST /v2/systemsharedmemory/region/{r}/register answers 404 {"detail": ...}
-    "http_system_shm": "Unable to init infer data manager: attempt to access non-existing object member 'error'",
+    # POST /v2/systemsharedmemory/region/{r}/register answers 404 {"error": "Not Found"}
+    "http_system_shm": "Unable to init infer data manager: Not Found",
+    # the gRPC SystemSharedMemoryRegister RPC is not implemented
     "grpc_system_shm": "Unable to init infer data manager: Unexpected <class 'NotImplementedError'>: "
     "Method not implemented!",
-    "variable_dim": "variable dimensions (-1) are not supported",
-    "grpc_variable_dim": "variable dimensions (-1) are not supported",
-    "bytes": "data_type TYPE_STRING is not supported by wattserve",
-    "grpc_bytes": "data_type TYPE_STRING is not supported by wattserve",
 }
 
 

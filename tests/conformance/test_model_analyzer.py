@@ -29,11 +29,12 @@ from tests.conformance.external_tools import required_tool
 
 pytestmark = pytest.mark.slow
 
-# Where Model Analyzer stops on wattserve's main (issue 22, finding 11: 49c2f81 and before).
-# While PENDING is not empty, a run that stops here is xfailed; a run that completes, or stops
-# elsewhere, fails the test. Empty it when the run completes (it did, in about 40 s, on main +
-# the config-override branch + compute_input/output counted).
-PENDING: tuple[str, ...] = ("load with an overriding config is not supported",)
+# Where Model Analyzer stops on wattserve's main, if it does. While PENDING is not empty, a run
+# that stops at one of these texts is xfailed; a run that completes, or stops elsewhere, fails
+# the test. Empty on main at dc30bc6. (History, issue 22: on fd23329 it stopped at the first
+# load, "load with an overriding config is not supported"; with the override but not the
+# statistics fix, at "perf_analyzer was terminated by signal: SIGABRT".)
+PENDING: tuple[str, ...] = ()
 
 
 def test_model_analyzer_profiles_a_manual_search(tmp_path):

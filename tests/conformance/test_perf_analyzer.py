@@ -78,18 +78,13 @@ CASES = {
     "grpc_bytes": Case("string_identity", "grpc", ("--string-length", "16")),
 }
 
-# Modes wattserve's main does not serve yet (issue 22), each with the text perf_analyzer fails
-# with on main at 49c2f81. Such a case must still fail with exactly that text (then it is
-# xfailed); one that passes, or fails otherwise, fails the test: remove its line when the mode
-# is fixed. (On fd23329 every mode failed: the five plain ones with "Server side statistics
-# compute counts must be the same", -1 dims and BYTES at load; 49c2f81 fixed those.)
-PENDING: dict[str, str] = {
-    # POST /v2/systemsharedmemory/region/{r}/register answers 404 {"error": "Not Found"}
-    "http_system_shm": "Unable to init infer data manager: Not Found",
-    # the gRPC SystemSharedMemoryRegister RPC is not implemented
-    "grpc_system_shm": "Unable to init infer data manager: Unexpected <class 'NotImplementedError'>: "
-    "Method not implemented!",
-}
+# Modes wattserve's main does not serve yet, each with the text perf_analyzer fails with. Such
+# a case must still fail with exactly that text (then it is xfailed); one that passes, or fails
+# otherwise, fails the test. Empty on main at dc30bc6: every mode passes. (History, issue 22:
+# on fd23329 the plain modes aborted with "Server side statistics compute counts must be the
+# same", -1 dims and BYTES failed at load, shared memory with "Unable to init infer data
+# manager"; 49c2f81 fixed statistics, -1 dims and BYTES, the h-shm merge shared memory.)
+PENDING: dict[str, str] = {}
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """The FastAPI app factory: the model set, the routers, the guards, the lifespan. Wiring only.
 
-Routes live in ``server/routes/`` by concern and reach the models only through the
-``ModelSet`` and the one admission path (``server.admission``); nothing there imports this
-module, so there is no cycle.
+Two front ends over one protocol-neutral core (``server/core/``: admission, decoding, the
+documents both serve): HTTP routes in ``server/routes/`` by concern, gRPC in
+``server/grpc_service.py``. Both reach the models only through the ``ModelSet`` and the
+core; nothing there imports this module, so there is no cycle.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from wattserve.engines.registry import build_engine
-from wattserve.server.admission import BodyBudget
 from wattserve.server.classification import ClassLabels
+from wattserve.server.core.decode import BodyBudget
+from wattserve.server.core.documents import VERSION
 from wattserve.server.cuda_ipc import CudaRuntimeIpc
 from wattserve.server.fast_path import WattserveApp
 from wattserve.server.lifecycle import IdleTrimmer
@@ -28,7 +30,7 @@ from wattserve.server.metrics import ServingMetrics, server_metrics
 from wattserve.server.middleware import http_error, internal_error, invalid_parameters
 from wattserve.server.model_plan import EngineFactory, ModelPlan, ModelSource, SettingsSource
 from wattserve.server.model_set import ModelSet, ModelSetActivity
-from wattserve.server.routes.health import VERSION, health_router
+from wattserve.server.routes.health import health_router
 from wattserve.server.routes.images import images_router
 from wattserve.server.routes.inference import inference_routes
 from wattserve.server.routes.repository import repository_router

@@ -1,10 +1,14 @@
 """KServe v2 over gRPC: Triton's ``inference.GRPCInferenceService`` on ``grpc.aio``.
 
-It runs in the HTTP server's process and event loop and reaches the models only through
-the ``ModelSet`` and the one admission path (``server.admission.admit``: lookup, readiness
-and queue room, decode + validate, submit), so an HTTP and a gRPC request may ride in the
-same batch, and a request is refused for the same reasons whichever protocol carried it.
-The messages are the generated ones that ship in Triton's client package.
+A front end over the protocol-neutral core (``server/core/``), translating protobuf to
+and from it and nothing more: it runs in the HTTP server's process and event loop and
+reaches the models only through the ``ModelSet`` and the core's one admission path
+(``server.core.admission.admit``: lookup, readiness and queue room, decode + validate,
+submit; decoding by ``server.core.decode.InferenceDecoder`` with this module's protobuf
+reader), so an HTTP and a gRPC request may ride in the same batch, and a request is refused
+for the same reasons whichever protocol carried it. It imports nothing from the HTTP front
+end (``server/routes/``). The messages are the generated ones that ship in Triton's client
+package.
 
 Refusals keep HTTP's meaning, mapped to gRPC codes as Triton does (``GRPC_CODES``); 503s
 carry ``retry-after`` (seconds) and ``grpc-retry-pushback-ms`` in the trailing metadata.
@@ -23,8 +27,23 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from wattserve.batchers.status import Status
-from wattserve.server.admission import BodyBudget, BudgetExceeded, Refused, admit, select
-from wattserve.server.codec import BadRequest, InferRequest, check_tensor_header
+from wattserve.server.codec import BadRequest, check_tensor_header
+from wattserve.server.core.admission import (
+    TIMING_NAMES,
+    ModelUnavailable,
+    Refused,
+    admit,
+    select,
+    timing_values,
+)
+from wattserve.server.core.decode import OFFLOAD_DECODE_BYTES, BodyBudget, BudgetExceeded, InferenceDecoder
+from wattserve.server.core.documents import (
+    metadata_doc,
+    server_doc,
+    serving_runtime,
+    statistics_doc,
+    triton_config,
+)
 from wattserve.server.extension_errors import ExtensionError
 from wattserve.server.grpc_access import GrpcAccessControl
 from wattserve.server.grpc_codec import build_response, parse_grpc_request, payload_bytes
@@ -39,22 +58,11 @@ from wattserve.server.model_set import (
     load_failure,
 )
 from wattserve.server.repository.override import FILE_PREFIX, LoadOverride, OverrideError, parse_override
-from wattserve.server.routes.common import timing_headers
-from wattserve.server.routes.health import (
-    EXTENSIONS,
-    VERSION,
-    metadata_doc,
-    serving_runtime,
-    stats_doc,
-    triton_config,
-)
-from wattserve.server.routes.inference import OFFLOAD_DECODE_BYTES
-from wattserve.server.routes.trace_logging import check_model_ready
 from wattserve.server.runtime import ModelRuntime
 from wattserve.server.security import Restriction
 from wattserve.server.settings import Settings
 from wattserve.server.shared_memory import SharedMemoryRegistry
-from wattserve.server.trace_logging import LogSettings, TraceSettings
+from wattserve.server.trace_logging import LogSettings, TraceSettings, check_model_ready
 
 log = logging.getLogger("wattserve.grpc")
 
@@ -111,6 +119,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             ("grpc-retry-pushback-ms", str(settings.retry_after_s * 1000)),
         )
         self._streams: set[asyncio.Queue[Any]] = set()  # open streams' answer queues
+        self._decode = InferenceDecoder(self._read, parse_grpc_request, body_budget, self.shm)
 
     # ------------------------------------------------------------------ health and metadata
     async def ServerLive(self, request: Any, context: Any) -> Any:
@@ -131,7 +140,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
-        return service_pb2.ServerMetadataResponse(name="wattserve", version=VERSION, extensions=EXTENSIONS)
+        return service_pb2.ServerMetadataResponse(**server_doc())
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         runtime = await self._serving(request.name, request.version, context)
@@ -145,18 +154,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
         """HTTP's ``/stats`` numbers; no name: every loaded model (as Triton)."""
-        if not request.name:
-            docs = [stats_doc(r) for r in self.models.runtimes()]
-        else:
-            try:
-                entry = self.models.lookup(request.name, request.version or None)
-            except UnknownModel as exc:
-                await self._abort(context, Failure(S.NOT_FOUND, str(exc)))
-            if entry.runtime is None:
-                message = f"model {request.name!r} is not available: {entry.reason}"
-                await self._abort(context, Failure(S.INVALID_ARGUMENT, message))
-            docs = [stats_doc(entry.runtime)]
-        return json_format.ParseDict({"model_stats": docs}, service_pb2.ModelStatisticsResponse())
+        try:
+            doc = statistics_doc(self.models, request.name, request.version or None)
+        except Refused as refused:
+            await self._abort(context, Failure.of(refused))
+        return json_format.ParseDict(doc, service_pb2.ModelStatisticsResponse())
 
     # ------------------------------------------------------------------ repository extension
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
@@ -214,7 +216,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             # cyclic collector runs) must not keep the request's bytes with it
             del raw
             await self._abort(context, failure)
-        context.set_trailing_metadata(tuple((k.lower(), v) for k, v in timing_headers(result).items()))
+        context.set_trailing_metadata(tuple(zip(TIMING_NAMES, timing_values(result), strict=True)))
         return response
 
     async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
@@ -301,9 +303,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise Failure(S.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}") from None
         try:
             runtime = select(self.models, peek.model_name, peek.model_version or None)
+        except ModelUnavailable as refused:  # failed to load or unloaded: Triton answers UNAVAILABLE
+            raise Failure(S.UNAVAILABLE, str(refused)) from None
         except Refused as refused:
-            if refused.status is Status.INVALID_ARG:  # failed to load or unloaded: Triton answers UNAVAILABLE
-                raise Failure(S.UNAVAILABLE, str(refused)) from None
             raise Failure.of(refused) from None
         engine = runtime.engine
         cost = peek.decode_cost(len(raw))
@@ -333,38 +335,26 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise Failure(S.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}") from None
         return message, cost
 
+    async def _read(self, runtime: ModelRuntime, message: Any) -> tuple[tuple[Any, ...], int]:
+        """The decoder's reader: the parsed message, its tensors' bytes held in the body budget."""
+        size = payload_bytes(message)
+        self.body_budget.reserve(size)
+        return (message,), size
+
     async def _infer(self, message: Any) -> tuple[Any, Any]:
-        """The admission path with a protobuf decoder; Failure for every refusal."""
+        """The admission path with the protobuf decoder; Failure for every refusal."""
         name = message.model_name
-        engines = []  # the engine the request was decoded for (an unload may clear runtime.engine)
-
-        async def decode(runtime: ModelRuntime) -> InferRequest:
-            engine = runtime.engine
-            if engine is None:
-                raise Refused(f"model {name!r} is unloading", Status.UNAVAILABLE, retry_after=True)
-            engines.append(engine)
-            size = payload_bytes(message)
-            if not self.body_budget.try_reserve(size):
-                raise BudgetExceeded()
-            try:
-                args = (message, engine.inputs, engine.outputs, runtime.request_max_batch,
-                        runtime.settings.check_values, self.shm)  # fmt: skip
-                if size > OFFLOAD_DECODE_BYTES:
-                    return await asyncio.to_thread(parse_grpc_request, *args)
-                return parse_grpc_request(*args)
-            finally:
-                self.body_budget.release(size)
-
         try:
-            done = await admit(self.models, name, message.model_version or None, decode)
-            runtime = done.runtime
+            done = await admit(self.models, name, message.model_version or None, self._decode, message)
+            runtime, engine = done.runtime, done.engine
+            assert engine is not None  # the inference decoder gives the engine it decoded for
             response = build_response(name, runtime.version, done.request, done.result.outputs,
-                                      engines[0].outputs, self.shm, labels=runtime.class_labels)  # fmt: skip
+                                      engine.outputs, self.shm, labels=runtime.class_labels)  # fmt: skip
+        except ModelUnavailable as refused:
+            # the model failed to load or was unloaded: not the request's fault, Triton
+            # answers UNAVAILABLE
+            raise Failure(S.UNAVAILABLE, str(refused)) from None
         except Refused as refused:
-            if not engines and refused.status is Status.INVALID_ARG:
-                # refused before decoding with a 400: the model failed to load or was
-                # unloaded. Not the request's fault: Triton answers UNAVAILABLE.
-                raise Failure(S.UNAVAILABLE, str(refused)) from None
             raise Failure.of(refused) from None
         except ExtensionError as exc:  # an output region too small, or unregistered meanwhile
             raise Failure(GRPC_CODES[exc.status], str(exc)) from None

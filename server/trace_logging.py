@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from wattserve.server.extension_errors import ExtensionError
+from wattserve.server.model_set import ModelSet, ModelState, UnknownModel
 
 TRACE_DEFAULTS: dict[str, Any] = {
     "trace_file": "",
@@ -204,3 +205,13 @@ class LogSettings:
             formatter.datefmt, formatter.converter = ISO8601, time.gmtime
         else:
             formatter.datefmt, formatter.converter = datefmt, converter
+
+
+def check_model_ready(models: ModelSet, name: str) -> None:
+    """Triton answers trace settings only for a ready model."""
+    try:
+        entry = models.lookup(name, None)
+    except UnknownModel:
+        entry = None
+    if entry is None or entry.state is not ModelState.READY:
+        raise ExtensionError(f"Request for unknown model : {name}")

@@ -281,7 +281,7 @@ def test_chunked_multipart_upload_is_held_to_the_body_limit(server):
 
 def test_chunked_multipart_limit_on_an_image_model():
     from starlette.datastructures import Headers
-    from wattserve.server.admission import read_upload
+    from wattserve.server.routes.body import read_upload
 
     class FakeRequest:  # only what read_upload reads: headers and stream()
         headers = Headers({"content-type": "multipart/form-data; boundary=b"})

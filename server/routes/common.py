@@ -1,4 +1,4 @@
-"""What every router needs: JSON and refusal answers, the gone-client watch, timing headers."""
+"""What every HTTP router needs: JSON and refusal answers, the gone-client watch, timing headers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from wattserve.batchers.types import Result, WorkItem
-from wattserve.server.admission import Refused
+from wattserve.server.core.admission import TIMING_NAMES, Refused, timing_values
 from wattserve.server.http_status import HTTP_STATUS
 from wattserve.server.runtime import ModelRuntime
 
@@ -42,30 +42,27 @@ def refusal_response(refused: Refused, retry_after_s: int, request: Request | No
     return answer
 
 
-def watching_submit(request: Request) -> Callable[[ModelRuntime, WorkItem], Awaitable[Result]]:
-    """A submit for the admission path that cancels the request's item (never computed if
-    still queued) when the client goes away first.
+async def watching_submit(runtime: ModelRuntime, item: WorkItem, request: Request) -> Result:
+    """The admission path's submit (``server.core.admission.Submit``) for an HTTP request:
+    cancels the request's item (never computed if still queued) when the client goes away
+    first.
 
     The watcher starts only after ``WATCH_AFTER_S``: most answers come sooner, and a
     watcher task per request costs more than the identity model's whole budget.
     """
+    loop = asyncio.get_running_loop()
+    watcher: list[asyncio.Task[None]] = []
 
-    async def submit(runtime: ModelRuntime, item: WorkItem) -> Result:
-        loop = asyncio.get_running_loop()
-        watcher: list[asyncio.Task[None]] = []
+    def start_watching() -> None:
+        watcher.append(loop.create_task(_cancel_on_disconnect(request.receive, runtime, item)))
 
-        def start_watching() -> None:
-            watcher.append(loop.create_task(_cancel_on_disconnect(request.receive, runtime, item)))
-
-        timer = loop.call_later(WATCH_AFTER_S, start_watching)
-        try:
-            return await runtime.infer(item)
-        finally:
-            timer.cancel()
-            for task in watcher:
-                task.cancel()
-
-    return submit
+    timer = loop.call_later(WATCH_AFTER_S, start_watching)
+    try:
+        return await runtime.infer(item)
+    finally:
+        timer.cancel()
+        for task in watcher:
+            task.cancel()
 
 
 async def _cancel_on_disconnect(
@@ -78,12 +75,6 @@ async def _cancel_on_disconnect(
             return
 
 
-def timing_values(result: Result) -> tuple[str, str, str]:
-    """Batching made visible: queue and compute time (ms) and the batch's rows, formatted
-    as the X-Queue-Time-Ms, X-Compute-Time-Ms and X-Batch-Size headers carry them."""
-    return f"{result.queue_time_s * 1e3:.3f}", f"{result.compute_time_s * 1e3:.3f}", str(result.batch_size)
-
-
 def timing_headers(result: Result) -> dict[str, str]:
-    queue_ms, compute_ms, size = timing_values(result)
-    return {"X-Queue-Time-Ms": queue_ms, "X-Compute-Time-Ms": compute_ms, "X-Batch-Size": size}
+    """The timing an answer carries (``server.core.admission.TIMING_NAMES``) as headers."""
+    return dict(zip(TIMING_NAMES, timing_values(result), strict=True))

@@ -16,10 +16,12 @@ import io
 import numpy as np
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
-from wattserve.server.admission import Refused, admit, read_upload
+from wattserve.engines.base import Engine
 from wattserve.server.codec import BadRequest, InferRequest
+from wattserve.server.core.admission import Refused, admit
 from wattserve.server.model_set import ModelSet
 from wattserve.server.preprocess_threads import preprocess_executor
+from wattserve.server.routes.body import read_upload
 from wattserve.server.routes.common import (
     error_response,
     json_response,
@@ -62,7 +64,7 @@ def images_router(models: ModelSet, settings: Settings) -> APIRouter:
         if not 1 <= top_k <= 1000:
             return error_response("top_k must be within 1..1000", 400)
 
-        async def decode(runtime: ModelRuntime) -> InferRequest:
+        async def decode(runtime: ModelRuntime, request: Request) -> tuple[InferRequest, Engine]:
             engine = runtime.engine
             if engine is None or [s.name for s in engine.inputs] != ["input"]:
                 raise BadRequest(f"model {name!r} takes tensors, not images")
@@ -74,10 +76,10 @@ def images_router(models: ModelSet, settings: Settings) -> APIRouter:
             expected = tuple(engine.inputs[0].shape)
             if tensor.shape != expected:
                 raise BadRequest(f"preprocessed image is {tensor.shape}, model expects {expected}")
-            return InferRequest(id=None, inputs={"input": tensor}, batched=False)
+            return InferRequest(id=None, inputs={"input": tensor}, batched=False), engine
 
         try:
-            done = await admit(models, name, None, decode, watching_submit(request))
+            done = await admit(models, name, None, decode, request, watching_submit)
         except Refused as refused:
             return refusal_response(refused, retry_after_s, request)
         logits = next(iter(done.result.outputs.values()))[0]
@@ -94,18 +96,19 @@ def images_router(models: ModelSet, settings: Settings) -> APIRouter:
         priority: int = Query(0, ge=0, description="Triton priority level; 0: the default."),
         timeout_ms: float | None = Query(None, gt=0, description="Deadline; 503 when passed."),
     ) -> Response:
-        async def decode(runtime: ModelRuntime) -> InferRequest:
+        async def decode(runtime: ModelRuntime, _: Request) -> tuple[InferRequest, Engine | None]:
             engine = runtime.engine
             if engine is not None and {s.name for s in engine.inputs} != {"seed", "steps"}:
                 raise BadRequest(f"model {name!r} is not a diffusion model (no seed/steps inputs)")
             inputs = {"seed": np.array([seed], np.int64), "steps": np.array([steps], np.int32)}
             timeout_us = int(timeout_ms * 1000) if timeout_ms is not None else None
-            return InferRequest(
+            decoded = InferRequest(
                 id=None, inputs=inputs, batched=False, priority=priority, timeout_us=timeout_us
             )
+            return decoded, engine
 
         try:
-            done = await admit(models, name, None, decode, watching_submit(request))
+            done = await admit(models, name, None, decode, request, watching_submit)
         except Refused as refused:
             return refusal_response(refused, retry_after_s)
         png = await asyncio.to_thread(image_to_png, done.result.outputs["image"][0], scale)

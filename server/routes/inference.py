@@ -6,34 +6,25 @@ machinery cost ~100 us a request here, more than the identity model's whole budg
 
 from __future__ import annotations
 
-import asyncio
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from wattserve.batchers.status import Status
-from wattserve.server.admission import (
-    BodyBudget,
-    Refused,
-    admit,
-    check_content_type,
-    inference_headers,
-    read_reserved_body,
-)
 from wattserve.server.codec import (
     BINARY_HEADER,
     BINARY_HEADER_RAW,
-    InferRequest,
     encode_infer_response,
     parse_infer_request,
 )
+from wattserve.server.core.admission import Refused, admit, timing_values
+from wattserve.server.core.decode import BodyBudget, InferenceDecoder
 from wattserve.server.model_set import ModelSet
-from wattserve.server.routes.common import error_response, refusal_response, timing_values, watching_submit
+from wattserve.server.routes.body import check_content_type, inference_headers, read_reserved_body
+from wattserve.server.routes.common import error_response, refusal_response, watching_submit
 from wattserve.server.runtime import ModelRuntime
 from wattserve.server.settings import Settings
 from wattserve.server.shared_memory import SharedMemoryRegistry, ShmError
-
-OFFLOAD_DECODE_BYTES = 256 * 1024  # bodies above this are decoded on a worker thread
 
 
 class InferResponse(Response):
@@ -52,37 +43,29 @@ def inference_routes(
     models: ModelSet, settings: Settings, body_budget: BodyBudget, shm: SharedMemoryRegistry | None = None
 ) -> list[Route]:
     retry_after_s = settings.retry_after_s
+    max_body_bytes = settings.max_body_bytes
+
+    async def read(runtime: ModelRuntime, request: Request) -> tuple[tuple[Any, ...], int]:
+        """The body within the limits (415, 413, 503 past the body budget), held in the budget."""
+        content_type, declared, binary_length = inference_headers(request.scope)
+        check_content_type(content_type)
+        body, held = await read_reserved_body(request, declared, max_body_bytes, body_budget)
+        return (body, binary_length), held
+
+    decode = InferenceDecoder(read, parse_infer_request, body_budget, shm)
 
     async def infer(request: Request) -> Response:
         params = request.path_params
         name = params["name"]
-        engines = []  # the engine the request was decoded for (an unload may clear runtime.engine)
-
-        async def decode(runtime: ModelRuntime) -> InferRequest:
-            engine = runtime.engine
-            if engine is None:
-                raise Refused(f"model {name!r} is unloading", Status.UNAVAILABLE, retry_after=True,
-                              body_unread=True)  # fmt: skip
-            engines.append(engine)
-            content_type, declared, binary_length = inference_headers(request.scope)
-            check_content_type(content_type)
-            body, held = await read_reserved_body(request, declared, settings.max_body_bytes, body_budget)
-            try:
-                args = (body, binary_length, engine.inputs, engine.outputs, runtime.request_max_batch,
-                        runtime.settings.check_values, shm)  # fmt: skip
-                if len(body) > OFFLOAD_DECODE_BYTES:
-                    return await asyncio.to_thread(parse_infer_request, *args)
-                return parse_infer_request(*args)
-            finally:
-                body_budget.release(held)
-
         try:
-            done = await admit(models, name, params.get("version"), decode, watching_submit(request))
+            done = await admit(models, name, params.get("version"), decode, request, watching_submit)
         except Refused as refused:
             return refusal_response(refused, retry_after_s, request)
+        engine = done.engine
+        assert engine is not None  # the inference decoder gives the engine it decoded for
         try:
             payload, extra = encode_infer_response(name, done.request, done.result.outputs,
-                                                   engines[0].outputs, done.runtime.version, shm,
+                                                   engine.outputs, done.runtime.version, shm,
                                                    labels=done.runtime.class_labels)  # fmt: skip
         except ShmError as exc:  # an output region too small, or unregistered meanwhile
             return error_response(str(exc), exc.http_status)

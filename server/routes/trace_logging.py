@@ -9,21 +9,11 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from wattserve.server.extension_errors import ExtensionError
-from wattserve.server.model_set import ModelSet, ModelState, UnknownModel
+from wattserve.server.model_set import ModelSet
 from wattserve.server.routes.common import error_response, json_response
-from wattserve.server.trace_logging import LogSettings, TraceSettings
+from wattserve.server.trace_logging import LogSettings, TraceSettings, check_model_ready
 
 MAX_SETTINGS_BODY = 64 * 1024
-
-
-def check_model_ready(models: ModelSet, name: str) -> None:
-    """Triton answers trace settings only for a ready model."""
-    try:
-        entry = models.lookup(name, None)
-    except UnknownModel:
-        entry = None
-    if entry is None or entry.state is not ModelState.READY:
-        raise ExtensionError(f"Request for unknown model : {name}")
 
 
 def trace_logging_router(models: ModelSet, trace: TraceSettings, log: LogSettings) -> APIRouter:
@@ -70,4 +60,4 @@ async def _json_object(request: Request, what: str) -> dict[str, Any]:
     return doc
 
 
-__all__ = ["check_model_ready", "trace_logging_router"]
+__all__ = ["trace_logging_router"]

@@ -1,0 +1,94 @@
+"""Decoding an inference request, the same for every front end.
+
+A front end gives two things: how to *read* its request (HTTP: the body within its limits;
+gRPC: the message it already holds), reserving the payload's bytes in the shared
+``BodyBudget``, and how to *parse* that payload against the model's tensor specs
+(``server.codec.parse_infer_request``, ``server.grpc_codec.parse_grpc_request``).
+``InferenceDecoder`` does the rest once: refuse a model being unloaded, parse on a worker
+thread past ``OFFLOAD_DECODE_BYTES``, release the reservation, and hand back the engine the
+request was decoded for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from wattserve.batchers.status import Status
+from wattserve.engines.base import Engine
+from wattserve.server.codec import BadRequest, InferRequest
+from wattserve.server.core.admission import Refused
+from wattserve.server.runtime import ModelRuntime
+from wattserve.server.shared_memory import SharedMemoryRegistry
+
+OFFLOAD_DECODE_BYTES = 256 * 1024  # payloads above this are parsed on a worker thread
+
+
+class BodyBudget:
+    """Request-body bytes being read or parsed at once, over all requests and protocols.
+
+    A request reserves its declared length (or, chunked, each chunk as it arrives) and
+    releases it once parsed; past the budget new requests are refused (UNAVAILABLE) before
+    their body is read."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def try_reserve(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def reserve(self, n: int) -> None:
+        """Reserve ``n`` bytes or raise BudgetExceeded."""
+        if not self.try_reserve(n):
+            raise BudgetExceeded()
+
+    def release(self, n: int) -> None:
+        self.used = max(0, self.used - n)
+
+
+class BudgetExceeded(BadRequest):
+    def __init__(self) -> None:
+        super().__init__(
+            "server is reading too many request bodies at once; retry shortly", Status.UNAVAILABLE
+        )
+
+
+# (runtime, the front end's request) -> (the payload's leading parse arguments, the bytes of
+# the body budget it holds, which is also its size)
+Read = Callable[[ModelRuntime, Any], Awaitable[tuple[tuple[Any, ...], int]]]
+# (*payload, input specs, output specs, max batch size, check values, shm) -> the request
+Parse = Callable[..., InferRequest]
+
+
+class InferenceDecoder:
+    """The decoder (``server.core.admission.Decode``) of a front end's inference requests."""
+
+    __slots__ = ("budget", "parse", "read", "shm")
+
+    def __init__(
+        self, read: Read, parse: Parse, budget: BodyBudget, shm: SharedMemoryRegistry | None
+    ) -> None:
+        self.read = read
+        self.parse = parse
+        self.budget = budget
+        self.shm = shm
+
+    async def __call__(self, runtime: ModelRuntime, source: Any) -> tuple[InferRequest, Engine]:
+        engine = runtime.engine
+        if engine is None:
+            raise Refused(f"model {runtime.name!r} is unloading", Status.UNAVAILABLE, retry_after=True,
+                          body_unread=True)  # fmt: skip
+        payload, held = await self.read(runtime, source)
+        try:
+            args = (*payload, engine.inputs, engine.outputs, runtime.request_max_batch,
+                    runtime.settings.check_values, self.shm)  # fmt: skip
+            if held > OFFLOAD_DECODE_BYTES:
+                return await asyncio.to_thread(self.parse, *args), engine
+            return self.parse(*args), engine
+        finally:
+            self.budget.release(held)

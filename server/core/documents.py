@@ -1,0 +1,106 @@
+"""The documents both front ends serve: server metadata, model metadata, the model
+configuration as served, and Triton's statistics. HTTP answers them as JSON, gRPC parses
+them into its messages (their field names are the same)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from wattserve.batchers.status import Status
+from wattserve.server.core.admission import Refused, select
+from wattserve.server.model_set import ModelSet, ModelState, UnknownModel
+from wattserve.server.repository.plan import config_datatype
+from wattserve.server.runtime import ModelRuntime
+
+VERSION = "0.1.0"
+EXTENSIONS = ["binary_tensor_data", "schedule_policy", "model_configuration", "classification",
+              "model_repository", "statistics", "system_shared_memory", "trace", "logging"]  # fmt: skip
+
+
+def server_doc() -> dict[str, Any]:
+    return {"name": "wattserve", "version": VERSION, "extensions": EXTENSIONS}
+
+
+def serving_runtime(models: ModelSet, name: str, version: str | None) -> ModelRuntime:
+    """A loaded runtime (metadata needs its engine), ready or not; else Refused saying why."""
+    try:
+        entry = models.lookup(name, version)
+    except UnknownModel as exc:
+        raise Refused(str(exc), Status.NOT_FOUND) from None
+    if entry.runtime is not None and entry.runtime.engine is not None:
+        return entry.runtime
+    return select(models, name, version)  # raises the refusal that says why
+
+
+def metadata_doc(models: ModelSet, runtime: ModelRuntime) -> dict[str, Any]:
+    """KServe v2 model metadata (HTTP's JSON, and the fields of gRPC's ModelMetadataResponse)."""
+    engine = runtime.engine
+    assert engine is not None
+    batched = runtime.batching
+    name = runtime.name
+    versions = [e.version for e in models.entries() if e.name == name and e.state is ModelState.READY]
+    return {
+        "name": name,
+        "versions": versions,
+        "platform": runtime.platform or engine.platform,
+        "inputs": [s.metadata(batched) for s in engine.inputs],
+        "outputs": [s.metadata(batched) for s in engine.outputs],
+    }
+
+
+def stats_doc(runtime: ModelRuntime) -> dict[str, Any]:
+    rejected = runtime.metrics.count("bad_request")
+    return runtime.metrics.statistics.triton(runtime.name, runtime.version, rejected)
+
+
+def statistics_doc(models: ModelSet, name: str | None, version: str | None) -> dict[str, Any]:
+    """Triton's statistics document: every loaded model when ``name`` is empty, else that
+    one; Refused NOT_FOUND for an unknown model, INVALID_ARG for one not loaded."""
+    if not name:
+        return {"model_stats": [stats_doc(r) for r in models.runtimes()]}
+    try:
+        entry = models.lookup(name, version)
+    except UnknownModel as exc:
+        raise Refused(str(exc), Status.NOT_FOUND) from None
+    if entry.runtime is None:
+        raise Refused(f"model {name!r} is not available: {entry.reason}", Status.INVALID_ARG)
+    return {"model_stats": [stats_doc(entry.runtime)]}
+
+
+def triton_config(runtime: ModelRuntime) -> dict[str, Any]:
+    """The effective configuration in Triton's JSON form (what wattserve actually applies)."""
+    settings, engine = runtime.settings, runtime.engine
+    assert engine is not None
+
+    def tensors(specs: Any) -> list[dict[str, Any]]:
+        return [
+            {"name": s.name, "data_type": config_datatype(s.datatype), "dims": list(s.shape)} for s in specs
+        ]
+
+    config: dict[str, Any] = {
+        "name": runtime.name,
+        "platform": runtime.platform or engine.platform,
+        "max_batch_size": settings.max_batch_size if runtime.batching else 0,
+        "input": tensors(engine.inputs),
+        "output": tensors(engine.outputs),
+        "instance_group": [
+            {"count": len(runtime.devices), "kind": "KIND_GPU" if "cuda" in engine.device else "KIND_CPU"}
+        ],
+        "parameters": {
+            "batcher": {"string_value": settings.batcher},
+            "wattserve_batcher": {"string_value": settings.batcher},
+        },
+    }
+    if settings.batcher == "dynamic":
+        config["dynamic_batching"] = {
+            "preferred_batch_size": list(settings.preferred_batch_sizes),
+            "max_queue_delay_microseconds": int(settings.max_queue_delay_ms * 1000),
+            "priority_levels": settings.priority_levels,
+            "default_priority_level": settings.effective_default_priority,
+            "default_queue_policy": {
+                "max_queue_size": settings.max_queue_size,
+                "default_timeout_microseconds": int((settings.default_timeout_ms or 0) * 1000),
+                "allow_timeout_override": settings.allow_timeout_override,
+            },
+        }
+    return config

@@ -43,6 +43,8 @@ def inference_headers(scope: Scope) -> tuple[str, str | None, str | None]:
 
 def check_content_type(content_type: str) -> None:
     """Inference takes JSON or octet-stream (or an unnamed type, as some clients send)."""
+    if content_type == "application/json":  # what nearly every request says: no parsing
+        return
     media = content_type.split(";", 1)[0].strip().lower()
     if media in BROWSER_SIMPLE_TYPES:
         raise BadRequest(

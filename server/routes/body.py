@@ -9,7 +9,7 @@ than by the load; a client leaving mid-upload is ``ClientGone`` (499).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from starlette.formparsers import MultiPartParser
 from starlette.requests import ClientDisconnect, Request
@@ -107,7 +107,7 @@ async def read_upload(request: Request, limit: int) -> bytes:
         await form.close()
 
 
-async def _stream(request: Request, limit: int) -> AsyncIterator[bytes]:
+async def _stream(request: Request, limit: int) -> AsyncGenerator[bytes, None]:
     size = 0
     try:
         async for chunk in request.stream():

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive
 from wattserve.batchers.types import Result, WorkItem
 from wattserve.server.core.admission import TIMING_NAMES, Refused, timing_values
 from wattserve.server.http_status import HTTP_STATUS
@@ -65,9 +65,7 @@ async def watching_submit(runtime: ModelRuntime, item: WorkItem, request: Reques
             task.cancel()
 
 
-async def _cancel_on_disconnect(
-    receive: Callable[[], Awaitable[dict[str, Any]]], runtime: ModelRuntime, item: WorkItem
-) -> None:
+async def _cancel_on_disconnect(receive: Receive, runtime: ModelRuntime, item: WorkItem) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":

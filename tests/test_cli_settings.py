@@ -155,10 +155,10 @@ def _settings_table(text: str) -> list[str]:
     return rows
 
 
-def test_settings_table_lists_every_field_and_matches_the_readme(capsys: pytest.CaptureFixture[str]) -> None:
+def test_settings_table_lists_every_field_and_matches_the_docs(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["settings"]) == 0
     rows = _settings_table(capsys.readouterr().out)
     assert [row.split("`")[1] for row in rows] == [f"WATTSERVE_{name.upper()}" for name in FIELDS]
     assert "| `--strict` `--no-strict` |" in rows[FIELDS.index("strict")]
-    readme = _settings_table((ROOT / "README.md").read_text())
-    assert readme == rows, "README's settings table is stale: paste `wattserve settings` into it"
+    documented = _settings_table((ROOT / "docs" / "settings.md").read_text())
+    assert documented == rows, "docs/settings.md's table is stale: paste `wattserve settings` into it"

@@ -86,3 +86,21 @@ def add_sub_model(root: Path, name: str, datatype: str, dims: list[int], max_bat
         f"instance_group [ {{ count: 1 kind: KIND_CPU }} ]\n{extra_config}"
     )
     return root / name
+
+
+def scalar_identity_model(root: Path, name: str, config_dims: list[int]) -> Path:
+    """A model whose tensors are scalars (shape []), its config declaring ``config_dims``
+    (Triton's qa/common/gen_qa_ort_scalar_models.py: dims [1] or [1, 1] for a scalar)."""
+    _save(
+        [helper.make_node("Identity", ["INPUT"], ["OUTPUT"])],
+        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, [])],
+        root / name / "1" / "model.onnx",
+    )
+    dims = ", ".join(map(str, config_dims))
+    (root / name / "config.pbtxt").write_text(
+        f'platform: "onnxruntime_onnx"\ninput [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ {dims} ] }} ]\n'
+        f'output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ {dims} ] }} ]\n'
+        "instance_group [ { kind: KIND_CPU } ]\n"
+    )
+    return root / name

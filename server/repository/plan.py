@@ -4,8 +4,8 @@
 Triton's meaning (see ``HONOURED`` in ``config.py``; anything else set is a warning that
 names it). wattserve's own choices go in ``parameters`` (Triton's place for backend keys):
 
-- ``batcher``: static / dynamic / continuous. Unset: ``WATTSERVE_BATCHER`` when it is set,
-  else dynamic.
+- ``batcher``: one of the policies in ``batchers/registry.py`` (static, dynamic, continuous,
+  iteration, adaptive, aimd). Unset: ``WATTSERVE_BATCHER`` when it is set, else dynamic.
 - ``builtin``: with ``backend: "wattserve"``, which built-in model (a name in
   ``wattserve.engines.registry.MODELS``); defaults to the directory name.
 - ``check_values``: "true" rejects NaN/Inf in float inputs with a 400.

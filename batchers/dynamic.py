@@ -4,8 +4,10 @@ requests (Triton never splits a request).
 - A batch goes at once when whole requests at the head of the queue add up to a
   preferred size (the largest such), or when they reach the largest preferred size (or
   max_batch_size when none is set) -- a lone request that large goes alone, at once.
-- A batch also goes at once when the next queued request has another shape (variable
-  dimensions: only same-shape requests batch together), since waiting cannot grow it.
+- A batch also goes at once when it cannot grow: the next queued request has another
+  shape (variable dimensions: only same-shape requests batch together) or would take it
+  past the largest preferred size (Triton: a [3] request then a [7] one run at once, each
+  alone; a [3] then a [4]: the 3 goes, the 4 waits out its own delay).
 - Otherwise it goes when the oldest queued request has waited ``max_queue_delay``: then
   the head's requests (up to max_batch_size rows) are dispatched.
 - With ``allowed_sizes`` (the engine's own batch sizes, when the user asks for only
@@ -75,7 +77,9 @@ class DynamicBatcher(RequestBatcher):
         best = [s for s in self._preferred if head.reachable(s)]
         if best:
             return best[-1]
-        if head.closed or head.rows >= self._limit:
+        if head.closed or head.rows >= self._limit or self.queue.rows > head.rows:
+            # it cannot grow: the next request has another shape, or would take the batch
+            # past the largest preferred size (Triton sends the pending batch then)
             return self._limit
         return None
 

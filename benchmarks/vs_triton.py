@@ -223,7 +223,7 @@ def _f(value: float | None, digits: int = 1) -> str:
 
 
 def format_tables(doc: Mapping[str, Any]) -> str:
-    """The markdown tables printed at the end (and pasted into the README)."""
+    """The markdown tables printed at the end (and pasted into docs/vs-triton.md)."""
     obj = doc["objective"]
     name = f"p{obj['percentile']:g} <= {obj['slo_ms']:g} ms"
     lines = [

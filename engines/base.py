@@ -47,7 +47,8 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     datatype: str = "FP32"
-    # Whether NaN/Inf may be fed to the model. Images and latents may not.
+    # Set by engines and repository plans, read by nothing: no check enforces it. NaN/Inf
+    # inputs are refused only where a model asks (check_values, server/codec.py check_finite).
     allow_nonfinite: bool = False
 
     @property

@@ -179,7 +179,7 @@ class OnnxRuntimeEngine:
             if self.batched:
                 results = self._run(feeds)
             else:
-                rows = [self._run({k: v[i] for k, v in feeds.items()})
+                rows = [self._run({k: v[i, ...] for k, v in feeds.items()})
                         for i in range(len(next(iter(feeds.values()))))]  # fmt: skip
                 results = [np.stack(col) for col in zip(*rows, strict=True)]
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidArgument types

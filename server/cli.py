@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
@@ -51,9 +52,51 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     serve = sub.add_parser(
         "serve", description=SERVE_DESCRIPTION, help="run the inference server (every setting a flag)"
     )
-    flags = CliSettingsSource(Settings, root_parser=serve)
+    flags = CliSettingsSource(Settings, root_parser=serve, add_argument_method=_add_setting_argument)
     serve.set_defaults(func=cmd_serve, settings_flags=flags)
     return serve
+
+
+def triton_bool(text: str) -> bool:
+    """A bool flag's value as Triton reads it (``ParseOption<bool>``): true/on/1, false/off/0,
+    in any case."""
+    word = text.lower()
+    if word in ("true", "on", "1"):
+        return True
+    if word in ("false", "off", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false (on/off, 1/0), got {text!r}")
+
+
+class TritonBoolAction(argparse.Action):
+    """A bool setting in both spellings its users know: ``--flag`` / ``--no-flag``, and
+    Triton's ``--flag=true|false`` / ``--flag true|false`` (argparse's BooleanOptionalAction,
+    which pydantic-settings makes, refuses a value: "ignored explicit argument 'true'")."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        negatives = [f"--no-{option[2:]}" for option in option_strings if option.startswith("--")]
+        kwargs.update(nargs="?", type=triton_bool, metavar="BOOL")
+        super().__init__([*option_strings, *negatives], dest, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        negative = bool(option_string and option_string.startswith("--no-"))
+        if negative and values is not None:
+            raise argparse.ArgumentError(self, f"{option_string} takes no value; use "
+                                         f"{self.option_strings[0]}=true|false")  # fmt: skip
+        setattr(namespace, self.dest, (not negative) if values is None else values)
+
+
+def _add_setting_argument(parser: argparse.ArgumentParser, *names: str, **kwargs: Any) -> argparse.Action:
+    """pydantic-settings' add_argument, with Triton's ``=true/false`` accepted by bool flags."""
+    if kwargs.get("action") is argparse.BooleanOptionalAction:
+        kwargs = {**kwargs, "action": TritonBoolAction}
+    return parser.add_argument(*names, **kwargs)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

@@ -114,6 +114,8 @@ def _parse_infer_request(
     shm: SharedMemoryRegistry | None = None,
 ) -> InferRequest:
     json_part, binary = split_binary_body(body, header_length)
+    if header_length is not None and not json_part:  # Inference-Header-Content-Length: 0
+        return parse_raw_request(binary, specs, output_specs, max_batch_size)
     doc = _loads(json_part)
     if not isinstance(doc, dict):
         raise BadRequest("request body must be a JSON object")
@@ -163,6 +165,44 @@ def _parse_infer_request(
 # ---------------------------------------------------------------- checks shared by every front end
 # HTTP (JSON or binary) and gRPC (raw or typed contents) decode through these, so a request
 # means the same and is refused with the same message whichever protocol carried it.
+
+
+def parse_raw_request(
+    data: bytes, specs: Sequence[TensorSpec], output_specs: Sequence[TensorSpec], max_batch_size: int
+) -> InferRequest:
+    """Triton's raw binary request (``Inference-Header-Content-Length: 0``): the whole body is
+    the model's one input, its shape deduced from the config (a batch of one when the model
+    batches; one -1 dimension from the byte count; a BYTES input is one element, the body
+    itself). Every output comes back in the binary extension. Refusals in Triton's words."""
+    if len(specs) != 1:
+        raise BadRequest(f"Raw request must only have 1 input (found 1) to be deduced but got {len(specs)} "
+                         "inputs in the model configuration")  # fmt: skip
+    spec = specs[0]
+    dims = list(spec.shape)
+    if spec.datatype == BYTES:
+        if dims != [1]:
+            raise BadRequest(
+                f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]"
+            )
+        array = np.empty(1, dtype=object)
+        array[0] = bytes(data)
+    else:
+        variable = [i for i, d in enumerate(dims) if d < 0]
+        if len(variable) > 1:
+            raise BadRequest(f"The shape of the raw input '{spec.name}' can not be deduced because there "
+                             "are more than one variable-sized dimension")  # fmt: skip
+        if variable:
+            row_bytes = math.prod(d for d in dims if d >= 0) * spec.dtype.itemsize
+            if row_bytes == 0 or len(data) % row_bytes:
+                raise BadRequest(f"raw input '{spec.name}': {len(data)} bytes are not a whole number of "
+                                 f"{spec.datatype} elements of shape {dims}")  # fmt: skip
+            dims[variable[0]] = len(data) // row_bytes
+        array = tensor_from_bytes(data, spec, dims)
+    batched = max_batch_size > 0
+    shaped = array.reshape([1, *dims] if batched else dims)
+    request = InferRequest(id=None, inputs={spec.name: shaped}, batched=batched, rows=1)
+    request.binary_outputs = {s.name for s in output_specs}
+    return request
 
 
 def check_tensor_header(
@@ -254,11 +294,20 @@ def _request_id(doc: dict[str, Any]) -> str | None:
     return rid
 
 
+MAX_ELEMENTS = 2**63 - 1  # Triton's bound on a tensor's element count (and byte size)
+
+
 def _check_shape(shape: Any, spec: TensorSpec, max_batch_size: int) -> tuple[list[int], bool]:
     """Triton's rule: a batching model's inputs carry the batch axis first (1..max), a
     non-batching model's do not; every other dimension as the spec says, -1 any size."""
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
         raise BadRequest(f"input {spec.name!r}: shape must be a list of non-negative integers")
+    count = math.prod(shape)
+    if count > MAX_ELEMENTS:  # Triton's words (its QA checks them)
+        raise BadRequest(f"input '{spec.name}' has shape {shape} which causes total element count to exceed "
+                         f"maximum size of {MAX_ELEMENTS}")  # fmt: skip
+    if spec.datatype != BYTES and count * spec.dtype.itemsize > MAX_ELEMENTS:
+        raise BadRequest(f"byte size overflow for input '{spec.name}': shape {shape} of {spec.datatype}")
     if max_batch_size == 0:  # Triton's max_batch_size 0: no batch axis in request shapes
         if not spec.accepts(shape):
             raise BadRequest(f"unexpected shape for input {spec.name!r} for model: expected "

@@ -26,10 +26,24 @@ _NAME, _DATATYPE, _SHAPE, _CONTENTS = 1, 2, 3, 5
 
 # Decoding cost per wire byte of typed contents, at worst (the bound the body budget
 # reserves): fixed-width floats are copied about twice (protobuf's array, numpy's);
-# a varint integer may be 1 wire byte for an 8-byte protobuf value and an 8-byte numpy one;
-# a BYTES element may be 2 wire bytes (key, length) for a ~16-byte protobuf view and a
-# ~40-byte Python bytes object plus its 8-byte pointer in the numpy object array.
-TYPED_COST = {"FP32": 3, "FP64": 3, "BYTES": 32}
+# a varint integer may be 1 wire byte for an 8-byte protobuf value and an 8-byte numpy one.
+#
+# BYTES, measured (python -m benchmarks.bytes_decode_cost --elements 2097153: parse, then
+# bytes_from_values' object array; peak RSS above the wire bytes; 2**k + 1 elements is the
+# worst case of upb's doubling arrays, whose outgrown blocks stay in the message's arena):
+#   peak = 1.85 * wire + 63.5 * elements + 43.4 * objects
+# (per element: upb's 16-byte views as the array doubles, the list and the object array's
+# pointers; objects: elements of 2+ bytes, whose Python bytes take a 48-byte block; b"" and
+# 1-byte values are CPython's shared singletons). The element count is not known before
+# parsing, but every element takes 2 wire bytes at least (key, length) and an object 4, so
+# per wire byte the cost is at most 1.85 + max(63.5 / 2, (63.5 + 43.4) / 4) = 33.6 -> 34.
+# Measured per wire byte at 2**21 + 1 elements: 32.1 (empty), 24.0 (1 byte), 30.1 (2 bytes),
+# 20.1 (4), 12.0 (8), 8.0 (16), 5.2 (32). Triton's L0_grpc test_bytes_contents_many_elements_
+# serialization (10 Mi elements of 1 byte, 30 MiB on the wire) peaks 656 MiB above its wire
+# bytes (estimate: 1050 MiB), so the default 512 MiB budget refuses it honestly;
+# WATTSERVE_MAX_INFLIGHT_BODY_BYTES=1342177280 (1.25 GiB) serves it (the front end also
+# reserves payload_bytes, 50 MiB here, while it decodes).
+TYPED_COST = {"FP32": 3, "FP64": 3, "BYTES": 34}
 VARINT_COST = 16  # every other datatype's contents are varints
 
 

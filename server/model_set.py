@@ -1,6 +1,7 @@
 """The models one server serves: lookup, readiness with its reason, load, unload, drain.
 
-Routes ask this object and nothing else. Each model version has its own ``ModelRuntime``
+The front ends look models up here (admission, metadata, repository routes) and submit to
+the ``ModelRuntime`` they get. Each model version has its own ``ModelRuntime``
 (batcher, queue, engine instances, threads); a model that fails to load is kept here as
 UNAVAILABLE with the reason, and the others serve (``strict``: the failure is fatal, like
 Triton's ``--exit-on-error``).

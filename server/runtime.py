@@ -1,7 +1,8 @@
 """The served model at run time: engines, batcher, metrics, readiness, lifecycle.
 
-Routes talk only to this object, so a test can build one with any engine and drive it
-without HTTP, and the app factory stays a thin wiring layer.
+The front ends find a model in the ``ModelSet`` (``admission.select``) and submit to the
+runtime it returns; a test can build one with any engine and drive it without HTTP, and the
+app factory stays a thin wiring layer.
 """
 
 from __future__ import annotations

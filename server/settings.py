@@ -1,9 +1,10 @@
 """Server settings: one field per knob, read by pydantic-settings.
 
 Each field is a ``WATTSERVE_<NAME>`` environment variable and a ``wattserve serve --<name>``
-flag (server/cli.py attaches pydantic-settings' CLI source to the ``serve`` subcommand), so
-this class is the only list of settings. Every knob has one meaning; ``wattserve settings``
-prints the README's table from these fields' descriptions.
+flag (server/cli.py attaches pydantic-settings' CLI source to the ``serve`` subcommand).
+Every knob has one meaning; ``wattserve settings`` prints docs/settings.md's table from these
+fields' descriptions. A repository model's config.pbtxt ``parameters`` set some of them per
+model (``server/repository/plan.py``'s ``MODEL_PARAMETERS``).
 """
 
 from __future__ import annotations

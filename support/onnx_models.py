@@ -43,46 +43,62 @@ def config_type(datatype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
 
 
-def identity_model(root: Path, name: str, datatype: str, dims: list[int], max_batch_size: int,
-                   extra_config: str = "") -> Path:  # fmt: skip
-    """INPUT0 -> OUTPUT0 unchanged (Triton's ``*_identity`` QA models), with config.pbtxt."""
+def _elementwise_model(
+    root: Path, name: str, datatype: str, dims: list[int], max_batch_size: int, extra_config: str,
+    nodes: list, inputs: list[str], outputs: list[str],
+) -> Path:  # fmt: skip
+    """One ONNX graph of same-shaped tensors and its config.pbtxt (one CPU instance)."""
     t = ONNX_TYPES[datatype]
-    batched = max_batch_size > 0
+    shape = _dims(dims, max_batch_size > 0)
     _save(
-        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
-        [helper.make_tensor_value_info("INPUT0", t, _dims(dims, batched))],
-        [helper.make_tensor_value_info("OUTPUT0", t, _dims(dims, batched))],
+        nodes,
+        [helper.make_tensor_value_info(n, t, shape) for n in inputs],
+        [helper.make_tensor_value_info(n, t, shape) for n in outputs],
         root / name / "1" / "model.onnx",
     )
     tensor = f"data_type: {config_type(datatype)} dims: [ {', '.join(map(str, dims))} ]"
+    listed = {what: ", ".join(f'{{ name: "{n}" {tensor} }}' for n in names)
+              for what, names in (("input", inputs), ("output", outputs))}  # fmt: skip
     (root / name / "config.pbtxt").write_text(
         f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch_size}\n'
-        f'input [ {{ name: "INPUT0" {tensor} }} ]\noutput [ {{ name: "OUTPUT0" {tensor} }} ]\n'
+        f"input [ {listed['input']} ]\noutput [ {listed['output']} ]\n"
         f"instance_group [ {{ count: 1 kind: KIND_CPU }} ]\n{extra_config}"
     )
     return root / name
 
 
+def identity_model(root: Path, name: str, datatype: str, dims: list[int], max_batch_size: int,
+                   extra_config: str = "") -> Path:  # fmt: skip
+    """INPUT0 -> OUTPUT0 unchanged (Triton's ``*_identity`` QA models), with config.pbtxt."""
+    nodes = [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])]
+    return _elementwise_model(root, name, datatype, dims, max_batch_size, extra_config, nodes,
+                              ["INPUT0"], ["OUTPUT0"])  # fmt: skip
+
+
 def add_sub_model(root: Path, name: str, datatype: str, dims: list[int], max_batch_size: int,
                   extra_config: str = "") -> Path:  # fmt: skip
     """OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (Triton's QA "simple" models)."""
-    t = ONNX_TYPES[datatype]
-    batched = max_batch_size > 0
-    shape = _dims(dims, batched)
+    nodes = [
+        helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+        helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+    ]
+    return _elementwise_model(root, name, datatype, dims, max_batch_size, extra_config, nodes,
+                              ["INPUT0", "INPUT1"], ["OUTPUT0", "OUTPUT1"])  # fmt: skip
+
+
+def scalar_identity_model(root: Path, name: str, config_dims: list[int]) -> Path:
+    """A model whose tensors are scalars (shape []), its config declaring ``config_dims``
+    (Triton's qa/common/gen_qa_ort_scalar_models.py: dims [1] or [1, 1] for a scalar)."""
     _save(
-        [
-            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
-            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
-        ],
-        [helper.make_tensor_value_info(n, t, shape) for n in ("INPUT0", "INPUT1")],
-        [helper.make_tensor_value_info(n, t, shape) for n in ("OUTPUT0", "OUTPUT1")],
+        [helper.make_node("Identity", ["INPUT"], ["OUTPUT"])],
+        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, [])],
         root / name / "1" / "model.onnx",
     )
-    tensor = f"data_type: {config_type(datatype)} dims: [ {', '.join(map(str, dims))} ]"
+    dims = ", ".join(map(str, config_dims))
     (root / name / "config.pbtxt").write_text(
-        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch_size}\n'
-        f'input [ {{ name: "INPUT0" {tensor} }}, {{ name: "INPUT1" {tensor} }} ]\n'
-        f'output [ {{ name: "OUTPUT0" {tensor} }}, {{ name: "OUTPUT1" {tensor} }} ]\n'
-        f"instance_group [ {{ count: 1 kind: KIND_CPU }} ]\n{extra_config}"
+        f'platform: "onnxruntime_onnx"\ninput [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ {dims} ] }} ]\n'
+        f'output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ {dims} ] }} ]\n'
+        "instance_group [ { kind: KIND_CPU } ]\n"
     )
     return root / name

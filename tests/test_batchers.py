@@ -100,6 +100,27 @@ async def test_dynamic_batches_whole_requests_by_their_rows():
     await task
 
 
+async def test_dynamic_sends_a_batch_that_the_next_request_would_overflow():
+    """Triton's qa/L0_batcher test_multi_batch_sum_gt_max_preferred: preferred [2, 6]; a 3-row
+    request waits; a 4-row one arrives (3 + 4 > 6): the 3 goes at once, alone, and the 4
+    then waits out its own delay, counted from its own arrival."""
+    engine = GatedEngine()
+    b = DynamicBatcher([engine], DynamicConfig(max_batch_size=8, max_queue_delay_s=0.6,
+                                               preferred_batch_sizes=(2, 6)))  # fmt: skip
+    task = await started(b)
+    start = monotonic()
+    three = asyncio.create_task(b.submit(WorkItem(item_input(3.0, rows=3), rows=3)))
+    await asyncio.sleep(0.2)
+    four = asyncio.create_task(b.submit(WorkItem(item_input(4.0, rows=4), rows=4)))
+    first = await three
+    assert monotonic() - start < 0.5 and first.batch_size == 3  # sent when the 4 arrived
+    second = await four
+    assert monotonic() - start >= 0.2 + 0.59 and second.batch_size == 4  # its own full delay
+    check_result(second, 4.0, rows=4)
+    await b.drain()
+    await task
+
+
 async def test_requests_of_different_shapes_never_share_a_batch():
     engine = GatedEngine()
     engine.gate.clear()

@@ -155,10 +155,43 @@ def _settings_table(text: str) -> list[str]:
     return rows
 
 
-def test_settings_table_lists_every_field_and_matches_the_readme(capsys: pytest.CaptureFixture[str]) -> None:
+def test_settings_table_lists_every_field_and_matches_the_docs(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["settings"]) == 0
     rows = _settings_table(capsys.readouterr().out)
     assert [row.split("`")[1] for row in rows] == [f"WATTSERVE_{name.upper()}" for name in FIELDS]
     assert "| `--strict` `--no-strict` |" in rows[FIELDS.index("strict")]
-    readme = _settings_table((ROOT / "README.md").read_text())
-    assert readme == rows, "README's settings table is stale: paste `wattserve settings` into it"
+    documented = _settings_table((ROOT / "docs" / "settings.md").read_text())
+    assert documented == rows, "docs/settings.md's table is stale: paste `wattserve settings` into it"
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--allow-client-shm=true"], True),  # Triton's form
+        (["--allow-client-shm", "true"], True),  # Triton's getopt takes the value apart too
+        (["--allow-client-shm=FALSE"], False),  # Triton's ParseOption<bool>: any case,
+        (["--allow-client-shm=on"], True),  # on/off, 1/0
+        (["--allow-client-shm", "0"], False),
+        (["--allow-client-shm"], True),  # wattserve's forms still work
+        (["--no-allow-client-shm"], False),
+        (["--allow-client-shm", "--port", "8200"], True),  # a bare flag takes no next option
+    ],
+)
+def test_bool_flags_take_tritons_true_false_values(flags: list[str], expected: bool) -> None:
+    assert serve_settings(*flags).allow_client_shm is expected
+
+
+@pytest.mark.parametrize("name", [n for n in FIELDS if _base_type(Settings.model_fields[n]) is bool])
+def test_every_bool_flag_takes_an_explicit_value(name: str) -> None:
+    flag = "--" + name.replace("_", "-")
+    default = Settings.model_fields[name].get_default(call_default_factory=True)
+    assert getattr(serve_settings(f"{flag}={str(not default).lower()}"), name) is (not default)
+    assert getattr(serve_settings(f"{flag}={str(default).lower()}"), name) is default
+
+
+@pytest.mark.parametrize("flags", [["--allow-client-shm=maybe"], ["--no-allow-client-shm=true"]])
+def test_a_bad_bool_value_is_refused(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        serve_settings(*flags)
+    assert done.value.code == 2
+    assert "--allow-client-shm" in capsys.readouterr().err

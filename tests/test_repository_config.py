@@ -102,7 +102,6 @@ def test_honoured_fields_map_with_triton_meaning_and_the_rest_warn(tmp_path):
     warned = " | ".join(plans[0].warnings)
     for field in (
         "input[0].format",
-        "output[0].label_filename",
         "dynamic_batching.preserve_ordering",
         "optimization",
         "timeout_action DELAY",
@@ -110,6 +109,7 @@ def test_honoured_fields_map_with_triton_meaning_and_the_rest_warn(tmp_path):
     ):
         assert field in warned, field
     assert "max_queue_delay" not in warned and "instance_group" not in warned
+    assert "label_filename" not in warned  # honoured: the classification extension's labels
 
 
 def test_latest_version_by_default(tmp_path):

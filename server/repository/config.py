@@ -23,7 +23,7 @@ HONOURED: dict[str, set[str]] = {
         "dynamic_batching", "instance_group", "parameters", "default_model_filename",
     },
     "ModelInput": {"name", "data_type", "dims", "reshape"},
-    "ModelOutput": {"name", "data_type", "dims", "reshape"},
+    "ModelOutput": {"name", "data_type", "dims", "reshape", "label_filename"},  # labels: classification
     "ModelTensorReshape": {"shape"},
     "ModelDynamicBatching": {
         "preferred_batch_size", "max_queue_delay_microseconds", "priority_levels",

@@ -4,8 +4,8 @@
 Triton's meaning (see ``HONOURED`` in ``config.py``; anything else set is a warning that
 names it). wattserve's own choices go in ``parameters`` (Triton's place for backend keys):
 
-- ``batcher``: static / dynamic / continuous. Unset: ``WATTSERVE_BATCHER`` when it is set,
-  else dynamic.
+- ``batcher``: one of the policies in ``batchers/registry.py`` (static, dynamic, continuous,
+  iteration, adaptive, aimd). Unset: ``WATTSERVE_BATCHER`` when it is set, else dynamic.
 - ``builtin``: with ``backend: "wattserve"``, which built-in model (a name in
   ``wattserve.engines.registry.MODELS``); defaults to the directory name.
 - ``check_values``: "true" rejects NaN/Inf in float inputs with a 400.
@@ -369,8 +369,8 @@ def _engine_factory(
 
     def build(settings: Settings) -> Engine:
         engine = serve(ModelFile(path, name, batching, in_inner, out_inner), settings)
-        _check_against_config(engine, in_inner, out_inner, source)
-        if in_outer != in_inner or out_outer != out_inner:
+        scalars = _check_against_config(engine, in_inner, out_inner, source)
+        if scalars or in_outer != in_inner or out_outer != out_inner:
             from wattserve.engines.reshape import ReshapedEngine
 
             engine = ReshapedEngine(engine, in_outer or engine.inputs, out_outer or engine.outputs)
@@ -428,6 +428,12 @@ KIND_ENGINES: dict[str, Callable[[ModelFile, Settings], Engine]] = {
 }
 
 
+def _scalar_as_ones(model: tuple[int, ...], config: tuple[int, ...]) -> bool:
+    """Triton's rule for a scalar tensor (shape [] in the model): a config may declare it
+    with dims of ones ([1], [1, 1]); clients send that shape, the model gets the scalar."""
+    return model == () and len(config) > 0 and all(d == 1 for d in config)
+
+
 def _dims_agree(model: tuple[int, ...], config: tuple[int, ...]) -> bool:
     """Same rank, and each dimension equal or variable (-1) on either side: a config may
     fix what the model leaves variable, or leave variable what the model fixes."""
@@ -439,7 +445,9 @@ def _dims_agree(model: tuple[int, ...], config: tuple[int, ...]) -> bool:
 def _check_against_config(
     engine: Engine, inputs: list[TensorSpec], outputs: list[TensorSpec], source: str
 ) -> None:
-    """A config that declares tensors must agree with what the model file says."""
+    """A config that declares tensors must agree with what the model file says. Returns
+    whether some tensor is a model scalar the config declares as ones (to be reshaped)."""
+    scalars = False
     for what, declared, actual in (("input", inputs, engine.inputs), ("output", outputs, engine.outputs)):
         if not declared:
             continue
@@ -449,8 +457,12 @@ def _check_against_config(
                                     f"model has {sorted(have)}")  # fmt: skip
         for spec in declared:
             real = have[spec.name]
+            if real.datatype == spec.datatype and _scalar_as_ones(tuple(real.shape), tuple(spec.shape)):
+                scalars = True
+                continue
             if real.datatype != spec.datatype or not _dims_agree(real.shape, spec.shape):
                 raise EngineUnavailable(
                     f"{source}: {what} {spec.name!r} is TYPE_{spec.datatype} {list(spec.shape)} in the "
                     f"config but TYPE_{real.datatype} {list(real.shape)} in the model"
                 )
+    return scalars

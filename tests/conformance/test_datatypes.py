@@ -181,7 +181,7 @@ def test_grpc_typed_contents_refused_where_kserve_has_no_field(server, datatype)
 def test_bf16_json_numbers(server):
     """Triton refuses BF16 in JSON both ways ("receiving/sending BF16 data via JSON is not
     supported", src/http_server.cc); wattserve takes JSON numbers (rounded to BF16) and
-    answers the BF16 values as JSON numbers: a superset, listed in the README's deviations."""
+    answers the BF16 values as JSON numbers: a superset, listed in docs/triton.md's deviations."""
     http_url, _ = server
     body = {"inputs": [{"name": n, "shape": [1, 4], "datatype": "BF16", "data": [1.5, -2, 3.25, 0.5]}
                        for n in ("INPUT0", "INPUT1")]}  # fmt: skip

@@ -16,6 +16,10 @@ Each behaviour, and where Triton states it:
   (qa/L0_http/http_restricted_api_test.py), a queue timeout answered UNAVAILABLE "Request
   timeout expired" (qa/L0_batcher/queue_timeout_test.py, tested in tests/test_batchers.py
   and tests/test_server_errors.py);
+- Triton's raw binary request (``Inference-Header-Content-Length: 0``: the body is the one
+  input, its shape deduced; qa/L0_http/http_test.py ``test_raw_binary``, ``test_byte``,
+  ``test_multi_inputs``, ``test_multi_variable_dimensions``) and its overflow checks
+  (``test_buffer_size_overflow``);
 - the statistics extension counts each request once in queue and in each of
   compute_input/infer/output (perf_analyzer stops with "Server side statistics compute
   counts must be the same" otherwise; docs/protocol/extension_statistics.md).
@@ -23,6 +27,7 @@ Each behaviour, and where Triton states it:
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -47,6 +52,8 @@ def server(tmp_path_factory):
     identity_model(root, "strings", "BYTES", [-1], 8, "dynamic_batching { }\n")
     identity_model(root, "whole", "FP32", [16], 8, PREFERRED)
     identity_model(root, "unbatched", "INT32", [-1, -1], 0)
+    identity_model(root, "raw_var", "FP32", [-1], 8)
+    identity_model(root, "raw_str", "BYTES", [1], 8)
     grpc_port = free_port()
     settings = Settings(model_repository=root, telemetry=False, grpc_port=grpc_port,
                         restricted_api="model-repository:admin-key=secret")  # fmt: skip
@@ -281,3 +288,55 @@ def test_statistics_count_every_request_once_in_each_compute_phase(server):
     )
     grpc_stats = grpc.get_inference_statistics("whole", as_json=True)["model_stats"][0]["inference_stats"]
     assert int(grpc_stats["compute_output"]["count"]) == int(grpc_stats["compute_input"]["count"])
+
+
+# ---------------------------------------------------------------- raw binary requests
+
+
+def _raw(url: str, model: str, data: bytes) -> httpx.Response:
+    return httpx.post(f"{url}/v2/models/{model}/infer", content=data,
+                      headers={"Inference-Header-Content-Length": "0"})  # fmt: skip
+
+
+def test_raw_binary_request_deduces_the_shape_and_answers_in_binary(server):
+    url, _http, _grpc = server
+    for n in (8, 32):
+        data = np.arange(n, dtype=np.float32).tobytes()
+        r = _raw(url, "raw_var", data)
+        assert r.status_code == 200, r.text
+        header = int(r.headers["Inference-Header-Content-Length"])
+        assert r.content[header:] == data
+        assert json.loads(r.content[:header])["outputs"][0]["shape"] == [1, n]
+
+
+def test_raw_binary_bytes_input_is_one_element(server):
+    url, _http, _grpc = server
+    r = _raw(url, "raw_str", b"427")
+    assert r.status_code == 200, r.text
+    header = int(r.headers["Inference-Header-Content-Length"])
+    assert r.content[header:] == (3).to_bytes(4, "little") + b"427"  # Triton prepends the length
+
+
+@pytest.mark.parametrize(
+    ("model", "data", "message"),
+    [
+        ("var_add", np.arange(24, dtype=np.float32).tobytes(),
+         "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in"),
+        ("unbatched", np.ones(4, np.int32).tobytes(),
+         "The shape of the raw input 'INPUT0' can not be deduced because there are more than one variable-sized dimension"),
+        ("strings", b"427", "For BYTE datatype raw input 'INPUT0', the model must have input shape [1]"),
+    ],
+)  # fmt: skip
+def test_raw_binary_requests_that_cannot_be_deduced_are_refused(server, model, data, message):
+    url, _http, _grpc = server
+    r = _raw(url, model, data)
+    assert r.status_code == 400 and message in r.json()["error"]
+
+
+def test_element_count_and_byte_size_overflow_are_refused_in_tritons_words(server):
+    url, _http, _grpc = server
+    for shape, message in (([2**4, 2**60 + 2], "causes total element count to exceed maximum size of"),
+                           ([2**2, 2**60 + 2], "byte size overflow for input")):  # fmt: skip
+        body = {"inputs": [{"name": "INPUT0", "shape": shape, "datatype": "FP32", "data": [1.0]}]}
+        r = httpx.post(f"{url}/v2/models/raw_var/infer", json=body)
+        assert r.status_code == 400 and message in r.json()["error"]

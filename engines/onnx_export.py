@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 from wattserve.engines.base import EngineUnavailable
+from wattserve.engines.catalog import TORCHVISION_MODELS
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,6 @@ def build_torchvision_model(name: str, seed: int = 0, weights: str | None = None
 
     Random weights from ``seed`` unless ``weights`` names a local state dict (or 'pretrained').
     """
-    from wattserve.engines.registry import TORCHVISION_MODELS
     from wattserve.engines.torch_engine import load_torchvision_model
 
     if name not in TORCHVISION_MODELS:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torchvision
 from wattserve.engines.base import Batch, EngineError, TensorSpec
-from wattserve.engines.registry import TORCHVISION_MODELS
+from wattserve.engines.catalog import TORCHVISION_MODELS
 
 log = logging.getLogger("wattserve.engines.torch")
 

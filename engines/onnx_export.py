@@ -127,6 +127,8 @@ def export_onnx(model, path: str | Path, *, legacy: bool = False, max_batch: int
                     optimize=True,
                     verbose=False,
                 )
+                if program is None:  # only dynamo=False returns None; typed for both
+                    raise EngineUnavailable("torch.onnx.export(dynamo=True) returned no ONNX program")
                 program.save(tmp_name)
         check_onnx(tmp_name)
         os.replace(tmp_name, path)
@@ -165,7 +167,7 @@ class Agreement:
 
     @property
     def rel_diff(self) -> float:
-        return self.max_abs_diff / max(self.max_abs_ref, np.finfo(np.float32).tiny)
+        return self.max_abs_diff / max(self.max_abs_ref, float(np.finfo(np.float32).tiny))
 
 
 def compare_with_torch(

@@ -156,6 +156,8 @@ class TorchVisionEngine:
         return {"logits": out}
 
     def close(self) -> None:
+        # Drop the weights. No call follows close() (the Engine contract), so the attribute
+        # keeps the live model's type rather than an Optional every infer() must test.
         self.model = None  # type: ignore[assignment]
         if self._device.type == "cuda":
             torch.cuda.empty_cache()

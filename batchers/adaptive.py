@@ -218,13 +218,17 @@ class AdaptiveBatcher(SloBatcher):
                 joules.add_metric([*labels, str(b)], j)
         yield joules
         snap = self.costs.snapshot()
-        for name, key, doc in (
-            ("wattserve_adaptive_cost_intercept_seconds", "intercept_s", "Cost model fit a + c*b: a."),
-            ("wattserve_adaptive_cost_per_item_seconds", "per_item_s", "Cost model fit a + c*b: c."),
-            ("wattserve_adaptive_margin_seconds", "margin_s", "Held back for prediction error and hand-off."),
+        for name, value, doc in (
+            ("wattserve_adaptive_cost_intercept_seconds", snap["intercept_s"], "Cost model fit a + c*b: a."),
+            ("wattserve_adaptive_cost_per_item_seconds", snap["per_item_s"], "Cost model fit a + c*b: c."),
+            (
+                "wattserve_adaptive_margin_seconds",
+                snap["margin_s"],
+                "Held back for prediction error and hand-off.",
+            ),
         ):
             g = GaugeMetricFamily(name, doc, labels=names)
-            g.add_metric(list(labels), float(snap[key]))  # type: ignore[arg-type]
+            g.add_metric(list(labels), float(value))
             yield g
         rate = GaugeMetricFamily(
             "wattserve_adaptive_arrival_rate",

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from time import monotonic
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 from wattserve.batchers.observers import NULL_OBSERVER, BatchObserver, BatchReport
@@ -41,7 +41,7 @@ from wattserve.batchers.types import (
     Result,
     WorkItem,
 )
-from wattserve.engines.base import Engine, ReportsSteps
+from wattserve.engines.base import Engine, ReportsSteps, StepEngine
 
 log = logging.getLogger("wattserve.batcher")
 
@@ -52,7 +52,7 @@ class BatchOutcome:
     exceptions (same order), and the window."""
 
     items: list[WorkItem]
-    per_item: list[dict[str, np.ndarray] | BaseException]
+    per_item: Sequence[dict[str, np.ndarray] | BaseException]
     started: float
     finished: float
     energy: Any  # what the observer's on_batch_end returned (telemetry: a BatchSpan), or None
@@ -100,11 +100,16 @@ def engine_thread(index: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"engine-{index}")
 
 
-class EngineInstance:
+# What a policy drives: request-level policies an Engine (whole batches), the iteration-level
+# one a StepEngine (one step of every state); both are closed by their EngineInstance.
+AnyEngine = TypeVar("AnyEngine", bound=Engine | StepEngine)
+
+
+class EngineInstance(Generic[AnyEngine]):
     """One engine and the single thread that may call it (``engine_thread``; the one it
     was built on, when the caller passes it)."""
 
-    def __init__(self, engine: Engine, index: int, executor: ThreadPoolExecutor | None = None) -> None:
+    def __init__(self, engine: AnyEngine, index: int, executor: ThreadPoolExecutor | None = None) -> None:
         self.engine = engine
         self.index = index
         self.executor = executor if executor is not None else engine_thread(index)
@@ -114,7 +119,7 @@ class EngineInstance:
         self.engine.close()
 
 
-class Batcher(ABC):
+class Batcher(ABC, Generic[AnyEngine]):
     """Base of every policy: the queue, submit, deadlines, cancel, drain, engine threads.
 
     Request-level policies derive from ``RequestBatcher``; the iteration-level one
@@ -127,7 +132,7 @@ class Batcher(ABC):
 
     def __init__(
         self,
-        engines: Sequence[Engine],
+        engines: Sequence[AnyEngine],
         config: BatcherConfig,
         *,
         observer: BatchObserver | None = None,
@@ -338,7 +343,7 @@ class Batcher(ABC):
         observer = self.observer
         started = monotonic()
         mark = observer.on_batch_start()
-        per_item: list[dict[str, np.ndarray] | BaseException]
+        per_item: Sequence[dict[str, np.ndarray] | BaseException]
         energy = None
         input_s = output_s = 0.0
         try:
@@ -370,7 +375,7 @@ class Batcher(ABC):
             return exc
 
 
-class RequestBatcher(Batcher):
+class RequestBatcher(Batcher[Engine]):
     """Request-level policies: a batch is formed, computed whole, and answered whole.
 
     Subclasses implement ``form_batch`` (wait until the policy wants to dispatch) and may
@@ -387,7 +392,7 @@ class RequestBatcher(Batcher):
 
     def __init__(self, engines: Sequence[Engine], config: BatcherConfig, **hooks: Any) -> None:
         super().__init__(engines, config, **hooks)
-        self._free: asyncio.Queue[EngineInstance] | None = None  # idle engine instances
+        self._free: asyncio.Queue[EngineInstance[Engine]] | None = None  # idle engine instances
         self._busy = 0  # instances running a chain of batches
         self._all_idle: asyncio.Event | None = None
         self.pipeline = True  # engine threads take the next ready batch themselves
@@ -419,7 +424,7 @@ class RequestBatcher(Batcher):
         only read. The default never dispatches from the thread (no pipelining)."""
         return None
 
-    def _dispatch(self, instance: EngineInstance, batch: list[WorkItem]) -> None:
+    def _dispatch(self, instance: EngineInstance[Engine], batch: list[WorkItem]) -> None:
         """Start ``batch`` on the instance's thread; the thread chains ready batches."""
         self._busy += 1
         assert self._all_idle is not None
@@ -429,7 +434,7 @@ class RequestBatcher(Batcher):
         except RuntimeError as exc:  # executor shut down: fail this batch only
             self._finished(instance, batch, None, exc, False)
 
-    def _work(self, instance: EngineInstance, batch: list[WorkItem]) -> None:
+    def _work(self, instance: EngineInstance[Engine], batch: list[WorkItem]) -> None:
         """Engine thread: run ``batch``, then every batch the policy would dispatch at once,
         posting each outcome to the loop as it finishes."""
         loop = self._loop
@@ -456,7 +461,7 @@ class RequestBatcher(Batcher):
             return self.take(size) if size else []
 
     def _finished(
-        self, instance: EngineInstance, batch: list[WorkItem], outcome: BatchOutcome | None,
+        self, instance: EngineInstance[Engine], batch: list[WorkItem], outcome: BatchOutcome | None,
         error: BaseException | None, continuing: bool,
     ) -> None:  # fmt: skip
         """Loop side of a finished batch: answer it; free the instance unless its thread

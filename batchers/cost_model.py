@@ -23,11 +23,24 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
+from typing import TypedDict
 
 import numpy as np
 from wattserve.batchers.size_ewma import SizeEwma
 
 RATIO_CLIP = 3.0
+
+
+class CostSnapshot(TypedDict):
+    """``CostModel.snapshot()``: the fit a + c*b, its margin and tables, as plain data."""
+
+    intercept_s: float
+    per_item_s: float
+    scale: float
+    margin_s: float
+    seconds: dict[int, float]  # size -> predicted seconds (empty before the first fit)
+    joules: dict[int, float]  # size -> joules per batch, measured sizes only
+    observations: int
 
 
 class CostModel:
@@ -175,7 +188,7 @@ class CostModel:
                 out[b] = j
         return out
 
-    def snapshot(self) -> dict[str, object]:
+    def snapshot(self) -> CostSnapshot:
         """The model as plain data, for metrics and logs."""
         a, c = self.fit() if self._shape else (0.0, 0.0)
         return {

@@ -110,12 +110,12 @@ class Iteration:
 class _Instance:
     """An engine instance and its running set."""
 
-    inst: EngineInstance
+    inst: EngineInstance[StepEngine]
     running: list[Running] = field(default_factory=list)
     admitting: list[WorkItem] = field(default_factory=list)  # taken, start() not yet returned
 
 
-class IterationBatcher(Batcher):
+class IterationBatcher(Batcher[StepEngine]):
     """Iteration-level batching for a StepEngine: schedule, execute, settle, repeat."""
 
     name = "iteration"
@@ -131,7 +131,7 @@ class IterationBatcher(Batcher):
         for engine in engines:
             if not isinstance(engine, StepEngine):
                 raise TypeError(f"{type(engine).__name__} is not a StepEngine")
-        super().__init__(engines, config, **hooks)  # type: ignore[arg-type]
+        super().__init__(engines, config, **hooks)
         self._changed = asyncio.Event()
         self._slots = [_Instance(inst) for inst in self.instances]
 

@@ -64,8 +64,10 @@ class WorkItem:
             return False
         if error is not None:
             future.set_exception(error)
-        else:
+        elif result is not None:
             future.set_result(result)
+        else:  # a caller's bug: the waiter would never wake
+            raise TypeError("finish() takes a result or an error")
         return True
 
 

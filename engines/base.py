@@ -89,17 +89,36 @@ class Engine(Protocol):
     Every member here is required. What only some engines have is one of the capability
     protocols below (``WarmsItself``, ``ValidatesInputs``, ``ReportsSteps``, ``StepEngine``):
     callers test for it with ``isinstance`` once, when they are built, never with getattr.
+    The data members are read-only properties here: callers only read them, and an engine
+    may keep them as plain attributes of narrower types (a ``list``, ``None``).
     """
 
     name: str
-    platform: str  # e.g. "pytorch", "onnxruntime", "tensorrt" (shown in model metadata)
-    device: str  # e.g. "cpu", "cuda:0"
-    inputs: Sequence[TensorSpec]
-    outputs: Sequence[TensorSpec]
-    max_batch_size: int
-    # Sizes the engine is fastest at (TensorRT profiles, CUDA graph buckets), or None
-    # when any size 1..max_batch_size is equally fine.
-    batch_sizes: Sequence[int] | None
+
+    @property
+    def platform(self) -> str:
+        """e.g. "pytorch", "onnxruntime", "tensorrt" (shown in model metadata)."""
+        ...
+
+    @property
+    def device(self) -> str:
+        """e.g. "cpu", "cuda:0"."""
+        ...
+
+    @property
+    def inputs(self) -> Sequence[TensorSpec]: ...
+
+    @property
+    def outputs(self) -> Sequence[TensorSpec]: ...
+
+    @property
+    def max_batch_size(self) -> int: ...
+
+    @property
+    def batch_sizes(self) -> Sequence[int] | None:
+        """Sizes the engine is fastest at (TensorRT profiles, CUDA graph buckets), or None
+        when any size 1..max_batch_size is equally fine."""
+        ...
 
     def infer(self, batch: Batch) -> dict[str, np.ndarray]:
         """Run one batch; every array has the batch on axis 0; outputs likewise."""
@@ -147,9 +166,15 @@ class StepEngine(Protocol):
     """
 
     name: str
-    inputs: Sequence[TensorSpec]
-    outputs: Sequence[TensorSpec]
-    max_batch_size: int
+
+    @property
+    def inputs(self) -> Sequence[TensorSpec]: ...
+
+    @property
+    def outputs(self) -> Sequence[TensorSpec]: ...
+
+    @property
+    def max_batch_size(self) -> int: ...
 
     def start(self, item: Mapping[str, np.ndarray]) -> Any:
         """Make the state of one request (no batch dimension in ``item``)."""
@@ -163,6 +188,10 @@ class StepEngine(Protocol):
 
     def result(self, state: Any) -> dict[str, np.ndarray]:
         """The finished request's outputs (no batch dimension)."""
+        ...
+
+    def close(self) -> None:
+        """Free the model; called once, after its last step."""
         ...
 
 

@@ -172,5 +172,7 @@ class CudaGraphEngine:
         return {self._output_name: out.float().cpu().numpy()}
 
     def close(self) -> None:
+        # Drop the graphs and their pools. No call follows close() (the Engine contract), so the
+        # attribute keeps the live runner's type rather than an Optional every call must test.
         self.runner = None  # type: ignore[assignment]
         self._inner.close()

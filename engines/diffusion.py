@@ -30,13 +30,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from time import monotonic
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from wattserve.engines.base import EngineError, StepObserver, TensorSpec
 from wattserve.engines.schedulers import PerSampleScheduler, Schedule, make_scheduler
 from wattserve.engines.torch_engine import resolve_device
+
+if TYPE_CHECKING:  # diffusers is imported when a model is built (it takes seconds)
+    from diffusers import UNet2DModel
 
 log = logging.getLogger("wattserve.engine.diffusion")
 
@@ -75,7 +78,7 @@ class DiffusionState:
     index: int = 0  # steps done so far
 
 
-def tiny_unet(seed: int = 0) -> torch.nn.Module:
+def tiny_unet(seed: int = 0) -> UNet2DModel:
     """The default model: TINY_UNET_CONFIG with random weights drawn from ``seed``."""
     from diffusers import UNet2DModel
 
@@ -88,7 +91,7 @@ def tiny_unet(seed: int = 0) -> torch.nn.Module:
     return unet
 
 
-def load_local(path: Path, scheduler_kind: str) -> tuple[torch.nn.Module, dict | None]:
+def load_local(path: Path, scheduler_kind: str) -> tuple[UNet2DModel, dict | None]:
     """A UNet2DModel (and its scheduler config, if the folder has one) from a local folder."""
     from diffusers import UNet2DModel
 
@@ -241,7 +244,7 @@ class DiffusionEngine:
 
     def warmup(self, batch_sizes: Sequence[int]) -> None:
         """One UNet step at each batch size (cheaper than ``infer`` on zeros: 1 step, not 20)."""
-        item = {"seed": np.zeros(1, np.int64), "steps": np.ones(1, np.int32)}
+        item: dict[str, np.ndarray] = {"seed": np.zeros(1, np.int64), "steps": np.ones(1, np.int32)}
         observer, self.step_observer = self.step_observer, None  # warm-up is not traffic
         try:
             for n in batch_sizes:
@@ -250,6 +253,6 @@ class DiffusionEngine:
             self.step_observer = observer
 
     def close(self) -> None:
-        self.unet = None  # type: ignore[assignment]
+        self.unet = None
         if self._device.type == "cuda":
             torch.cuda.empty_cache()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 from wattserve.engines.base import EngineUnavailable
+from wattserve.engines.catalog import TORCHVISION_MODELS
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,6 @@ def build_torchvision_model(name: str, seed: int = 0, weights: str | None = None
 
     Random weights from ``seed`` unless ``weights`` names a local state dict (or 'pretrained').
     """
-    from wattserve.engines.registry import TORCHVISION_MODELS
     from wattserve.engines.torch_engine import load_torchvision_model
 
     if name not in TORCHVISION_MODELS:
@@ -127,6 +127,8 @@ def export_onnx(model, path: str | Path, *, legacy: bool = False, max_batch: int
                     optimize=True,
                     verbose=False,
                 )
+                if program is None:  # only dynamo=False returns None; typed for both
+                    raise EngineUnavailable("torch.onnx.export(dynamo=True) returned no ONNX program")
                 program.save(tmp_name)
         check_onnx(tmp_name)
         os.replace(tmp_name, path)
@@ -165,7 +167,7 @@ class Agreement:
 
     @property
     def rel_diff(self) -> float:
-        return self.max_abs_diff / max(self.max_abs_ref, np.finfo(np.float32).tiny)
+        return self.max_abs_diff / max(self.max_abs_ref, float(np.finfo(np.float32).tiny))
 
 
 def compare_with_torch(

@@ -1,8 +1,9 @@
 """Built-in models and engines, each found by name in one table: ``MODELS`` and ``ENGINES``.
 
 ``build_engine(settings)`` looks ``settings.model`` up in ``MODELS`` and ``settings.engine``
-up in ``ENGINES``; nothing else in wattserve lists model or engine names. The engine modules
-are imported only when one is built (torch alone takes seconds to import).
+up in ``ENGINES``. The torchvision names ``MODELS`` uses live in engines/catalog.py, which the
+engine modules import instead of this one (no import cycle). The engine modules are imported
+only when one is built (torch alone takes seconds to import).
 """
 
 from __future__ import annotations
@@ -12,13 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from wattserve.engines.base import Engine
+from wattserve.engines.catalog import TORCHVISION_MODELS
 from wattserve.engines.identity import IdentityEngine
 
 EngineBuilder = Callable[[Any], Engine]  # settings (server.settings.Settings) -> one engine instance
-
-# The image classifiers every engine serves: torch directly, ONNX Runtime and TensorRT
-# through their checked ONNX export (engines/onnx_export.py).
-TORCHVISION_MODELS = ("resnet50", "mobilenet_v2", "mobilenet_v3_large")
 
 
 @dataclass(frozen=True)

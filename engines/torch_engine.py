@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torchvision
 from wattserve.engines.base import Batch, EngineError, TensorSpec
-from wattserve.engines.registry import TORCHVISION_MODELS
+from wattserve.engines.catalog import TORCHVISION_MODELS
 
 log = logging.getLogger("wattserve.engines.torch")
 
@@ -156,6 +156,8 @@ class TorchVisionEngine:
         return {"logits": out}
 
     def close(self) -> None:
+        # Drop the weights. No call follows close() (the Engine contract), so the attribute
+        # keeps the live model's type rather than an Optional every infer() must test.
         self.model = None  # type: ignore[assignment]
         if self._device.type == "cuda":
             torch.cuda.empty_cache()

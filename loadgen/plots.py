@@ -177,8 +177,11 @@ def energy_latency(runs: Sequence[RunResult], path: Path, name: GroupKey | None 
 
 def batch_sizes(runs: Sequence[RunResult], path: Path, name: GroupKey | None = None) -> Plot:
     """Server-side batch-size distribution per run over its window (from /metrics histograms)."""
-    hists = [(r, (r.server or {}).get("batch_size_histogram")) for r in runs]
-    hists = [(r, h) for r, h in hists if h and sum(b["count"] for b in h) > 0]
+    hists = []
+    for r in runs:
+        hist = (r.server or {}).get("batch_size_histogram")
+        if hist and sum(b["count"] for b in hist) > 0:
+            hists.append((r, hist))
     if not hists:
         return (
             None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from .runner import LiveCounts
 
@@ -20,7 +20,7 @@ class RichProgress:
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or Console(stderr=True)
         self._progress: Progress | None = None
-        self._task = None
+        self._task: TaskID | None = None
 
     def start(self, label: str, total_s: float) -> None:
         self._progress = Progress(

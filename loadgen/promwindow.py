@@ -149,8 +149,9 @@ class _Delta:
         count, total = self.total(base + "_count"), self.total(base + "_sum")
         return _ratio(total, count)
 
-    def buckets(self, base: str) -> list[dict[str, float]] | None:
-        """Per-bucket counts (not cumulative) of a histogram over the window, summed over labels."""
+    def buckets(self, base: str) -> list[dict[str, float | None]] | None:
+        """Per-bucket counts (not cumulative) of a histogram over the window, summed over labels;
+        the first bucket's lower bound ``gt`` is None."""
         cumulative: dict[float, float] = defaultdict(float)
         for labels, value in self.by_labels(base + "_bucket").items():
             le = dict(labels).get("le")
@@ -158,10 +159,11 @@ class _Delta:
                 cumulative[float(le)] += value
         if not cumulative:
             return None
-        out, below, lower = [], 0.0, None
-        for le in sorted(cumulative):
-            out.append({"gt": lower, "le": le, "count": cumulative[le] - below})
-            below, lower = cumulative[le], le
+        out: list[dict[str, float | None]] = []
+        below, lower = 0.0, None
+        for bound in sorted(cumulative):
+            out.append({"gt": lower, "le": bound, "count": cumulative[bound] - below})
+            below, lower = cumulative[bound], bound
         return out
 
 

@@ -23,9 +23,9 @@ if [ ! -f "$STUBS/tensorrt_bindings/tensorrt.pyi" ] || [ "$(cat "$STUBS/VERSION"
 fi
 "$PY" -m mypy --version >/dev/null 2>&1 || { echo "mypy is missing: pip install 'wattserve[dev]'" >&2; exit 2; }
 echo "mypy $("$PY" -m mypy --version | cut -d' ' -f2) on engines/tensorrt_engine.py against tensorrt-stubs $STUBS_VERSION"
-# The engine imports wattserve.engines.*: the engines/ folder is that package only once
-# installed (pyproject's package-dir), so give mypy the same view through a link.
-NS=.cache/typecheck/namespace
-rm -rf "$NS" && mkdir -p "$NS/wattserve" && : >"$NS/wattserve/__init__.py"
-ln -s "$PWD/engines" "$NS/wattserve/engines"
-MYPYPATH="$STUBS:$NS" "$PY" -m mypy --config-file scripts/mypy_tensorrt.ini -m wattserve.engines.tensorrt_engine
+# The engine imports wattserve.engines.*: mypy sees the folders under their import names
+# through the same link tree scripts/typecheck.sh uses (scripts/typecheck_tree.py), with the
+# stubs ahead of it on the path; messages name engines/tensorrt_engine.py.
+NS="$("$PY" scripts/typecheck_tree.py)"
+MYPYPATH="$STUBS:$NS" "$PY" scripts/typecheck_tree.py mypy --config-file scripts/mypy_tensorrt.ini \
+  -m wattserve.engines.tensorrt_engine

@@ -151,9 +151,10 @@ def open_gpus(nvml: ModuleType | Any | None, indices: list[int] | None) -> NvmlO
     """
     if nvml is None:
         try:
-            import pynvml as nvml  # nvidia-ml-py
+            import pynvml  # nvidia-ml-py
         except ImportError as exc:  # pragma: no cover - it is a dependency
             return NvmlOpenResult([], f"nvidia-ml-py not importable: {exc}")
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:

@@ -4,17 +4,23 @@ never import each other.
 
 server/ builds batchers over engines and wires them to HTTP, metrics and telemetry; an
 import the other way would tie the core to the web layer (and invite import cycles).
-What both need lives in a neutral module (e.g. telemetry/buckets.py)."""
+What both need lives in a neutral module (e.g. telemetry/buckets.py). Within a package the
+modules import each other without a cycle (engines/catalog.py holds what the registry and the
+engine modules share)."""
 
 from __future__ import annotations
 
 import ast
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LOWER = ("batchers", "engines")
+# Packages whose modules must import each other without a cycle (lazy imports inside
+# functions count: they are the same dependency, only later).
+ACYCLIC = ("batchers", "engines", "telemetry", "loadgen")
 
 
 def imported_modules(path: Path, package: str) -> list[tuple[int, str]]:
@@ -127,3 +133,44 @@ def test_the_front_end_check_sees_a_cross_import(tmp_path):
         "starlette.requests",
         "starlette.requests.Request",
     ]
+
+
+def import_cycle(folder: Path, package: str) -> list[str]:
+    """A cycle of imports among the modules directly in ``folder`` (``wattserve.<package>``),
+    as module names with the first repeated at the end; [] when there is none."""
+    modules = {path.stem: path for path in folder.glob("*.py") if path.stem != "__init__"}
+    prefix = f"wattserve.{package}."
+    graph = {
+        name: {
+            module.removeprefix(prefix)
+            for _, module in imported_modules(path, package)
+            if module.removeprefix(prefix) in modules and module.startswith(prefix)
+        }
+        for name, path in modules.items()
+    }
+    try:
+        tuple(TopologicalSorter(graph).static_order())
+    except CycleError as error:
+        return list(error.args[1])
+    return []
+
+
+@pytest.mark.parametrize("package", ACYCLIC)
+def test_no_import_cycle_among_a_packages_modules(package):
+    cycle = import_cycle(ROOT / package, package)
+    assert not cycle, f"import cycle in {package}/: " + " -> ".join(cycle)
+
+
+def test_the_check_sees_an_import_cycle(tmp_path):
+    # registry imports torch_engine lazily, torch_engine imports registry at the top: the
+    # shape of the cycle engines/catalog.py broke.
+    (tmp_path / "registry.py").write_text(
+        "def build():\n    from wattserve.engines.torch_engine import Engine\n"
+    )
+    (tmp_path / "torch_engine.py").write_text("from .registry import NAMES\nfrom .base import Batch\n")
+    (tmp_path / "base.py").write_text("import numpy\n")
+    cycle = import_cycle(tmp_path, "engines")
+    assert set(cycle) == {"registry", "torch_engine"}
+    assert cycle[0] == cycle[-1]
+    (tmp_path / "torch_engine.py").write_text("from .base import Batch\n")
+    assert import_cycle(tmp_path, "engines") == []

@@ -11,6 +11,7 @@ from pathlib import Path
 # In a source checkout (pyproject.toml beside this folder) the subpackages are the sibling
 # folders: found here, a checkout runs with only PYTHONPATH pointing at it, and an editable
 # install resolves them to the same files. An installed wheel has them inside this folder.
+# Type checkers do not run this: scripts/typecheck_tree.py gives mypy the same view.
 _CHECKOUT = Path(__file__).resolve().parent.parent
 if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "server" / "__init__.py").is_file():
     __path__.append(str(_CHECKOUT))

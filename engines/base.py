@@ -140,8 +140,9 @@ class WarmsItself(Protocol):
 
 @runtime_checkable
 class ValidatesInputs(Protocol):
-    """An engine with model-specific checks of one request's inputs (no batch dimension),
-    run before the request is queued; a ``ValueError`` is the client's 400."""
+    """An engine with model-specific checks of one whole request's inputs (batch axis first,
+    the request's rows), run once before the request is queued; a ``ValueError`` is the
+    client's 400."""
 
     def validate(self, inputs: Mapping[str, np.ndarray]) -> None: ...
 

@@ -179,8 +179,11 @@ class DiffusionEngine:
         return seed, steps
 
     def validate(self, inputs: Mapping[str, np.ndarray]) -> None:
-        """Raise ValueError if one request's inputs cannot be served (server: 400, not queued)."""
-        self.parse(inputs)
+        """Raise ValueError if a request's rows (batch axis first) cannot be served (server:
+        400, not queued)."""
+        rows = len(next(iter(inputs.values()))) if inputs else 0
+        for i in range(rows):
+            self.parse({name: value[i] for name, value in inputs.items()})
 
     # ------------------------------------------------------------------ step contract
     def start(self, item: Mapping[str, np.ndarray]) -> DiffusionState:

@@ -203,12 +203,8 @@ class ModelRuntime:
         if self._one_row and request.rows != 1:
             raise ValueError(f"model {self.name!r} takes one row per request (a step model); got "
                              f"{request.rows}")  # fmt: skip
-        if self._validate is not None:  # model-specific checks (-> 400), on each row
-            if request.rows == 1:
-                self._validate({name: value[0] for name, value in inputs.items()})
-            else:
-                for i in range(request.rows):
-                    self._validate({name: value[i] for name, value in inputs.items()})
+        if self._validate is not None:  # model-specific checks (-> 400), once per request
+            self._validate(inputs)
         item = self.work_item(inputs, request.priority, request.timeout_us)
         item.rows = request.rows
         if self._variable is not None:  # only same-shape requests share a batch

@@ -10,27 +10,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 import onnx
 import torch
 from onnx import TensorProto, helper
+from wattserve.engines.base import DATATYPE_TO_NUMPY
 
-# Triton datatype -> (ONNX element type, numpy dtype the server holds it as)
+from support.onnx_models import ONNX_TYPES as ELEMENT_TYPES
+from support.onnx_models import graph_model
+
+# Triton datatype -> (ONNX element type, numpy dtype the server holds it as): the numeric
+# ones, from the project's two tables (support.onnx_models, engines.base)
 ONNX_TYPES: dict[str, tuple[int, np.dtype]] = {
-    "BOOL": (TensorProto.BOOL, np.dtype(np.bool_)),
-    "UINT8": (TensorProto.UINT8, np.dtype(np.uint8)),
-    "UINT16": (TensorProto.UINT16, np.dtype(np.uint16)),
-    "UINT32": (TensorProto.UINT32, np.dtype(np.uint32)),
-    "UINT64": (TensorProto.UINT64, np.dtype(np.uint64)),
-    "INT8": (TensorProto.INT8, np.dtype(np.int8)),
-    "INT16": (TensorProto.INT16, np.dtype(np.int16)),
-    "INT32": (TensorProto.INT32, np.dtype(np.int32)),
-    "INT64": (TensorProto.INT64, np.dtype(np.int64)),
-    "FP16": (TensorProto.FLOAT16, np.dtype(np.float16)),
-    "FP32": (TensorProto.FLOAT, np.dtype(np.float32)),
-    "FP64": (TensorProto.DOUBLE, np.dtype(np.float64)),
-    "BF16": (TensorProto.BFLOAT16, np.dtype(ml_dtypes.bfloat16)),
+    datatype: (elem, DATATYPE_TO_NUMPY[datatype])
+    for datatype, elem in ELEMENT_TYPES.items()
+    if datatype != "BYTES"
 }
 WIDTH = 4
 
@@ -61,10 +55,7 @@ def datatype_model(datatype: str) -> onnx.ModelProto:
         ]
     else:
         nodes.append(helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT1"]))
-    graph = helper.make_graph(nodes, f"dt_{datatype.lower()}", inputs, outputs)
-    model = helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 17)])
-    model.ir_version = 8  # what this ONNX Runtime reads
-    return model
+    return graph_model(nodes, inputs, outputs, f"dt_{datatype.lower()}")
 
 
 def make_datatype_repository(root: Path, datatypes: list[str] | None = None) -> Path:

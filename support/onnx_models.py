@@ -1,12 +1,16 @@
 """Tiny ONNX models in a Triton repository layout, built with onnx.helper in milliseconds:
 the shapes Triton's own QA generators make (identity and add/sub over any datatype, fixed
-or variable dimensions), for conformance tests and benchmarks. Nothing is downloaded."""
+or variable dimensions), for conformance tests and benchmarks. Nothing is downloaded.
+
+``graph_model`` is the one place that turns nodes into a ModelProto the installed ONNX
+Runtime reads (opset, IR version); the other test-model builders in support/ and tests/ use
+it, and ``ONNX_TYPES`` is the one Triton datatype -> ONNX element type table."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from onnx import TensorProto, helper, save
+from onnx import ModelProto, TensorProto, helper, save
 
 ONNX_TYPES = {
     "BOOL": TensorProto.BOOL,
@@ -21,6 +25,7 @@ ONNX_TYPES = {
     "FP16": TensorProto.FLOAT16,
     "FP32": TensorProto.FLOAT,
     "FP64": TensorProto.DOUBLE,
+    "BF16": TensorProto.BFLOAT16,
     "BYTES": TensorProto.STRING,
 }
 
@@ -31,12 +36,19 @@ def _dims(dims: list[int], batched: bool) -> list[int | str | None]:
     return out
 
 
+def graph_model(
+    nodes: list, inputs: list, outputs: list, name: str, initializer: list | None = None
+) -> ModelProto:
+    """One graph as a model every ONNX Runtime the project supports reads (opset 17, IR 8)."""
+    graph = helper.make_graph(nodes, name, inputs, outputs, initializer=initializer or [])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 def _save(nodes, inputs, outputs, path: Path) -> None:
-    graph = helper.make_graph(nodes, path.parent.parent.name, inputs, outputs)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8  # what the installed ONNX Runtime reads
     path.parent.mkdir(parents=True, exist_ok=True)
-    save(model, str(path))
+    save(graph_model(nodes, inputs, outputs, path.parent.parent.name), str(path))
 
 
 def config_type(datatype: str) -> str:

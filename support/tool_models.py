@@ -27,6 +27,8 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from support.onnx_models import graph_model
+
 IDENTITY_CONFIG = """
 backend: "wattserve"
 max_batch_size: 16
@@ -65,14 +67,12 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 
 def one_node_model(op: str, inputs: list[str], elem_type: int, shape: list[str | int]) -> onnx.ModelProto:
     """A graph of one ``op`` from INPUT0 to OUTPUT0, both ``elem_type`` of ``shape``."""
-    graph = helper.make_graph(
+    model = graph_model(
         [helper.make_node(op, inputs, ["OUTPUT0"])],
-        op.lower(),
         [helper.make_tensor_value_info("INPUT0", elem_type, shape)],
         [helper.make_tensor_value_info("OUTPUT0", elem_type, shape)],
+        op.lower(),
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8  # readable by every ONNX Runtime since 1.10
     onnx.checker.check_model(model)
     return model
 

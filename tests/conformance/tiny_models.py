@@ -11,6 +11,8 @@ from pathlib import Path
 
 from onnx import TensorProto, helper
 
+from support.onnx_models import graph_model
+
 ELEMENTS = 4
 
 
@@ -18,15 +20,13 @@ def add_one_onnx(batch_dim: str | int = "n") -> bytes:
     """``OUTPUT0 = INPUT0 + 1``; ``batch_dim``: a name (dynamic first dim) or a fixed size."""
     shape = [batch_dim, ELEMENTS]
     one = helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
-    graph = helper.make_graph(
+    model = graph_model(
         [helper.make_node("Add", ["INPUT0", "one"], ["OUTPUT0"])],
-        "add_one",
         [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, shape)],
         [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, shape)],
+        "add_one",
         initializer=[one],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8  # readable by every onnxruntime the project supports
     return model.SerializeToString()
 
 

@@ -335,11 +335,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise Failure(S.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}") from None
         return message, cost
 
-    async def _read(self, runtime: ModelRuntime, message: Any) -> tuple[tuple[Any, ...], int]:
-        """The decoder's reader: the parsed message, its tensors' bytes held in the body budget."""
-        size = payload_bytes(message)
-        self.body_budget.reserve(size)
-        return (message,), size
+    async def _read(self, runtime: ModelRuntime, message: Any) -> tuple[tuple[Any, ...], int, int]:
+        """The decoder's reader: the parsed message and its tensors' size. Nothing more is
+        reserved: ``_receive`` holds the message's worst-case decoding cost until the answer."""
+        return (message,), 0, payload_bytes(message)
 
     async def _infer(self, message: Any) -> tuple[Any, Any]:
         """The admission path with the protobuf decoder; Failure for every refusal."""

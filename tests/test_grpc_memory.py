@@ -66,3 +66,26 @@ def test_decoding_past_the_budget_is_resource_exhausted(server):
         call(request.SerializeToString(), timeout=120)
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "raw_input_contents" in err.value.details()
+
+
+def test_a_request_is_held_in_the_body_budget_once(tmp_path):
+    """The receive path holds a message's worst-case decoding cost until its answer; the
+    decoder reserved the payload again on top, so a request that fits the budget alone was
+    refused "too many request bodies". Raw FP32 costs 3x its bytes (wire + protobuf's copy +
+    numpy's): a budget of 3.5x fits it once, not 4x."""
+    from wattserve.server.settings import Settings
+
+    from tests.servers import threaded_server
+
+    elements = 1 << 18  # 1 MiB of FP32
+    grpc_port = free_port()
+    settings = Settings(model="identity", identity_elements=elements, telemetry=False, grpc_port=grpc_port,
+                        max_inflight_body_bytes=int(3.5 * 4 * elements) + 4096)  # fmt: skip
+    request = service_pb2.ModelInferRequest(model_name="identity")
+    tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, elements])
+    assert tensor.name == "INPUT0"
+    request.raw_input_contents.append(bytes(4 * elements))
+    with threaded_server(settings), grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        call = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+        answer = service_pb2.ModelInferResponse.FromString(call(request.SerializeToString(), timeout=60))
+    assert len(answer.raw_output_contents[0]) == 4 * elements

@@ -51,7 +51,7 @@ def reader(budget: BodyBudget, held: int, calls: list[str]):
     async def read(runtime, source):
         calls.append(source)
         budget.reserve(held)
-        return (source, None), held
+        return (source, None), held, held
 
     return read
 

@@ -59,8 +59,11 @@ class BudgetExceeded(BadRequest):
 
 
 # (runtime, the front end's request) -> (the payload's leading parse arguments, the bytes of
-# the body budget it holds, which is also its size)
-Read = Callable[[ModelRuntime, Any], Awaitable[tuple[tuple[Any, ...], int]]]
+# the body budget the read reserved (released once parsed), the payload's size (the offload
+# decision)). gRPC reserves nothing here: its receive path already holds the message's
+# worst-case decoding cost until the answer, and counting it twice refused requests the
+# budget had room for.
+Read = Callable[[ModelRuntime, Any], Awaitable[tuple[tuple[Any, ...], int, int]]]
 # (*payload, input specs, output specs, max batch size, check values, shm) -> the request
 Parse = Callable[..., InferRequest]
 
@@ -83,11 +86,11 @@ class InferenceDecoder:
         if engine is None:
             raise Refused(f"model {runtime.name!r} is unloading", Status.UNAVAILABLE, retry_after=True,
                           body_unread=True)  # fmt: skip
-        payload, held = await self.read(runtime, source)
+        payload, held, size = await self.read(runtime, source)
         try:
             args = (*payload, engine.inputs, engine.outputs, runtime.request_max_batch,
                     runtime.settings.check_values, self.shm)  # fmt: skip
-            if held > OFFLOAD_DECODE_BYTES:
+            if size > OFFLOAD_DECODE_BYTES:
                 return await asyncio.to_thread(self.parse, *args), engine
             return self.parse(*args), engine
         finally:

@@ -45,12 +45,12 @@ def inference_routes(
     retry_after_s = settings.retry_after_s
     max_body_bytes = settings.max_body_bytes
 
-    async def read(runtime: ModelRuntime, request: Request) -> tuple[tuple[Any, ...], int]:
+    async def read(runtime: ModelRuntime, request: Request) -> tuple[tuple[Any, ...], int, int]:
         """The body within the limits (415, 413, 503 past the body budget), held in the budget."""
         content_type, declared, binary_length = inference_headers(request.scope)
         check_content_type(content_type)
         body, held = await read_reserved_body(request, declared, max_body_bytes, body_budget)
-        return (body, binary_length), held
+        return (body, binary_length), held, len(body)
 
     decode = InferenceDecoder(read, parse_infer_request, body_budget, shm)
 

@@ -211,7 +211,7 @@ def check_tensor_header(
     """Shape (the batch axis first when the model batches, batch within 1..max; -1 dims
     of the spec take any size) and datatype of one input. Returns the shape and whether
     it carries the batch axis."""
-    shape, batched = _check_shape(shape, spec, max_batch_size)
+    shape, batched = check_shape(shape, spec, max_batch_size)
     if datatype != spec.datatype:
         raise BadRequest(f"input {spec.name!r} has datatype {datatype!r}; model expects {spec.datatype}")
     return shape, batched
@@ -297,7 +297,7 @@ def _request_id(doc: dict[str, Any]) -> str | None:
 MAX_ELEMENTS = 2**63 - 1  # Triton's bound on a tensor's element count (and byte size)
 
 
-def _check_shape(shape: Any, spec: TensorSpec, max_batch_size: int) -> tuple[list[int], bool]:
+def check_shape(shape: Any, spec: TensorSpec, max_batch_size: int) -> tuple[list[int], bool]:
     """Triton's rule: a batching model's inputs carry the batch axis first (1..max), a
     non-batching model's do not; every other dimension as the spec says, -1 any size."""
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):

@@ -97,12 +97,13 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     trimmer = IdleTrimmer(ModelSetActivity(models), settings.idle_trim_s) if settings.tune_malloc else None  # type: ignore[arg-type]
     # Triton's shared-memory, trace and logging extensions (one of each per app)
     shm = SharedMemoryRegistry(settings.allow_client_shm, cuda=CudaRuntimeIpc())
-    extensions = {"shm": shm, "trace": TraceSettings(), "log": LogSettings(settings.log_level)}
+    trace, log_settings = TraceSettings(), LogSettings(settings.log_level)
     grpc_front = None
     if settings.grpc_port:  # same models, admission path and batchers as HTTP; same event loop
         from wattserve.server.grpc_service import GrpcFrontEnd
 
-        grpc_front = GrpcFrontEnd(models, settings, body_budget, restrictions, **extensions)
+        grpc_front = GrpcFrontEnd(models, settings, body_budget, restrictions, shm=shm, trace=trace,
+                                  log=log_settings)  # fmt: skip
 
     app = WattserveApp(
         title="wattserve",
@@ -116,10 +117,10 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
         app.add_middleware(AccessControl, restrictions=restrictions, api_token=settings.api_token)
     _publish_state(app, settings, models, telemetry, registry, grpc_front)
     app.state.shared_memory = shm
-    app.state.trace_settings, app.state.log_settings = extensions["trace"], extensions["log"]
+    app.state.trace_settings, app.state.log_settings = trace, log_settings
     _add_routes(app, models, settings, registry, body_budget, shm)
     app.include_router(shared_memory_router(shm))
-    app.include_router(trace_logging_router(models, extensions["trace"], extensions["log"]))
+    app.include_router(trace_logging_router(models, trace, log_settings))
     return app
 
 
@@ -199,7 +200,8 @@ def _add_routes(
 def _document_infer_route(app: FastAPI) -> None:
     """Describe the Starlette infer route in /openapi.json: FastAPI routes with the same
     paths, appended after it, so they are documented but never matched."""
-    errors = {code: {"model": ErrorBody} for code in (400, 401, 403, 404, 413, 415, 503, 504)}
+    codes = (400, 401, 403, 404, 413, 415, 503, 504)
+    errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in codes}
 
     async def infer_doc(name: str, body: InferRequestBody) -> InferResponseBody:  # pragma: no cover
         """KServe v2 inference: JSON tensors, or the binary tensor extension
@@ -207,5 +209,5 @@ def _document_infer_route(app: FastAPI) -> None:
         raise AssertionError("documentation only; the Starlette route answers")
 
     for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
-        app.add_api_route(path, infer_doc, methods=["POST"], responses=errors,  # type: ignore[arg-type]
+        app.add_api_route(path, infer_doc, methods=["POST"], responses=errors,
                           response_model=InferResponseBody, summary="Infer")  # fmt: skip

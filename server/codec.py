@@ -10,7 +10,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -59,8 +59,14 @@ class InferRequest:
     # Not fields: set only on the requests that use them (as fields, every request paid for
     # them in __init__): outputs written to shared memory, name -> (region, offset,
     # byte_size), and outputs asked for as classes, name -> K.
-    output_regions: ClassVar[dict[str, tuple[str, int, int]] | None] = None
-    classification: ClassVar[dict[str, int] | None] = None
+    # The checker sees instance attributes (not in __init__); at run time they are class
+    # defaults that an instance shadows when it sets them.
+    if TYPE_CHECKING:
+        output_regions: dict[str, tuple[str, int, int]] | None = field(default=None, init=False)
+        classification: dict[str, int] | None = field(default=None, init=False)
+    else:
+        output_regions = None
+        classification = None
 
 
 def split_binary_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:

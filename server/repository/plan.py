@@ -309,7 +309,7 @@ def _instance_devices(
     for i, group in enumerate(config.instance_group):
         count = _group_count(group)
         if group.kind == kinds.KIND_GPU:
-            gpus = list(group.gpus) or [None]
+            gpus: list[int | None] = [*group.gpus] or [None]
             devices += [f"cuda:{g}" if g is not None else "cuda" for g in gpus for _ in range(count)]
         elif group.kind == kinds.KIND_CPU:
             devices += ["cpu"] * count
@@ -444,7 +444,7 @@ def _dims_agree(model: tuple[int, ...], config: tuple[int, ...]) -> bool:
 
 def _check_against_config(
     engine: Engine, inputs: list[TensorSpec], outputs: list[TensorSpec], source: str
-) -> None:
+) -> bool:
     """A config that declares tensors must agree with what the model file says. Returns
     whether some tensor is a model scalar the config declares as ones (to be reshaped)."""
     scalars = False

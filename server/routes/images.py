@@ -100,7 +100,10 @@ def images_router(models: ModelSet, settings: Settings) -> APIRouter:
             engine = runtime.engine
             if engine is not None and {s.name for s in engine.inputs} != {"seed", "steps"}:
                 raise BadRequest(f"model {name!r} is not a diffusion model (no seed/steps inputs)")
-            inputs = {"seed": np.array([seed], np.int64), "steps": np.array([steps], np.int32)}
+            inputs: dict[str, np.ndarray] = {
+                "seed": np.array([seed], np.int64),
+                "steps": np.array([steps], np.int32),
+            }
             timeout_us = int(timeout_ms * 1000) if timeout_ms is not None else None
             decoded = InferRequest(
                 id=None, inputs=inputs, batched=False, priority=priority, timeout_us=timeout_us

@@ -287,6 +287,16 @@ class TritonPythonModel:
             "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
 """
 
+# The same occupancy without holding the GIL (time.sleep): the isolation benchmark's control.
+SLEEPY = BUSY.replace(
+    """        n = 0
+        while time.perf_counter() < end:  # pure Python: holds the GIL but for the switch interval
+            n += 1
+""",
+    """        time.sleep(max(0.0, end - time.perf_counter()))  # releases the GIL
+""",
+)
+
 MODELS: dict[str, tuple[str, str]] = {
     "add_sub": (ADD_SUB_CONFIG, ADD_SUB),
     "identity": (IDENTITY_CONFIG, IDENTITY),
@@ -297,6 +307,7 @@ MODELS: dict[str, tuple[str, str]] = {
     "broken_init": (ADD_SUB_CONFIG, BROKEN_INIT),
     "autocomplete": (AUTOCOMPLETE_CONFIG, AUTOCOMPLETE),
     "busy": (BUSY_CONFIG, BUSY),
+    "sleepy": (BUSY_CONFIG, SLEEPY),
 }
 
 

@@ -52,6 +52,7 @@ PLATFORMS = {
     "tensorrt_plan": ("tensorrt", "model.plan"),
     "tensorrt": ("tensorrt", "model.plan"),
     "wattserve": ("builtin", ""),
+    "ensemble": ("ensemble", ""),  # no engine: server/ensemble.py runs its steps
 }
 # Settings a model's parameters may set for that model alone (string values, as in the env).
 MODEL_PARAMETERS = {
@@ -143,6 +144,10 @@ def plan_model(
         raise ConfigError(f"{source}: field '{field}' is {platform!r}; wattserve serves "
                           f"{', '.join(sorted(PLATFORMS))}")  # fmt: skip
     kind, default_file = PLATFORMS[platform]
+    if kind == "ensemble":
+        from wattserve.server.ensemble_graph import ensemble_plans
+
+        return ensemble_plans(config, model_dir, base, source)
     warnings = [f"{source}: field '{f}' is not implemented by wattserve; ignored"
                 for f in unhonoured_fields(config)]  # fmt: skip
     settings = _model_settings(config, base, kind, name, source, warnings)

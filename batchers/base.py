@@ -38,10 +38,12 @@ from wattserve.batchers.types import (
     Draining,
     ItemState,
     QueueFull,
+    RequestError,
     Result,
     WorkItem,
 )
 from wattserve.engines.base import Engine, ReportsSteps, StepEngine
+from wattserve.engines.request_engines import RunsRequests
 
 log = logging.getLogger("wattserve.batcher")
 
@@ -155,6 +157,8 @@ class Batcher(ABC, Generic[AnyEngine]):
             for engine in engines:
                 if isinstance(engine, ReportsSteps):
                     engine.step_observer = observer.on_step
+        # an engine that takes a batch as its requests (Triton's Python backend), not stacked rows
+        self._runs_requests = isinstance(self.engine, RunsRequests)
         self.queue = PriorityFifo(config.priority_levels)
         self.service_rate = ServiceRate(len(engines), config.max_batch_size)
         self.last_batch_at = monotonic()  # read by the idle memory trimmer
@@ -348,12 +352,15 @@ class Batcher(ABC, Generic[AnyEngine]):
         input_s = output_s = 0.0
         try:
             try:
-                batch = _stack(engine, items)
-                gathered = monotonic()
-                outputs = engine.infer(batch)
-                computed = monotonic()
-                per_item = _split(outputs, items)
-                input_s, output_s = gathered - started, monotonic() - computed
+                if self._runs_requests:  # each request whole; its own answer or error, no retry
+                    per_item = engine.run_requests([(it.inputs, it.context) for it in items])  # type: ignore[attr-defined]
+                else:
+                    batch = _stack(engine, items)
+                    gathered = monotonic()
+                    outputs = engine.infer(batch)
+                    computed = monotonic()
+                    per_item = _split(outputs, items)
+                    input_s, output_s = gathered - started, monotonic() - computed
             except Exception as exc:
                 if len(items) == 1:
                     per_item = [exc]
@@ -498,8 +505,10 @@ class RequestBatcher(Batcher[Engine]):
         except Exception:
             log.exception("batch observer failed; answering the batch anyway")
         for item, out in zip(outcome.items, outcome.per_item, strict=True):
-            if isinstance(out, BaseException):
-                item.finish(error=BatchFailed(f"inference failed: {out}"))
+            if isinstance(out, BaseException):  # a model's own error keeps its message and kind
+                item.finish(
+                    error=out if isinstance(out, RequestError) else BatchFailed(f"inference failed: {out}")
+                )
                 continue
             item.finish(
                 Result(

@@ -23,6 +23,7 @@ from wattserve.engines.registry import build_engine
 from wattserve.server.classification import ClassLabels
 from wattserve.server.core.decode import BodyBudget
 from wattserve.server.core.documents import VERSION
+from wattserve.server.core.model_caller import model_caller
 from wattserve.server.cuda_ipc import CudaRuntimeIpc
 from wattserve.server.fast_path import WattserveApp
 from wattserve.server.lifecycle import IdleTrimmer
@@ -89,6 +90,8 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
         # read by runtime.start(), after telemetry started: the meter follows the engine's
         # device (its GPU; RAPL or nothing for a CPU engine; nothing is made up)
         runtime.batcher_hooks.update(energy_meter_for=telemetry.meter_for, on_batch=record_batch)
+        # Python models' BLS calls reach this server's models (server/core/model_caller.py)
+        runtime.batcher_hooks["call_model"] = lambda loop: model_caller(lambda: models, loop)
         return runtime
 
     # Zero-config serves one model: if it cannot load there is nothing to serve, so that

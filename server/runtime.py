@@ -29,6 +29,7 @@ from wattserve.engines.base import (
     warmup_sizes,
     zeros_batch,
 )
+from wattserve.engines.request_engines import CallsModels
 from wattserve.server.batch_observer import ServingObserver
 from wattserve.server.classification import ClassLabels
 from wattserve.server.codec import InferRequest
@@ -105,6 +106,7 @@ class ModelRuntime:
                 await asyncio.gather(
                     *(loop.run_in_executor(t, self._warm, e) for t, e in zip(threads, engines, strict=True))
                 )
+            bind_models(engines, self.batcher_hooks.get("call_model"), loop)
             observer = self._observer(engines[0])
             # e.g. iteration needs a step engine
             batcher = build_batcher(self.settings, engines, observer, threads)
@@ -207,6 +209,7 @@ class ModelRuntime:
             self._validate(inputs)
         item = self.work_item(inputs, request.priority, request.timeout_us)
         item.rows = request.rows
+        item.context = request  # id, requested outputs: for engines that take requests
         if self._variable is not None:  # only same-shape requests share a batch
             item.shape_key = tuple(inputs[name].shape[1:] for name in self._variable)
         return item
@@ -260,6 +263,16 @@ class ModelRuntime:
                 stats.record_success(elapsed, result)
             elif outcome != "cancelled":
                 stats.record_failure(elapsed)
+
+
+def bind_models(engines: Sequence[Engine], make_caller: Any, loop: asyncio.AbstractEventLoop) -> None:
+    """Hand engines that call other models (BLS) the server's in-process door, bound to the
+    loop (``make_caller(loop)``, from the app; engines never import server/)."""
+    if make_caller is None:
+        return
+    for engine in engines:
+        if isinstance(engine, CallsModels):
+            engine.bind_models(make_caller(loop))
 
 
 async def _close_off_loop(batcher: Batcher) -> None:

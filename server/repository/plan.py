@@ -31,6 +31,7 @@ from wattserve.engines.base import DATATYPE_TO_NUMPY, VARIABLE, Engine, EngineUn
 from wattserve.engines.registry import MODELS, build_engine
 from wattserve.server.model_plan import EngineFactory, ModelPlan
 from wattserve.server.repository import model_config_pb2 as pb
+from wattserve.server.repository import python_models
 from wattserve.server.repository.config import (
     CONFIG_FILE,
     ConfigError,
@@ -52,6 +53,7 @@ PLATFORMS = {
     "tensorrt_plan": ("tensorrt", "model.plan"),
     "tensorrt": ("tensorrt", "model.plan"),
     "wattserve": ("builtin", ""),
+    "python": ("python", "model.py"),  # Triton's Python backend (server/repository/python_models.py)
     "ensemble": ("ensemble", ""),  # no engine: server/ensemble.py runs its steps
 }
 # Settings a model's parameters may set for that model alone (string values, as in the env).
@@ -150,6 +152,8 @@ def plan_model(
         return ensemble_plans(config, model_dir, base, source)
     warnings = [f"{source}: field '{f}' is not implemented by wattserve; ignored"
                 for f in unhonoured_fields(config)]  # fmt: skip
+    if kind == "python":  # auto_complete_config, and what a Python model may not ask for
+        python_models.prepare(config, model_dir, base, source, warnings)
     settings = _model_settings(config, base, kind, name, source, warnings)
     batching = config.max_batch_size > 0
     devices = _instance_devices(config, base, source, warnings)
@@ -249,7 +253,7 @@ def _model_settings(
     for key, value in params.items():
         if key in MODEL_PARAMETERS:
             update[key] = value
-        elif key != BUILTIN_KEY:
+        elif key != BUILTIN_KEY and kind != "python":  # a Python model reads its own keys
             warnings.append(f"{source}: parameters key {key!r} is not a wattserve model setting; ignored")
     if kind == "builtin":
         builtin = params.get(BUILTIN_KEY, name)
@@ -364,6 +368,8 @@ def _engine_factory(
 ) -> EngineFactory:
     in_outer, in_inner = config_tensors(config.input, source, "input", outputs=False)
     out_outer, out_inner = config_tensors(config.output, source, "output", outputs=True)
+    if kind == "python":
+        return python_models.python_factory(path, name, config, in_outer, out_outer)
     if kind == "torchscript" and (not in_inner or not out_inner):
         raise ConfigError(f"{source}: pytorch_libtorch models need 'input' and 'output' in the config "
                           "(TorchScript files carry no tensor names or shapes)")  # fmt: skip

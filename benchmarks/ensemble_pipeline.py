@@ -92,7 +92,11 @@ def main() -> None:
     build = runpy.run_path(str(EXAMPLE / "build_repository.py"))["build"]
     with tempfile.TemporaryDirectory() as tmp:
         repo = build(Path(tmp) / "repo")
-        env = {"MODEL_REPOSITORY": str(repo), "TELEMETRY": "false", "WARMUP": "false"}
+        env = {
+            "WATTSERVE_MODEL_REPOSITORY": str(repo),
+            "WATTSERVE_TELEMETRY": "false",
+            "WATTSERVE_WARMUP": "false",
+        }
         with wattserve(env) as url:
             rows = asyncio.run(measure(url, specs, png_images(16)))
     print(f"{'model':<26} {'load':<16} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}")

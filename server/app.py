@@ -70,6 +70,10 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     restrictions = parse_restricted_api(settings.restricted_api)  # a bad value fails at start
 
     def make_runtime(plan: ModelPlan) -> ModelRuntime:
+        if plan.platform == "ensemble":  # no engine or batcher: its steps use their models'
+            from wattserve.server.ensemble import ensemble_runtime
+
+            return ensemble_runtime(plan, registry, lambda: models)
         metrics = ServingMetrics(plan.name, plan.settings.batcher, registry)
         # label files (classification) are read once, at load, by the engine factory: a
         # missing one fails the load and names the file, as in Triton

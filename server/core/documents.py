@@ -69,6 +69,9 @@ def statistics_doc(models: ModelSet, name: str | None, version: str | None) -> d
 
 def triton_config(runtime: ModelRuntime) -> dict[str, Any]:
     """The effective configuration in Triton's JSON form (what wattserve actually applies)."""
+    own = getattr(runtime, "triton_config_doc", None)  # an ensemble's: its steps, no engine
+    if own is not None:
+        return own()
     settings, engine = runtime.settings, runtime.engine
     assert engine is not None
 

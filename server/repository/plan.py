@@ -54,6 +54,7 @@ PLATFORMS = {
     "tensorrt": ("tensorrt", "model.plan"),
     "wattserve": ("builtin", ""),
     "python": ("python", "model.py"),  # Triton's Python backend (server/repository/python_models.py)
+    "ensemble": ("ensemble", ""),  # no engine: server/ensemble.py runs its steps
 }
 # Settings a model's parameters may set for that model alone (string values, as in the env).
 MODEL_PARAMETERS = {
@@ -145,6 +146,10 @@ def plan_model(
         raise ConfigError(f"{source}: field '{field}' is {platform!r}; wattserve serves "
                           f"{', '.join(sorted(PLATFORMS))}")  # fmt: skip
     kind, default_file = PLATFORMS[platform]
+    if kind == "ensemble":
+        from wattserve.server.ensemble_graph import ensemble_plans
+
+        return ensemble_plans(config, model_dir, base, source)
     warnings = [f"{source}: field '{f}' is not implemented by wattserve; ignored"
                 for f in unhonoured_fields(config)]  # fmt: skip
     if kind == "python":  # auto_complete_config, and what a Python model may not ask for

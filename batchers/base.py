@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from time import monotonic
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import numpy as np
 from wattserve.batchers.observers import NULL_OBSERVER, BatchObserver, BatchReport
@@ -353,7 +353,8 @@ class Batcher(ABC, Generic[AnyEngine]):
         try:
             try:
                 if self._runs_requests:  # each request whole; its own answer or error, no retry
-                    per_item = engine.run_requests([(it.inputs, it.context) for it in items])  # type: ignore[attr-defined]
+                    runner = cast(RunsRequests, engine)
+                    per_item = runner.run_requests([(it.inputs, it.context) for it in items])
                 else:
                     batch = _stack(engine, items)
                     gathered = monotonic()

@@ -64,9 +64,12 @@ class InferRequest:
     if TYPE_CHECKING:
         output_regions: dict[str, tuple[str, int, int]] | None = field(default=None, init=False)
         classification: dict[str, int] | None = field(default=None, init=False)
+        # a decoupled model's response stream (server/core/decoupled.py), set by gRPC streaming
+        response_sink: Any = field(default=None, init=False)
     else:
         output_regions = None
         classification = None
+        response_sink = None
 
 
 def split_binary_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:

@@ -61,9 +61,9 @@ def test_report_with_energy_draws_pareto_power_and_telemetry(tmp_path) -> None:
         fake_run("c", 60, 0.050, 1.5),  # slower and costlier than b: off the front
     ]
     paths = report.write_all(tmp_path, runs, "energy report")
-    assert {"energy_latency", "power", "batch_sizes", "latency_cdf"} <= set(paths)
+    assert {"energy_latency", "power", "batch_sizes", "latency_cdf", "latency_tail"} <= set(paths)
     page = (tmp_path / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 5
+    assert page.count("data:image/png;base64,") == 6
     assert "Telemetry over each window" in page and "wattserve_gpu_power_watts" in page
     assert "busy + idle" in page
     doc = json.loads((tmp_path / "results.json").read_text())

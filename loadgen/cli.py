@@ -1,4 +1,5 @@
-"""argparse front end: ``wattserve loadgen ...`` and ``wattserve study STUDY.toml``.
+"""argparse front end: ``wattserve loadgen ...``, ``wattserve study STUDY.toml`` and
+``wattserve report compare A B`` (compare.add_report_parser).
 
 The server's CLI registers both with ``add_loadgen_parser(subparsers)`` and
 ``add_study_parser(subparsers)``; each sets ``func``, which takes the parsed namespace and
@@ -251,6 +252,29 @@ def add_study_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the grid and exit")
 
 
+def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """``report compare A B [...]``: saved loadgen or study folders on the same plots."""
+    p = subparsers.add_parser("report", help="compare saved loadgen or study results")
+    sub = p.add_subparsers(dest="report_command", required=True)
+    c = sub.add_parser(
+        "compare",
+        help="draw two or more result folders on the same plots, with a table of ratios",
+        description="Each RUN is a folder written by `wattserve loadgen --out` or `wattserve study`. "
+        "The first is the baseline of the ratio table (other / baseline at matched rates).",
+    )
+    c.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="results folders (baseline first)")
+    c.add_argument("--names", help="comma-separated names for the folders (default: folder names)")
+    c.add_argument("--out", type=Path, help="output folder (default results/compare-A-vs-B)")
+    c.set_defaults(func=run_compare_command, compare_parser=c)
+    return p
+
+
+def run_compare_command(args: argparse.Namespace) -> int:
+    from .compare import run_compare
+
+    return run_compare(args)
+
+
 def base_spec(args: argparse.Namespace) -> LoadSpec:
     from .arrivals import BurstSpec, load_trace
     from .runner import LoadSpec
@@ -479,6 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     add_loadgen_parser(sub)
     add_study_parser(sub)
+    add_report_parser(sub)
     cal = sub.add_parser("calibration-server", help="a trivial KServe v2 identity endpoint")
     calibration_server.add_arguments(cal)
     cal.set_defaults(func=calibration_server.serve)  # returns None: exit status 0 (below)

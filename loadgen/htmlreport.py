@@ -217,3 +217,57 @@ def write_report(
     parts += [f'<p class="note">{html.escape(n)}</p>' for n in notes]
     parts.append("</body></html>")
     path.write_text("\n".join(parts))
+
+
+def _ratio_cell(triple: Sequence[Any]) -> _Raw:
+    a, b, ratio = triple
+    if ratio is None:
+        return raw(f"{fmt(a)} &rarr; {fmt(b)}" if a is not None or b is not None else "not measured")
+    return raw(f"{fmt(a)} &rarr; {fmt(b)} <b>({ratio:.2f}x)</b>")
+
+
+def write_compare_page(
+    path: Path,
+    sets: Sequence[Any],
+    rows: Sequence[dict[str, Any]],
+    figures: Sequence[tuple[Path | None, str]],
+    notes: Sequence[str],
+) -> None:
+    """``report compare``'s page: the picture first, then the ratios, then every set's runs."""
+    names = [s.name for s in sets]
+    title = "wattserve compare: " + " vs ".join(names)
+    intro = (
+        f"<p>Baseline: <b>{html.escape(names[0])}</b>. Ratios are other / baseline at the load "
+        "levels both ran (rates within 2%): below 1 is lower latency, above 1 more throughput "
+        "or more joules. Latencies in ms from each request's intended send time.</p>"
+    )
+    headers = ["other / baseline", "load", "p50 ms", "p99 ms", "throughput req/s", "J/inference", "note"]
+    body = [
+        [
+            f"{r['other']} / {r['baseline']}",
+            r["load"],
+            _ratio_cell(r["p50_ms"]),
+            _ratio_cell(r["p99_ms"]),
+            _ratio_cell(r["throughput"]),
+            _ratio_cell(r["j_per_inference"]),
+            raw(f'<span class="bad">{html.escape(r["note"])}</span>') if r["note"] else "",
+        ]
+        for r in rows
+    ]
+    ratios = table(headers, body, left=2) if rows else '<p class="note">No load level in common.</p>'
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+        f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
+        intro,
+    ]
+    shown = [(p, c) for p, c in figures if p is not None]
+    if shown:
+        parts.append(image(*shown[0]))
+    parts += ["<h2>Ratios at matched load</h2>", ratios]
+    parts += [image(p, c) for p, c in shown[1:]]
+    parts += [f'<p class="note">{html.escape(n)}</p>' for n in notes]
+    for s in sets:
+        parts += [f"<h2>{html.escape(s.name)}</h2><p>{html.escape(str(s.folder))}</p>"]
+        parts += [invalid_notes(s.runs), runs_table(s.runs)]
+    parts.append("</body></html>")
+    path.write_text("\n".join(parts))

@@ -33,11 +33,13 @@ def _ok_latencies_ms(run: RunResult) -> np.ndarray:
 class Marks:
     """What a figure draws beside the data: the latency objective and the capacity found.
 
-    ``capacity`` is the achieved rate (req/s) of the highest passing SLO-search step."""
+    ``capacity`` is the achieved rate (req/s) of the highest passing SLO-search step;
+    ``capacities`` the same per series (a comparison of run sets), drawn in its colour."""
 
     slo_ms: float | None = None
     percentile: float | None = None
     capacity: float | None = None
+    capacities: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> Marks:
@@ -78,10 +80,12 @@ def ms_log_axis(ax: plt.Axes, which: str = "y") -> None:
     axis.set_minor_formatter(mticker.NullFormatter())
 
 
-def _grid(n: int, cols_max: int = 3) -> tuple[plt.Figure, list[plt.Axes]]:
+def _grid(
+    n: int, cols_max: int = 3, width: float = 5.0, height: float = 3.6
+) -> tuple[plt.Figure, list[plt.Axes]]:
     cols = min(n, cols_max)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.6 * cols, 4.0 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
     flat = list(axes.flat)
     for ax in flat[n:]:
         ax.set_visible(False)
@@ -130,9 +134,10 @@ def latency_cdf(
     ``tail=True`` draws 1 - F on a log axis instead, where p99 and p99.9 are far apart and
     readable. Invalid runs are dashed and say so in the legend; the objective is drawn."""
     groups = _groups(runs, group)
-    fig, axes = _grid(len(groups))
+    single = len(groups) == 1  # one panel: the legend goes beside it, off the curves
+    fig, axes = _grid(len(groups), width=7.0 if single else 5.0)
     drawn, lowest = 0, 1.0
-    line_names = sorted({line(r) for r in runs}) if line else []
+    line_names = list(dict.fromkeys(line(r) for r in runs)) if line else []  # first seen, first colour
     colors = {name: f"C{i % 10}" for i, name in enumerate(line_names)}
     for ax, (name, members) in zip(axes, groups.items(), strict=True):
         members = sorted(members, key=load_level)
@@ -166,7 +171,7 @@ def latency_cdf(
             ax.yaxis.set_major_locator(mticker.FixedLocator(list(TAIL_TICKS)))
             ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _p: TAIL_TICKS.get(v, "")))
             ax.yaxis.set_minor_formatter(mticker.NullFormatter())
-            ax.set_ylabel("fraction slower (log): p90, p99, p99.9 lines")
+            ax.set_ylabel("fraction of requests slower (log)")
         else:
             ax.set_ylabel("fraction of requests")
             ax.set_ylim(0, 1.01)
@@ -176,7 +181,10 @@ def latency_cdf(
         ms_log_axis(ax, "x")
         kind = "tail latency (1 - CDF)" if tail else "latency CDF"
         ax.set_title(f"{name}: {kind}" if name else f"{kind}, runs by rate", fontsize=9)
-        ax.legend(fontsize=7)
+        if single:
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        else:
+            ax.legend(fontsize=7, loc="lower left" if tail else "lower right")
     if not drawn:
         plt.close(fig)
         return None, "latency CDF skipped: no successful requests in any window"
@@ -207,9 +215,9 @@ def throughput_latency(
     points. The objective is a horizontal line, the capacity an SLO search found a vertical
     one. One panel per ``panel`` key (e.g. model and arrival process)."""
     panels = _groups(runs, panel)
-    fig, axes = _grid(len(panels), cols_max=2)
+    fig, axes = _grid(len(panels), cols_max=2, width=7.6, height=3.8)
     fallback = name or default_name(runs)
-    names = sorted({series(r) if series else fallback for r in runs})
+    names = list(dict.fromkeys(series(r) if series else fallback for r in runs))
     colors = {n: f"C{i % 10}" for i, n in enumerate(names)}
     keys = ["p50", "p95", "p99"]
     if marks and marks.percentile is not None and percentile_key(marks.percentile) not in keys:
@@ -229,6 +237,7 @@ def throughput_latency(
                 continue
             good = [p for p in pts if p[2]]
             bad = [p for p in pts if not p[2]]
+            ax.plot([], [], "-", marker="o", ms=3, color=colors[label], label=label)  # legend: the series
             for key in keys:
                 emphasis = (
                     marks is not None
@@ -243,7 +252,6 @@ def throughput_latency(
                     ms=3.5 if emphasis else 2.5,
                     lw=1.8 if emphasis else 1.0,
                     color=colors[label],
-                    label=label if key == keys[0] else None,
                 )
                 if bad:
                     ax.plot(
@@ -258,7 +266,7 @@ def throughput_latency(
                     )
                     invalid_drawn = True
             drawn += 1
-        _objective_and_capacity(ax, marks)
+        _objective_and_capacity(ax, marks, colors)
         for key in keys:  # a legend entry per line style
             ax.plot([], [], styles.get(key, "-."), color="0.3", label=key)
         ax.set_yscale("log")
@@ -268,16 +276,24 @@ def throughput_latency(
         ax.grid(True, which="major", alpha=0.3)
         ms_log_axis(ax, "y")
         ax.set_title(title or "throughput vs latency", fontsize=9)
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     if not drawn:
         plt.close(fig)
         return None, "throughput-latency plot skipped: no successful requests"
     return _save(fig, path), None
 
 
-def _objective_and_capacity(ax: plt.Axes, marks: Marks | None) -> None:
+def _objective_and_capacity(ax: plt.Axes, marks: Marks | None, colors: Mapping[str, str]) -> None:
     if marks is None:
         return
+    for series_name, capacity in marks.capacities:
+        ax.axvline(
+            capacity,
+            color=colors.get(series_name, "green"),
+            lw=1.2,
+            ls=(0, (4, 2)),
+            label=f"capacity found, {series_name}: {capacity:,.0f} req/s",
+        )
     if marks.slo_ms is not None:
         ax.axhline(marks.slo_ms, color="red", lw=1.2, ls="-.", label=marks.objective_label)
     if marks.capacity is not None:
@@ -395,7 +411,8 @@ def _bucket_label(bucket: dict) -> str:
 
 def _save(fig: plt.Figure, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    panels = sum(ax.get_visible() for ax in fig.axes)
+    fig.savefig(path, dpi=100 if panels <= 2 else 80)  # many panels: keep the PNG small
     plt.close(fig)
     return path
 

@@ -453,3 +453,50 @@ def energy_latency_per_config(rows: Sequence[dict], path: Path) -> Plot:
         ax.legend(fontsize=7)
     fig.suptitle("energy per inference vs p95 latency, per batching configuration")
     return _save(fig, path), None
+
+
+def cost_per_load(rows: Sequence[Mapping[str, Any]], path: Path, cost_label: str, objective: str) -> Plot:
+    """The study's answer in one picture: per model, the cost per inference (J, or engine-ms
+    without energy data) of each configuration at each load, filled where it meets the
+    objective, hollow where it misses, the winner at each load ringed.
+
+    ``rows``: ``model``, ``workload``, ``rate``, ``batching``, ``cost``, ``meets``, ``winner``."""
+    usable = [r for r in rows if r.get("cost") is not None]
+    if not usable:
+        return None, "study headline picture skipped: no run has a cost per inference"
+    models = list(dict.fromkeys(r["model"] for r in usable))
+    configs = list(dict.fromkeys(r["batching"] for r in usable))
+    colors = {c: f"C{i % 10}" for i, c in enumerate(configs)}
+    fig, axes = _grid(len(models), cols_max=2, width=6.4, height=3.8)
+    for ax, model in zip(axes, models, strict=True):
+        mine = [r for r in usable if r["model"] == model]
+        loads = sorted({(r["rate"] or 0.0, r["workload"]) for r in mine})
+        xpos = {w: i for i, (_rate, w) in enumerate(loads)}
+        for config in configs:
+            pts = sorted((xpos[r["workload"]], r) for r in mine if r["batching"] == config)
+            if not pts:
+                continue
+            ax.plot(
+                [x for x, _ in pts], [r["cost"] for _, r in pts], "-", color=colors[config], lw=1, alpha=0.6
+            )
+            for x, r in pts:
+                ax.plot(
+                    x,
+                    r["cost"],
+                    "o",
+                    ms=6,
+                    color=colors[config],
+                    mfc=colors[config] if r["meets"] else "white",
+                )
+                if r["winner"]:
+                    ax.plot(x, r["cost"], "o", ms=14, mfc="none", mec="black", mew=1.5)
+            ax.plot([], [], "-o", color=colors[config], label=config)
+        ax.plot([], [], "o", mfc="white", mec="grey", label=f"misses {objective} (or invalid)")
+        ax.plot([], [], "o", ms=12, mfc="none", mec="black", mew=1.5, label="fewest cost meeting it")
+        ax.set_xticks(range(len(loads)), [f"{w}\n{rate:g}/s" if rate else w for rate, w in loads], fontsize=7)
+        ax.set_ylabel(cost_label)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.set_title(f"{model}: cost per inference at each load", fontsize=9)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    return _save(fig, path), None

@@ -67,5 +67,10 @@ def write_all(
     if per_request_csv:
         paths["requests"] = out_dir / REQUESTS
         output.write_requests_csv(runs, paths["requests"])
-    htmlreport.write_report(paths["report"], title, runs, figures, notes, intro_html, extra_html)
+    headline = ""
+    if extra and extra.get("verdict"):  # a study: answer its question first
+        headline, picture = htmlreport.study_headline(extra["verdict"], runs, out_dir)
+        if picture is not None:
+            paths["study_headline"] = picture
+    htmlreport.write_report(paths["report"], title, runs, figures, notes, intro_html, extra_html, headline)
     return paths

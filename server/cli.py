@@ -146,10 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     from wattserve.server.engine_commands import add_engine_commands
 
     add_engine_commands(sub)
-    from wattserve.loadgen.cli import add_loadgen_parser, add_study_parser  # imports its deps lazily
+    from wattserve.loadgen.cli import add_loadgen_parser, add_report_parser, add_study_parser  # lazy deps
 
     add_loadgen_parser(sub)
     add_study_parser(sub)
+    add_report_parser(sub)
     return parser
 
 

@@ -20,7 +20,7 @@ class BatchingSpec:
     max_batch_size: int = 8
     max_queue_size: int = 256
     priority_levels: int = 1
-    max_queue_wait_s: float = 0.0
+    max_queue_wait_s: float = 3.0  # refuse when the queue holds more seconds of work; 0 = off
     # dynamic
     max_queue_delay_ms: float = 5.0
     preferred_batch_sizes: Sequence[int] = ()

@@ -28,6 +28,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from wattserve.batchers.adaptive_decision import CostView, Decision, Objective, QueueState, decide, doomed
 from wattserve.batchers.arrival_model import ArrivalModel
 from wattserve.batchers.base import BatchOutcome, padded_size
+from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.cost_model import CostModel
 from wattserve.batchers.observers import measured_joules
 from wattserve.batchers.slo_policy import SloBatcher, SloConfig, slo_config
@@ -77,12 +78,12 @@ class AdaptiveBatcher(SloBatcher):
         self._view: CostView | None = None
 
     @classmethod
-    def config_from(cls, settings: Any, engine: Engine) -> AdaptiveConfig:
-        headroom = settings.slo_headroom_ms
+    def config_from(cls, spec: BatchingSpec, engine: Engine) -> AdaptiveConfig:
+        headroom = spec.slo_headroom_ms
         return AdaptiveConfig(
-            **slo_config(settings),
+            **slo_config(spec),
             headroom_s=None if headroom is None else headroom / 1000.0,
-            reject_late=settings.slo_reject,
+            reject_late=spec.slo_reject,
         )
 
     # ------------------------------------------------------------------ the loop

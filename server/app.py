@@ -65,7 +65,7 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     """Build the app; nothing global, so tests can build many."""
     settings = settings or Settings()
     registry = CollectorRegistry()
-    telemetry = TelemetryService(settings, registry)  # same registry: one /metrics
+    telemetry = TelemetryService(settings.telemetry_config(), registry)  # same registry: one /metrics
     body_budget = BodyBudget(settings.max_inflight_body_bytes)
     restrictions = parse_restricted_api(settings.restricted_api)  # a bad value fails at start
 
@@ -74,18 +74,19 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
             from wattserve.server.ensemble import ensemble_runtime
 
             return ensemble_runtime(plan, registry, lambda: models)
-        metrics = ServingMetrics(plan.name, plan.settings.batcher, registry)
+        policy = plan.serving.policy  # the batcher that runs, e.g. iteration for continuous on diffusion
+        metrics = ServingMetrics(plan.name, policy, registry)
         # label files (classification) are read once, at load, by the engine factory: a
         # missing one fails the load and names the file, as in Triton
         model_dir = settings.model_repository / plan.name if settings.model_repository else None
         labels = ClassLabels(plan.config, model_dir)
-        runtime = ModelRuntime(plan.settings, labels.loading(plan.engine_factory), metrics, name=plan.name,
-                               version=plan.version, batching=plan.batching, devices=plan.devices,
-                               platform=plan.platform, config=plan.config)  # fmt: skip
+        runtime = ModelRuntime(plan.serving, labels.loading(plan.engine_factory), metrics, name=plan.name,
+                               version=plan.version, batching=plan.batching, platform=plan.platform,
+                               config=plan.config)  # fmt: skip
         runtime.class_labels = labels
 
         def record_batch(batch_size: int, energy: Any) -> None:
-            telemetry.record_batch(plan.name, plan.settings.batcher, batch_size, energy)
+            telemetry.record_batch(plan.name, policy, batch_size, energy)
 
         # read by runtime.start(), after telemetry started: the meter follows the engine's
         # device (its GPU; RAPL or nothing for a CPU engine; nothing is made up)

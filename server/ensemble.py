@@ -22,7 +22,7 @@ import asyncio
 import logging
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from time import monotonic
 from typing import Any
 
@@ -106,8 +106,8 @@ class EnsembleRuntime(ModelRuntime):
     built after its runtimes are planned)."""
 
     def __init__(self, plan: ModelPlan, metrics: ServingMetrics, models: Callable[[], ModelSet]) -> None:
-        super().__init__(plan.settings, _no_engine, metrics, name=plan.name, version=plan.version,
-                         batching=plan.batching, devices=["cpu"], platform=PLATFORM,
+        super().__init__(replace(plan.serving, devices=("cpu",)), _no_engine, metrics, name=plan.name,
+                         version=plan.version, batching=plan.batching, platform=PLATFORM,
                          config=plan.config)  # fmt: skip
         self._models = models
         self.graph = parse_graph(plan.config, plan.name, plan.name)  # checked when planned; cheap to redo
@@ -197,7 +197,7 @@ class EnsembleRuntime(ModelRuntime):
         gate = self.batcher
         if isinstance(gate, EnsembleGate) and gate.inflight:
             try:
-                await asyncio.wait_for(gate.idle.wait(), self.settings.drain_timeout_s)
+                await asyncio.wait_for(gate.idle.wait(), self.serving.drain_timeout_s)
             except TimeoutError:
                 log.warning("ensemble %s: %d request(s) still running after the drain timeout",
                             self.name, gate.inflight)  # fmt: skip
@@ -339,7 +339,7 @@ class EnsembleRuntime(ModelRuntime):
         }
 
 
-def _no_engine(_settings: Any) -> Any:
+def _no_engine(_config: Any) -> Any:
     raise AssertionError("an ensemble has no engine")
 
 

@@ -256,6 +256,7 @@ def ensemble_plans(config: Any, model_dir: Any, base: Any, source: str) -> list[
     graph checked now, its composing models when it starts (``server.ensemble``)."""
     from wattserve.server.model_plan import ModelPlan
     from wattserve.server.repository.config import select_versions, unhonoured_fields
+    from wattserve.server.serving_config import ServingConfig
 
     graph = parse_graph(config, source, model_dir.name)
     if config.max_batch_size < 0:
@@ -270,13 +271,13 @@ def ensemble_plans(config: Any, model_dir: Any, base: Any, source: str) -> list[
     if not chosen:
         raise ConfigError(f"{model_dir}: no version folder matches the version policy (found {versions})")
     update = {"model": graph.name, "max_batch_size": max(1, config.max_batch_size)}
-    settings = base.model_copy(update=update)
+    serving = ServingConfig.from_settings(base.model_copy(update=update), devices=["cpu"], steps=False)
 
     for warning in warnings:
         logging.getLogger("wattserve.repository").warning("%s", warning)
 
-    def no_engine(_settings: Any) -> Any:
+    def no_engine(_config: Any) -> Any:
         raise AssertionError("an ensemble has no engine")
 
-    return [ModelPlan(graph.name, str(v), settings, no_engine, batching=config.max_batch_size > 0,
+    return [ModelPlan(graph.name, str(v), serving, no_engine, batching=config.max_batch_size > 0,
                       platform="ensemble", warnings=warnings, config=config) for v in chosen]  # fmt: skip

@@ -52,7 +52,7 @@ def test_datatypes_errors_and_config_lookups():
 def test_initialize_gets_tritons_args_and_config_json(tmp_path):
     folder = write_python_model(tmp_path, "add_sub")
     (plan,) = plan_model(folder, Settings(telemetry=False))
-    engine = plan.engine_factory(plan.settings)
+    engine = plan.engine_factory(plan.serving.engine)
     try:
         args = engine.instance.args
         assert set(args) == {"model_config", "model_instance_kind", "model_instance_name",
@@ -78,13 +78,13 @@ def test_execution_env_path_is_refused_by_name(tmp_path):
 async def test_one_execute_per_batch_each_request_whole(tmp_path):
     folder = write_python_model(tmp_path, "identity")
     (plan,) = plan_model(folder, Settings(telemetry=False))
-    engine = plan.engine_factory(plan.settings)
+    engine = plan.engine_factory(plan.serving.engine)
 
     class Context:
         def __init__(self, rid: str) -> None:
             self.id, self.outputs = rid, None
 
-    batcher = DynamicBatcher([engine], DynamicBatcher.config_from(plan.settings, engine))
+    batcher = DynamicBatcher([engine], DynamicBatcher.config_from(plan.serving.batching, engine))
     task = asyncio.create_task(batcher.run())
     try:
         items = []

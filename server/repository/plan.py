@@ -9,7 +9,11 @@ names it). wattserve's own choices go in ``parameters`` (Triton's place for back
 - ``builtin``: with ``backend: "wattserve"``, which built-in model (a name in
   ``wattserve.engines.registry.MODELS``); defaults to the directory name.
 - ``check_values``: "true" rejects NaN/Inf in float inputs with a 400.
-- any key of ``MODEL_PARAMETERS`` below sets that WATTSERVE_* setting for this model only.
+- any key of ``MODEL_PARAMETERS`` (the settings marked per-model in server/settings.py) sets
+  that WATTSERVE_* setting for this model only.
+
+The result is the model's ``ServingConfig`` (server/serving_config.py), built here once; the
+config.pbtxt fields and parameters are validated as settings on the way (one set of rules).
 
 Auto-complete (Triton's, unless ``--disable-auto-complete-config``): a config without
 ``platform``/``backend`` gets it from the model file's name; a directory with no
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from wattserve.engines.base import DATATYPE_TO_NUMPY, VARIABLE, Engine, EngineUnavailable, TensorSpec
+from wattserve.engines.config import EngineConfig
 from wattserve.engines.registry import MODELS, build_engine
 from wattserve.server.model_plan import EngineFactory, ModelPlan
 from wattserve.server.repository import model_config_pb2 as pb
@@ -40,7 +45,8 @@ from wattserve.server.repository.config import (
     unhonoured_fields,
 )
 from wattserve.server.repository.override import LoadOverride
-from wattserve.server.settings import Settings
+from wattserve.server.serving_config import ServingConfig
+from wattserve.server.settings import MODEL_PARAMETERS, Settings
 
 log = logging.getLogger("wattserve.repository")
 
@@ -56,14 +62,6 @@ PLATFORMS = {
     "python": ("python", "model.py"),  # Triton's Python backend (server/repository/python_models.py)
     "ensemble": ("ensemble", ""),  # no engine: server/ensemble.py runs its steps
 }
-# Settings a model's parameters may set for that model alone (string values, as in the env).
-MODEL_PARAMETERS = {
-    "batcher", "engine", "weights", "seed", "fp16", "channels_last", "identity_elements",
-    "identity_delay_ms", "torch_threads", "cuda_graphs", "engine_batch_sizes", "batch_sizes_only",
-    "trt_profiles", "onnx_path", "diffusion_model", "diffusion_scheduler", "diffusion_default_steps",
-    "check_values", "warmup",
-    "identity_delay_per_item_ms", "slo_ms", "slo_percentile", "slo_headroom_ms", "slo_reject",
-}  # fmt: skip
 BUILTIN_KEY = "builtin"
 # Triton's auto-complete: the model file's default name -> its platform
 FILE_PLATFORMS = {
@@ -105,7 +103,7 @@ class RepositorySource:
             raise KeyError(name)
         config = pb.ModelConfig()
         config.CopyFrom(override.config)
-        return plan_model(model_dir, self.base, config=config, source=f"load of '{name}' (override config)")
+        return plan_config(model_dir, self.base, config, f"load of '{name}' (override config)")
 
     def fingerprint(self, name: str) -> tuple[tuple[str, int, int], ...]:
         """What the poller compares: every file under the model directory with its
@@ -121,20 +119,20 @@ class RepositorySource:
         return tuple(found)
 
 
-def plan_model(
-    model_dir: Path, base: Settings, *, config: pb.ModelConfig | None = None, source: str | None = None
-) -> list[ModelPlan]:
-    """Every version of the model in ``model_dir`` that its version policy selects.
-    ``config``: an override that replaces the directory's config.pbtxt."""
+def plan_model(model_dir: Path, base: Settings) -> list[ModelPlan]:
+    """Every version of the model in ``model_dir`` that its version policy selects."""
+    missing = not (model_dir / CONFIG_FILE).is_file()
+    if missing and not base.disable_auto_complete_config and _has_file(model_dir, "model.onnx"):
+        config = pb.ModelConfig()  # the whole config comes from model.onnx
+    else:
+        config = read_config(model_dir)
+    return plan_config(model_dir, base, config, str(model_dir / CONFIG_FILE))
+
+
+def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source: str) -> list[ModelPlan]:
+    """``plan_model`` with ``config`` (read from ``source``, or a load's override) for the
+    model files in ``model_dir``."""
     name = model_dir.name
-    if config is None:
-        source = str(model_dir / CONFIG_FILE)
-        missing = not (model_dir / CONFIG_FILE).is_file()
-        if missing and not base.disable_auto_complete_config and _has_file(model_dir, "model.onnx"):
-            config = pb.ModelConfig()  # the whole config comes from model.onnx
-        else:
-            config = read_config(model_dir)
-    source = source or str(model_dir / CONFIG_FILE)
     if not base.disable_auto_complete_config:
         auto_complete(config, model_dir, source)
     platform = config.platform or config.backend
@@ -157,6 +155,8 @@ def plan_model(
     settings = _model_settings(config, base, kind, name, source, warnings)
     batching = config.max_batch_size > 0
     devices = _instance_devices(config, base, source, warnings)
+    steps = kind == "builtin" and MODELS[settings.model].steps
+    serving = ServingConfig.from_settings(settings, devices, steps=steps)  # the one translation
     file_name = config.default_model_filename or default_file
 
     versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
@@ -172,9 +172,8 @@ def plan_model(
         if kind != "builtin" and not path.is_file():
             raise ConfigError(f"{path}: missing ({platform} needs {file_name} in each version folder)")
         factory = _engine_factory(kind, path, name, config, batching, source)
-        plans.append(ModelPlan(name, str(version), settings, factory, batching=batching,
-                               devices=devices, platform=platform, warnings=warnings,
-                               config=config))  # fmt: skip
+        plans.append(ModelPlan(name, str(version), serving, factory, batching=batching,
+                               platform=platform, warnings=warnings, config=config))  # fmt: skip
     for warning in warnings:
         log.warning("%s", warning)
     return plans
@@ -248,6 +247,8 @@ def _onnx_batches(path: Path, source: str) -> bool:
 def _model_settings(
     config: pb.ModelConfig, base: Settings, kind: str, name: str, source: str, warnings: list[str]
 ) -> Settings:
+    """The process settings with this model's config.pbtxt applied, validated by the same
+    rules as the environment; read once, into its ServingConfig, and not kept."""
     update: dict[str, Any] = {}
     params = {k: v.string_value for k, v in config.parameters.items()}
     for key, value in params.items():
@@ -378,8 +379,8 @@ def _engine_factory(
 
     serve = KIND_ENGINES[kind]
 
-    def build(settings: Settings) -> Engine:
-        engine = serve(ModelFile(path, name, batching, in_inner, out_inner), settings)
+    def build(engine_config: EngineConfig) -> Engine:
+        engine = serve(ModelFile(path, name, batching, in_inner, out_inner), engine_config)
         scalars = _check_against_config(engine, in_inner, out_inner, source)
         if scalars or in_outer != in_inner or out_outer != out_inner:
             from wattserve.engines.reshape import ReshapedEngine
@@ -401,37 +402,37 @@ class ModelFile:
     outputs: list[TensorSpec]
 
 
-def _onnx_file(model: ModelFile, settings: Settings) -> Engine:
+def _onnx_file(model: ModelFile, config: EngineConfig) -> Engine:
     from wattserve.engines.onnxruntime_engine import OnnxRuntimeEngine
 
-    max_batch = settings.max_batch_size if model.batching else 1
-    return OnnxRuntimeEngine(model.path, name=model.name, max_batch_size=max_batch, device=settings.device,
-                             threads=settings.torch_threads, batched=model.batching)  # fmt: skip
+    max_batch = config.max_batch_size if model.batching else 1
+    return OnnxRuntimeEngine(model.path, name=model.name, max_batch_size=max_batch, device=config.device,
+                             threads=config.torch_threads, batched=model.batching)  # fmt: skip
 
 
-def _torchscript_file(model: ModelFile, settings: Settings) -> Engine:
+def _torchscript_file(model: ModelFile, config: EngineConfig) -> Engine:
     from wattserve.engines.torchscript_engine import TorchScriptEngine
 
-    max_batch = settings.max_batch_size if model.batching else 1
+    max_batch = config.max_batch_size if model.batching else 1
     return TorchScriptEngine(model.path, name=model.name, inputs=model.inputs, outputs=model.outputs,
-                             max_batch_size=max_batch, device=settings.device,
-                             batched=model.batching, threads=settings.torch_threads)  # fmt: skip
+                             max_batch_size=max_batch, device=config.device,
+                             batched=model.batching, threads=config.torch_threads)  # fmt: skip
 
 
-def _tensorrt_plan(model: ModelFile, settings: Settings) -> Engine:
+def _tensorrt_plan(model: ModelFile, config: EngineConfig) -> Engine:
     from wattserve.engines.tensorrt_engine import TensorRTEngine, cuda_device_index
 
     return TensorRTEngine(
-        model.path.read_bytes(), name=model.name, device_index=cuda_device_index(settings.device)
+        model.path.read_bytes(), name=model.name, device_index=cuda_device_index(config.device)
     )
 
 
-def _builtin(model: ModelFile, settings: Settings) -> Engine:
-    return build_engine(settings)  # settings.model is the built-in's name (_model_settings)
+def _builtin(model: ModelFile, config: EngineConfig) -> Engine:
+    return build_engine(config)  # config.model is the built-in's name (_model_settings)
 
 
 # PLATFORMS' kind -> the engine that serves that kind of model
-KIND_ENGINES: dict[str, Callable[[ModelFile, Settings], Engine]] = {
+KIND_ENGINES: dict[str, Callable[[ModelFile, EngineConfig], Engine]] = {
     "onnx": _onnx_file,
     "torchscript": _torchscript_file,
     "tensorrt": _tensorrt_plan,

@@ -17,6 +17,7 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from wattserve.engines.base import Engine, TensorSpec
+from wattserve.engines.config import EngineConfig
 from wattserve.server.model_plan import EngineFactory
 from wattserve.server.repository import model_config_pb2 as pb
 from wattserve.server.repository.config import ConfigError
@@ -137,7 +138,7 @@ def python_factory(
     )  # fmt: skip
     instances = itertools.count()
 
-    def build(settings: Settings) -> Engine:
-        return PythonModelEngine(model, device=settings.device, instance=next(instances))
+    def build(engine_config: EngineConfig) -> Engine:
+        return PythonModelEngine(model, device=engine_config.device, instance=next(instances))
 
     return build

@@ -69,7 +69,7 @@ def images_router(models: ModelSet, settings: Settings) -> APIRouter:
             if engine is None or [s.name for s in engine.inputs] != ["input"]:
                 raise BadRequest(f"model {name!r} takes tensors, not images")
             data = await read_upload(request, settings.max_body_bytes)
-            args = (data, runtime.settings.model, settings.max_image_pixels)
+            args = (data, runtime.serving.engine.model, settings.max_image_pixels)
             tensor = await asyncio.get_running_loop().run_in_executor(
                 preprocess_executor(), preprocess_image, *args
             )
@@ -83,7 +83,7 @@ def images_router(models: ModelSet, settings: Settings) -> APIRouter:
         except Refused as refused:
             return refusal_response(refused, retry_after_s, request)
         logits = next(iter(done.result.outputs.values()))[0]
-        classes = best_classes(logits, done.runtime.settings.model, top_k)
+        classes = best_classes(logits, done.runtime.serving.engine.model, top_k)
         return json_response({"model_name": name, "top_k": classes}, headers=timing_headers(done.result))
 
     @router.get("/v2/models/{name}/generate")

@@ -94,6 +94,8 @@ def triton_config(runtime: ModelRuntime) -> dict[str, Any]:
             "wattserve_batcher": {"string_value": settings.batcher},
         },
     }
+    if config["platform"] == "python":  # Triton: a Python model names its backend, platform empty
+        config["platform"], config["backend"] = "", "python"
     if settings.batcher == "dynamic":
         config["dynamic_batching"] = {
             "preferred_batch_size": list(settings.preferred_batch_sizes),

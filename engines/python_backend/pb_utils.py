@@ -386,7 +386,7 @@ class InferenceRequest:
                 self._timeout or None)  # fmt: skip
         stream = getattr(caller, "stream", None)
         if stream is not None:
-            return stream(*args)  # type: ignore[no-any-return]
+            return stream(*args)
         return iter([(_outputs_or_error(caller(*args)), None, True)])
 
 

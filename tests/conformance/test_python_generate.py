@@ -315,3 +315,11 @@ def test_config_names_the_python_backend(server):
     config = http.get_model_config("add_sub")
     assert config["backend"] == "python" and config["platform"] == ""
     assert grpc.get_model_config("add_sub").config.backend == "python"
+
+
+def test_generate_routes_are_inference_for_access_control():
+    from wattserve.server.security import api_of
+
+    for route in ("generate", "generate_stream"):
+        assert api_of(f"/v2/models/m/{route}") == "inference"
+        assert api_of(f"/v2/models/m/versions/2/{route}") == "inference"

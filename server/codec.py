@@ -360,9 +360,7 @@ TRITON_PARAMETERS = frozenset(("triton_enable_empty_final_response",))
 
 
 def _read_parameters(params: Any, request: InferRequest) -> None:
-    if not params:
-        if params is not None and not isinstance(params, dict):
-            raise BadRequest("'parameters' must be an object")
+    if params is None:
         return
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")

@@ -31,6 +31,7 @@ from wattserve.server.metrics import ServingMetrics, server_metrics
 from wattserve.server.middleware import http_error, internal_error, invalid_parameters
 from wattserve.server.model_plan import EngineFactory, ModelPlan, ModelSource, SettingsSource
 from wattserve.server.model_set import ModelSet, ModelSetActivity
+from wattserve.server.routes.generate import generate_routes
 from wattserve.server.routes.health import health_router
 from wattserve.server.routes.images import images_router
 from wattserve.server.routes.inference import inference_routes
@@ -197,6 +198,7 @@ def _add_routes(
     app.include_router(health_router(models, settings, registry))
     app.include_router(repository_router(models, settings.max_body_bytes))
     app.include_router(images_router(models, settings))
+    app.router.routes.extend(generate_routes(models, settings))  # Triton's generate extension (POST)
     # The hot path: plain Starlette routes, first in the table, and past the middleware
     # stack when the app has no middleware of its own (server.fast_path).
     infer_routes = inference_routes(models, settings, body_budget, shm)

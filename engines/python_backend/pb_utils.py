@@ -15,7 +15,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -273,8 +273,11 @@ def bind_caller(caller: ModelCaller | None, *, thread_only: bool = False) -> Non
 def _caller() -> ModelCaller:
     caller = getattr(_callers, "caller", None) or _fallback[0]
     if caller is None:
-        raise TritonModelException("BLS is not available here: no server model is executing "
-                                   "(wattserve binds it after initialize returns)")  # fmt: skip
+        raise TritonModelException(
+            "BLS is not available here: no server model is executing (wattserve binds a model's BLS "
+            "door once its instances are built: BLS works from execute and threads it starts, not "
+            "from initialize)"
+        )
     return caller
 
 
@@ -348,24 +351,79 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False) -> Any:
         """Run on model ``model_name`` of this server (its own batcher) and wait: an
         ``InferenceResponse`` (errors inside it, as Triton's BLS); with ``decoupled=True`` an
-        iterator over responses."""
-        response = _response(self._call())
-        return iter([response]) if decoupled else response
+        iterator over every response the model sends, the final flag alone as an empty
+        response (Triton's BLS iterator: check ``output_tensors()`` before reading)."""
+        if decoupled:
+            return ResponseIterator(self._stream())
+        return _response(self._call())
 
     def async_exec(self, decoupled: bool = False) -> Any:
-        """As ``exec``, awaitable from an ``async def execute``."""
+        """As ``exec``, awaitable from an ``async def execute``; with ``decoupled=True`` the
+        awaited value is an iterator over the responses, gathered off this thread's loop."""
+        if decoupled:
+
+            async def gather() -> ResponseIterator:
+                responses = await asyncio.get_running_loop().run_in_executor(None, list, self.exec(True))
+                return ResponseIterator(iter(()), responses)
+
+            return gather()
         future = asyncio.wrap_future(self._call())
 
         async def wait() -> Any:
             try:
                 outputs = await future
             except Exception as exc:
-                response = InferenceResponse(error=_as_triton_error(exc))
-            else:
-                response = InferenceResponse([Tensor(n, v) for n, v in outputs.items()])
-            return iter([response]) if decoupled else response
+                return InferenceResponse(error=_as_triton_error(exc))
+            return InferenceResponse([Tensor(n, v) for n, v in outputs.items()])
 
         return wait()
+
+    def _stream(self) -> Iterator[Any]:
+        caller = _caller()
+        inputs = {t.name(): t.as_numpy() for t in self._inputs}
+        version = None if self.model_version in (-1, "", None) else str(self.model_version)
+        args = (self.model_name, inputs, self._requested or None, version, self._request_id or None,
+                self._timeout or None)  # fmt: skip
+        stream = getattr(caller, "stream", None)
+        if stream is not None:
+            return stream(*args)
+        return iter([(_outputs_or_error(caller(*args)), None, True)])
+
+
+class ResponseIterator:
+    """BLS ``exec(decoupled=True)``: the callee's responses in the order sent, each an
+    ``InferenceResponse`` (an error inside one, as Triton's), ending after the final flag."""
+
+    def __init__(self, events: Iterator[Any], ready: list[InferenceResponse] | None = None) -> None:
+        self._events = events
+        self._ready = list(ready or [])
+        self._done = ready is not None
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._ready:
+            return self._ready.pop(0)
+        if self._done:
+            raise StopIteration
+        outputs, error, final = next(self._events)
+        self._done = bool(final)
+        if isinstance(outputs, BaseException):  # a caller without ``stream``: its one answer
+            outputs, error = None, outputs
+        if error is not None:
+            return InferenceResponse(error=_as_triton_error(error))
+        return InferenceResponse([Tensor(n, v) for n, v in (outputs or {}).items()])
+
+    def cancel(self) -> None:
+        """Triton's iterator can cancel the request; here the callee runs to its end."""
+
+
+def _outputs_or_error(future: Future[dict[str, np.ndarray]]) -> dict[str, np.ndarray] | BaseException:
+    try:
+        return future.result()
+    except Exception as exc:
+        return exc
 
 
 def _as_triton_error(exc: BaseException) -> TritonError:

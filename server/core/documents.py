@@ -100,6 +100,8 @@ def triton_config(runtime: ModelRuntime) -> dict[str, Any]:
             "wattserve_batcher": {"string_value": policy},
         },
     }
+    if config["platform"] == "python":  # Triton: a Python model names its backend, platform empty
+        config["platform"], config["backend"] = "", "python"
     if policy == DynamicBatcher.name:
         config["dynamic_batching"] = _dynamic_batching(runtime, running)
     return config

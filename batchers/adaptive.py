@@ -31,6 +31,7 @@ from wattserve.batchers.adaptive_decision import Decision as AdaptiveDecision
 from wattserve.batchers.adaptive_decision import decide as decide_batch
 from wattserve.batchers.arrival_model import ArrivalModel
 from wattserve.batchers.base import BatchOutcome, padded_size
+from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.cost_model import CostModel
 from wattserve.batchers.observers import measured_joules
 from wattserve.batchers.policy import Decision, Dispatch, QueueView, Wait
@@ -87,12 +88,12 @@ class AdaptiveBatcher(SloBatcher):
         self.sheds = config.reject_late
 
     @classmethod
-    def config_from(cls, settings: Any, engine: Engine) -> AdaptiveConfig:
-        headroom = settings.slo_headroom_ms
+    def config_from(cls, spec: BatchingSpec, engine: Engine) -> AdaptiveConfig:
+        headroom = spec.slo_headroom_ms
         return AdaptiveConfig(
-            **slo_config(settings),
+            **slo_config(spec),
             headroom_s=None if headroom is None else headroom / 1000.0,
-            reject_late=settings.slo_reject,
+            reject_late=spec.slo_reject,
         )
 
     # ------------------------------------------------------------------ the loop

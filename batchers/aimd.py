@@ -17,6 +17,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from wattserve.batchers.base import BatchOutcome
+from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.policy import Decision, Dispatch, QueueView
 from wattserve.batchers.slo_policy import SloBatcher, SloConfig, slo_config
 from wattserve.engines.base import Engine
@@ -45,8 +46,8 @@ class AimdBatcher(SloBatcher):
         self.limit = 1
 
     @classmethod
-    def config_from(cls, settings: Any, engine: Engine) -> AimdConfig:
-        return AimdConfig(**slo_config(settings))
+    def config_from(cls, spec: BatchingSpec, engine: Engine) -> AimdConfig:
+        return AimdConfig(**slo_config(spec))
 
     def decide(self, view: QueueView, now: float) -> Decision:
         """Like continuous (whatever is queued, at once), up to the current limit."""

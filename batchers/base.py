@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from time import monotonic
 from typing import Any, ClassVar, Generic
 
+from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.executor import (
     AnyEngine,
     BatchExecutor,
@@ -68,13 +69,13 @@ class BatcherConfig:
     max_queue_wait_s: float = 0.0  # refuse when the queue holds more work than this; 0 = off
 
 
-def common_config(settings: Any) -> dict[str, Any]:
-    """The ``BatcherConfig`` fields every policy reads from a server Settings."""
+def common_config(spec: BatchingSpec) -> dict[str, Any]:
+    """The ``BatcherConfig`` fields every policy reads from a model's batching spec."""
     return {
-        "max_batch_size": settings.max_batch_size,
-        "max_queue_size": settings.max_queue_size,
-        "priority_levels": settings.priority_levels,
-        "max_queue_wait_s": settings.max_queue_wait_s,
+        "max_batch_size": spec.max_batch_size,
+        "max_queue_size": spec.max_queue_size,
+        "priority_levels": spec.priority_levels,
+        "max_queue_wait_s": spec.max_queue_wait_s,
     }
 
 
@@ -121,9 +122,9 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
         self._stopped: asyncio.Event | None = None
 
     @classmethod
-    def config_from(cls, settings: Any, engine: Engine) -> BatcherConfig:
-        """This policy's config from a server Settings (read by attribute) and its engine."""
-        return BatcherConfig(**common_config(settings))
+    def config_from(cls, spec: BatchingSpec, engine: Engine) -> BatcherConfig:
+        """This policy's config from a model's batching spec and its engine."""
+        return BatcherConfig(**common_config(spec))
 
     # ------------------------------------------------------------------ public contract
     async def submit(self, item: WorkItem) -> Result:

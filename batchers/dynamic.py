@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wattserve.batchers.base import BatcherConfig, RequestBatcher, common_config
+from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.policy import Decision, Dispatch, QueueView, Wait
 from wattserve.batchers.queue import PriorityFifo
 from wattserve.engines.base import Engine
@@ -55,14 +56,14 @@ class DynamicBatcher(RequestBatcher):
         self._limit = preferred[-1] if preferred else cap
 
     @classmethod
-    def config_from(cls, settings: Any, engine: Engine) -> DynamicConfig:
+    def config_from(cls, spec: BatchingSpec, engine: Engine) -> DynamicConfig:
         """``batch_sizes_only`` limits batches to the engine's own sizes, when it has any."""
         engine_sizes = engine.batch_sizes
         return DynamicConfig(
-            **common_config(settings),
-            max_queue_delay_s=settings.max_queue_delay_ms / 1000.0,
-            preferred_batch_sizes=tuple(settings.preferred_batch_sizes),
-            allowed_sizes=tuple(engine_sizes) if settings.batch_sizes_only and engine_sizes else None,
+            **common_config(spec),
+            max_queue_delay_s=spec.max_queue_delay_ms / 1000.0,
+            preferred_batch_sizes=tuple(spec.preferred_batch_sizes),
+            allowed_sizes=tuple(engine_sizes) if spec.batch_sizes_only and engine_sizes else None,
         )
 
     def decide(self, view: QueueView, now: float) -> Decision:

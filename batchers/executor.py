@@ -21,12 +21,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from time import monotonic
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 from wattserve.batchers.observers import BatchObserver
-from wattserve.batchers.types import BatchFailed, ItemState, Result, WorkItem
+from wattserve.batchers.types import BatchFailed, ItemState, RequestError, Result, WorkItem
 from wattserve.engines.base import Engine, StepEngine
+from wattserve.engines.request_engines import RunsRequests
 
 log = logging.getLogger("wattserve.batcher")
 
@@ -109,6 +110,8 @@ class BatchExecutor:
         self.observer = observer
         self.done = done
         self.next_ready = next_ready  # None: never chain (the loop forms every batch)
+        # an engine that takes a batch as its requests (Triton's Python backend), not stacked rows
+        self.runs_requests = isinstance(instance.engine, RunsRequests)
 
     def start(self, loop: asyncio.AbstractEventLoop, batch: list[WorkItem]) -> None:
         """Event loop: run ``batch`` on the instance's thread."""
@@ -126,7 +129,7 @@ class BatchExecutor:
             outcome: BatchOutcome | None = None
             if error is None:
                 try:
-                    outcome = run_batch(engine, batch, self.observer)
+                    outcome = run_batch(engine, batch, self.observer, self.runs_requests)
                 except BaseException as exc:  # the worker itself broke: fail this batch only
                     error = exc
             following: list[WorkItem] = []
@@ -141,9 +144,12 @@ class BatchExecutor:
             batch, error = following, refused
 
 
-def run_batch(engine: Engine, items: Sequence[WorkItem], observer: BatchObserver) -> BatchOutcome:
+def run_batch(
+    engine: Engine, items: Sequence[WorkItem], observer: BatchObserver, runs_requests: bool = False
+) -> BatchOutcome:
     """Worker thread: stack, run, split. On failure retry items one by one, so one bad
-    request fails alone rather than taking its neighbours with it."""
+    request fails alone rather than taking its neighbours with it. ``runs_requests``: the
+    engine takes the batch as its requests (``RunsRequests``), each answered on its own."""
     # Items answered after the batch was formed (deadline, client gone) are not computed.
     items = [item for item in items if item.state is ItemState.RUNNING]
     if not items:
@@ -156,12 +162,16 @@ def run_batch(engine: Engine, items: Sequence[WorkItem], observer: BatchObserver
     input_s = output_s = 0.0
     try:
         try:
-            batch = _stack(engine, items)
-            gathered = monotonic()
-            outputs = engine.infer(batch)
-            computed = monotonic()
-            per_item = _split(outputs, items)
-            input_s, output_s = gathered - started, monotonic() - computed
+            if runs_requests:  # each request whole; its own answer or error, no retry
+                runner = cast(RunsRequests, engine)
+                per_item = runner.run_requests([(it.inputs, it.context) for it in items])
+            else:
+                batch = _stack(engine, items)
+                gathered = monotonic()
+                outputs = engine.infer(batch)
+                computed = monotonic()
+                per_item = _split(outputs, items)
+                input_s, output_s = gathered - started, monotonic() - computed
         except Exception as exc:
             if len(items) == 1:
                 per_item = [exc]
@@ -181,8 +191,10 @@ def answer(outcome: BatchOutcome) -> None:
     n = outcome.rows
     compute_s = outcome.finished - outcome.started
     for item, out in zip(outcome.items, outcome.per_item, strict=True):
-        if isinstance(out, BaseException):
-            item.finish(error=BatchFailed(f"inference failed: {out}"))
+        if isinstance(out, BaseException):  # a model's own error keeps its message and kind
+            item.finish(
+                error=out if isinstance(out, RequestError) else BatchFailed(f"inference failed: {out}")
+            )
             continue
         item.finish(
             Result(

@@ -3,7 +3,8 @@
 ``WATTSERVE_BATCHER`` (or a repository model's ``batcher`` parameter) names a policy; the
 names are the classes' own ``name`` attributes, and the settings and the study schema
 take their list of valid names from here (``BatcherName``), so adding a policy is adding
-its class to ``POLICIES``.
+its class to ``POLICIES``. ``running_policy`` is the one place that says which policy a
+name runs on an engine; the server labels metrics and ``/config`` with its answer.
 
 One explicit mapping, on purpose: on a step engine (diffusion), ``continuous`` means
 iteration-level batching (``ON_STEP_ENGINES``), as the design defines continuous batching
@@ -21,6 +22,7 @@ from typing import Any, Literal
 from wattserve.batchers.adaptive import AdaptiveBatcher
 from wattserve.batchers.aimd import AimdBatcher
 from wattserve.batchers.base import Batcher
+from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.continuous import ContinuousBatcher
 from wattserve.batchers.dynamic import DynamicBatcher
 from wattserve.batchers.iteration import IterationBatcher
@@ -48,11 +50,16 @@ BatcherName = Literal[BATCHER_NAMES]  # type: ignore[valid-type]
 ON_STEP_ENGINES: dict[str, str] = {ContinuousBatcher.name: IterationBatcher.name}
 
 
+def running_policy(name: str, step_engine: bool) -> str:
+    """The name of the policy that runs when ``name`` is asked for on a step engine (or
+    not): ``ON_STEP_ENGINES`` applied."""
+    return ON_STEP_ENGINES.get(name, name) if step_engine else name
+
+
 def policy_for(name: str, engine: Any) -> type[Batcher]:
     """The policy class ``name`` picks for ``engine`` (``ON_STEP_ENGINES`` applied)."""
     step_engine = isinstance(engine, StepEngine)
-    if step_engine:
-        name = ON_STEP_ENGINES.get(name, name)
+    name = running_policy(name, step_engine)
     cls = POLICIES.get(name)
     if cls is None:
         raise ValueError(f"unknown batcher {name!r}; one of {', '.join(BATCHER_NAMES)}")
@@ -62,16 +69,16 @@ def policy_for(name: str, engine: Any) -> type[Batcher]:
 
 
 def build_batcher(
-    settings: Any,
+    spec: BatchingSpec,
     engines: Sequence[Engine],
     observer: BatchObserver | None = None,
     threads: Sequence[ThreadPoolExecutor] | None = None,
 ) -> Batcher:
-    """The batcher ``settings.batcher`` names, over ``engines`` (one per instance, each run
-    on its own thread from ``threads`` when given), its config read from ``settings`` (a
-    server Settings), reporting to ``observer``."""
-    cls = policy_for(settings.batcher, engines[0])
-    return cls(engines, cls.config_from(settings, engines[0]), observer=observer, threads=threads)
+    """The batcher ``spec.batcher`` names, over ``engines`` (one per instance, each run on
+    its own thread from ``threads`` when given), its config made by the policy from ``spec``
+    (the model's batching spec) and its engine, reporting to ``observer``."""
+    cls = policy_for(spec.batcher, engines[0])
+    return cls(engines, cls.config_from(spec, engines[0]), observer=observer, threads=threads)
 
 
 def batcher_help() -> str:

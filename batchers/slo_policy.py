@@ -10,6 +10,7 @@ from typing import Any
 
 from prometheus_client.core import Metric
 from wattserve.batchers.base import BatcherConfig, RequestBatcher, common_config
+from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.slo_metrics import SloCollector, SloCounts
 from wattserve.batchers.types import ItemState, WorkItem
 
@@ -20,12 +21,12 @@ class SloConfig(BatcherConfig):
     percentile: float = 99.0  # ... for this percentile of requests
 
 
-def slo_config(settings: Any) -> dict[str, Any]:
-    """The ``SloConfig`` fields from a server Settings (common fields included)."""
+def slo_config(spec: BatchingSpec) -> dict[str, Any]:
+    """The ``SloConfig`` fields from a model's batching spec (common fields included)."""
     return {
-        **common_config(settings),
-        "slo_s": settings.slo_ms / 1000.0,
-        "percentile": settings.slo_percentile,
+        **common_config(spec),
+        "slo_s": spec.slo_ms / 1000.0,
+        "percentile": spec.slo_percentile,
     }
 
 

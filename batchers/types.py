@@ -42,6 +42,9 @@ class WorkItem:
     dispatched_at: float | None = None
     rows: int = 1
     shape_key: tuple | None = None
+    # what the front end knew of the request beyond its tensors (its id, requested outputs,
+    # a stream's response sink): read only by engines that take requests (RunsRequests)
+    context: object = None
 
     def start(self, now: float) -> bool:
         """queued -> running, when a batch takes it. False if it was answered meanwhile."""

@@ -72,7 +72,7 @@ class ReferenceEngine:
         from wattserve.server.settings import Settings
 
         tune_malloc()
-        self.engine = build_engine(Settings(model="mobilenet_v2", fuse_conv_bn=fuse_conv_bn))
+        self.engine = build_engine(Settings(model="mobilenet_v2", fuse_conv_bn=fuse_conv_bn).engine_config())
         rng = np.random.default_rng(0)
         self.one = {"input": rng.standard_normal((1, 3, 224, 224), dtype=np.float32)}
         self.eight = {"input": rng.standard_normal((8, 3, 224, 224), dtype=np.float32)}

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from wattserve.engines.base import Batch, EngineError, EngineUnavailable
+from wattserve.engines.config import EngineConfig
 from wattserve.engines.profiles import choose_bucket, default_buckets, normalize_buckets
 
 log = logging.getLogger(__name__)
@@ -148,14 +149,14 @@ class CudaGraphEngine:
         self.batch_sizes: Sequence[int] | None = tuple(self.runner.buckets)
 
     @classmethod
-    def from_settings(cls, engine: Any, settings: Any) -> CudaGraphEngine:
+    def from_config(cls, engine: Any, config: EngineConfig) -> CudaGraphEngine:
         """Wrap a built torch engine; buckets from ``engine_batch_sizes`` or 1, 2, 4, ... max."""
-        buckets = settings.engine_batch_sizes or default_buckets(settings.max_batch_size)
-        if max(buckets) < settings.max_batch_size:
+        buckets = list(config.engine_batch_sizes or default_buckets(config.max_batch_size))
+        if max(buckets) < config.max_batch_size:
             raise EngineUnavailable(
-                f"engine_batch_sizes {buckets} do not reach max_batch_size {settings.max_batch_size}"
+                f"engine_batch_sizes {buckets} do not reach max_batch_size {config.max_batch_size}"
             )
-        return cls(engine, buckets, channels_last=settings.channels_last)
+        return cls(engine, buckets, channels_last=config.channels_last)
 
     def padded_size(self, batch_size: int) -> int:
         return self.runner.padded_size(batch_size)

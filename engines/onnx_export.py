@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 from wattserve.engines.base import EngineUnavailable
 from wattserve.engines.catalog import TORCHVISION_MODELS
+from wattserve.engines.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -191,24 +192,24 @@ def compare_with_torch(
     return report
 
 
-def ensure_onnx(settings) -> Path:
-    """The ONNX file for ``settings.model``: ``settings.onnx_path`` if given, else the cached
+def ensure_onnx(config: EngineConfig) -> Path:
+    """The ONNX file for ``config.model``: ``config.onnx_path`` if given, else the cached
     export (exported and verified on first use)."""
-    if settings.onnx_path is not None:
-        path = Path(settings.onnx_path)
+    if config.onnx_path is not None:
+        path = Path(config.onnx_path)
         if not path.exists():
             raise EngineUnavailable(f"onnx_path {path} does not exist")
         return path
-    path = default_onnx_path(settings.cache_dir, settings.model, settings.seed, weights=settings.weights)
+    path = default_onnx_path(config.cache_dir, config.model, config.seed, weights=config.weights)
     if path.exists():
         return path
-    log.info("exporting %s to %s", settings.model, path)
-    model = build_torchvision_model(settings.model, settings.seed, settings.weights)
+    log.info("exporting %s to %s", config.model, path)
+    model = build_torchvision_model(config.model, config.seed, config.weights)
     export_onnx(model, path)
     worst = max(compare_with_torch(model, path, [1, 3]), key=lambda a: a.rel_diff)
     if worst.rel_diff > DEFAULT_RTOL:
         path.unlink()
         raise EngineUnavailable(
-            f"exported {settings.model} disagrees with torch: relative diff {worst.rel_diff:.2e}"
+            f"exported {config.model} disagrees with torch: relative diff {worst.rel_diff:.2e}"
         )
     return path

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 from wattserve.engines.base import BF16, VARIABLE, Batch, EngineError, EngineUnavailable, TensorSpec
+from wattserve.engines.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -149,16 +150,16 @@ class OnnxRuntimeEngine:
         log.info("onnxruntime %s on %s via %s", path.name, self.device, self.providers)
 
     @classmethod
-    def from_settings(cls, settings) -> OnnxRuntimeEngine:
-        """Build from server settings, exporting the ONNX file first if needed."""
+    def from_config(cls, config: EngineConfig) -> OnnxRuntimeEngine:
+        """Build from a model's engine configuration, exporting the ONNX file first if needed."""
         from wattserve.engines.onnx_export import ensure_onnx
 
         return cls(
-            ensure_onnx(settings),
-            name=settings.model,
-            max_batch_size=settings.max_batch_size,
-            device=settings.device,
-            threads=settings.torch_threads,
+            ensure_onnx(config),
+            name=config.model,
+            max_batch_size=config.max_batch_size,
+            device=config.device,
+            threads=config.torch_threads,
         )
 
     def infer(self, batch: Batch) -> dict[str, np.ndarray]:

@@ -1,22 +1,23 @@
 """Built-in models and engines, each found by name in one table: ``MODELS`` and ``ENGINES``.
 
-``build_engine(settings)`` looks ``settings.model`` up in ``MODELS`` and ``settings.engine``
-up in ``ENGINES``. The torchvision names ``MODELS`` uses live in engines/catalog.py, which the
-engine modules import instead of this one (no import cycle). The engine modules are imported
-only when one is built (torch alone takes seconds to import).
+``build_engine(config)`` looks ``config.model`` up in ``MODELS`` and ``config.engine`` up in
+``ENGINES`` (``config``: the engine part of a model's configuration, engines/config.py). The
+names both tables use live in engines/catalog.py, which the engine modules and the server
+settings import instead of this one (no import cycle). The engine modules are imported only
+when one is built (torch alone takes seconds to import).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from wattserve.engines.base import Engine
-from wattserve.engines.catalog import TORCHVISION_MODELS
+from wattserve.engines.catalog import BUILTIN_MODELS, DIFFUSION_MODELS, ENGINE_NAMES, TORCHVISION_MODELS
+from wattserve.engines.config import EngineConfig
 from wattserve.engines.identity import IdentityEngine
 
-EngineBuilder = Callable[[Any], Engine]  # settings (server.settings.Settings) -> one engine instance
+EngineBuilder = Callable[[EngineConfig], Engine]  # one engine instance
 
 
 @dataclass(frozen=True)
@@ -29,80 +30,81 @@ class BuiltinModel:
 
     build: EngineBuilder
     any_engine: bool = False
+    steps: bool = False  # a step engine (engines.base.StepEngine): iteration-level batching
 
 
-def _identity(settings: Any) -> Engine:
+def _identity(config: EngineConfig) -> Engine:
     return IdentityEngine(
-        settings.identity_elements,
-        max_batch_size=settings.max_batch_size,
-        delay_s=settings.identity_delay_ms / 1000.0,
-        delay_per_item_s=settings.identity_delay_per_item_ms / 1000.0,
+        config.identity_elements,
+        max_batch_size=config.max_batch_size,
+        delay_s=config.identity_delay_ms / 1000.0,
+        delay_per_item_s=config.identity_delay_per_item_ms / 1000.0,
     )
 
 
-def _diffusion(settings: Any) -> Engine:
+def _diffusion(config: EngineConfig) -> Engine:
     from wattserve.engines.diffusion import DiffusionEngine
 
     return DiffusionEngine(
-        settings.model,
-        model_path=settings.diffusion_model,  # unset: the tiny UNet with random weights
-        scheduler=settings.diffusion_scheduler,
-        device=settings.device,
-        seed=settings.seed,
-        fp16=settings.fp16,
-        max_batch_size=settings.max_batch_size,
-        default_steps=settings.diffusion_default_steps,
-        threads=settings.torch_threads,
+        config.model,
+        model_path=config.diffusion_model,  # unset: the tiny UNet with random weights
+        scheduler=config.diffusion_scheduler,
+        device=config.device,
+        seed=config.seed,
+        fp16=config.fp16,
+        max_batch_size=config.max_batch_size,
+        default_steps=config.diffusion_default_steps,
+        threads=config.torch_threads,
     )
 
 
-def _torchvision(settings: Any) -> Engine:
+def _torchvision(config: EngineConfig) -> Engine:
     from wattserve.engines.torch_engine import TorchVisionEngine
 
     engine = TorchVisionEngine(
-        settings.model,
-        device=settings.device,
-        weights=settings.weights,
-        seed=settings.seed,
-        fp16=settings.fp16,
-        channels_last=settings.channels_last,
-        fuse_conv_bn=settings.fuse_conv_bn,
-        max_batch_size=settings.max_batch_size,
-        threads=settings.torch_threads,
+        config.model,
+        device=config.device,
+        weights=config.weights,
+        seed=config.seed,
+        fp16=config.fp16,
+        channels_last=config.channels_last,
+        fuse_conv_bn=config.fuse_conv_bn,
+        max_batch_size=config.max_batch_size,
+        threads=config.torch_threads,
     )
-    if settings.cuda_graphs:
+    if config.cuda_graphs:
         from wattserve.engines.cuda_graphs import CudaGraphEngine
 
-        return CudaGraphEngine.from_settings(engine, settings)
+        return CudaGraphEngine.from_config(engine, config)
     return engine
 
 
 MODELS: Mapping[str, BuiltinModel] = {
     "identity": BuiltinModel(_identity, any_engine=True),
     **{name: BuiltinModel(_torchvision) for name in TORCHVISION_MODELS},
-    "tiny_unet": BuiltinModel(_diffusion),
+    **{name: BuiltinModel(_diffusion, steps=True) for name in DIFFUSION_MODELS},
 }
 
 
-def _torch(settings: Any) -> Engine:
-    model = MODELS.get(settings.model)
+def _torch(config: EngineConfig) -> Engine:
+    model = MODELS.get(config.model)
     if model is None:
-        raise ValueError(f"no torch engine for model {settings.model!r}; models: {', '.join(MODELS)}")
-    return model.build(settings)
+        raise ValueError(f"no torch engine for model {config.model!r}; models: {', '.join(MODELS)}")
+    return model.build(config)
 
 
-def _onnxruntime(settings: Any) -> Engine:
-    """``settings.onnx_path`` (any model name), else the checked export of a torchvision model."""
+def _onnxruntime(config: EngineConfig) -> Engine:
+    """``config.onnx_path`` (any model name), else the checked export of a torchvision model."""
     from wattserve.engines.onnxruntime_engine import OnnxRuntimeEngine
 
-    return OnnxRuntimeEngine.from_settings(settings)
+    return OnnxRuntimeEngine.from_config(config)
 
 
-def _tensorrt(settings: Any) -> Engine:
+def _tensorrt(config: EngineConfig) -> Engine:
     """A plan built from the same ONNX file the ONNX Runtime engine would run."""
     from wattserve.engines.tensorrt_engine import TensorRTEngine
 
-    return TensorRTEngine.from_settings(settings)
+    return TensorRTEngine.from_config(config)
 
 
 ENGINES: Mapping[str, EngineBuilder] = {
@@ -110,14 +112,15 @@ ENGINES: Mapping[str, EngineBuilder] = {
     "onnxruntime": _onnxruntime,
     "tensorrt": _tensorrt,
 }
+assert tuple(MODELS) == BUILTIN_MODELS and tuple(ENGINES) == ENGINE_NAMES, "engines/catalog.py names them"
 
 
-def build_engine(settings: Any) -> Engine:
-    """One engine instance for ``settings`` (server.settings.Settings)."""
-    model = MODELS.get(settings.model)
+def build_engine(config: EngineConfig) -> Engine:
+    """One engine instance for ``config``."""
+    model = MODELS.get(config.model)
     if model is not None and model.any_engine:
-        return model.build(settings)
-    engine = ENGINES.get(settings.engine)
+        return model.build(config)
+    engine = ENGINES.get(config.engine)
     if engine is None:
-        raise ValueError(f"no engine named {settings.engine!r}; engines: {', '.join(ENGINES)}")
-    return engine(settings)
+        raise ValueError(f"no engine named {config.engine!r}; engines: {', '.join(ENGINES)}")
+    return engine(config)

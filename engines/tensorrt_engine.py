@@ -2,7 +2,7 @@
 
 Build (``wattserve build-engine``, whose command line is ``server/engine_commands.py``; or
 at start-up): parse the ONNX file, add one optimization profile per
-``settings.trt_profiles`` entry (e.g. 1:1:1, 2:4:8, 8:16:32), optionally fp16, reuse a
+``trt_profiles`` entry (e.g. 1:1:1, 2:4:8, 8:16:32), optionally fp16, reuse a
 timing cache file, and keep the serialized plan in a cache keyed by ONNX hash, GPU name,
 TensorRT version, profiles and precision (a plan is valid only for exactly those).
 
@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from wattserve.engines.base import NUMPY_TO_DATATYPE, Batch, EngineError, EngineUnavailable, TensorSpec
+from wattserve.engines.config import EngineConfig
 from wattserve.engines.profiles import (
     BatchProfile,
     batch_length,
@@ -243,7 +244,7 @@ def load_or_build_plan(
     """The cached plan for exactly these inputs, building (and caching) it on a miss.
 
     A build happens on the current CUDA device: call it where that is the GPU named by
-    ``gpu`` (TensorRTEngine.from_settings does, on the engine's own thread)."""
+    ``gpu`` (TensorRTEngine.from_config does, on the engine's own thread)."""
     trt = import_tensorrt()
     fields = {
         "onnx_sha256": file_sha256(onnx_path),
@@ -452,32 +453,32 @@ class TensorRTEngine:
         self._stream.synchronize()
 
     @classmethod
-    def from_settings(cls, settings: Any) -> TensorRTEngine:
-        """Export ONNX if needed; load or build the plan on ``settings.device``; deserialize it."""
+    def from_config(cls, config: EngineConfig) -> TensorRTEngine:
+        """Export ONNX if needed; load or build the plan on ``config.device``; deserialize it."""
         from wattserve.engines.onnx_export import ensure_onnx
 
         import_tensorrt()
         cuda = import_pycuda()
-        index = cuda_device_index(settings.device)
-        profiles = parse_profiles(settings.trt_profiles)
-        if settings.max_batch_size > profiles_max_batch(profiles):
+        index = cuda_device_index(config.device)
+        profiles = parse_profiles(config.trt_profiles)
+        if config.max_batch_size > profiles_max_batch(profiles):
             raise EngineUnavailable(
-                f"max_batch_size {settings.max_batch_size} exceeds the TensorRT profiles' "
-                f"largest batch {profiles_max_batch(profiles)} ({settings.trt_profiles})"
+                f"max_batch_size {config.max_batch_size} exceeds the TensorRT profiles' "
+                f"largest batch {profiles_max_batch(profiles)} ({config.trt_profiles})"
             )
-        onnx_path = ensure_onnx(settings)
+        onnx_path = ensure_onnx(config)
 
         def build() -> PlanRecord:  # on the engine's thread, cuda:index current
             return load_or_build_plan(
                 onnx_path,
                 profiles,
-                model=settings.model,
+                model=config.model,
                 gpu=gpu_identity(cuda, index),
-                fp16=settings.fp16,
-                cache_dir=settings.cache_dir,
+                fp16=config.fp16,
+                cache_dir=config.cache_dir,
             )
 
-        return cls(None, name=settings.model, device_index=index, expected_profiles=profiles, build=build)
+        return cls(None, name=config.model, device_index=index, expected_profiles=profiles, build=build)
 
     def padded_size(self, batch_size: int) -> int:
         """The size this batch runs at: itself, or the next profile's min when in a gap."""

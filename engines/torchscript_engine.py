@@ -188,4 +188,6 @@ class TorchScriptEngine:
         }
 
     def close(self) -> None:
+        # Drop the weights; no call follows close() (the Engine contract), so the attribute
+        # keeps the live model's type rather than an Optional every call must test.
         self.model = None  # type: ignore[assignment]

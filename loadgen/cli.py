@@ -1,4 +1,5 @@
-"""argparse front end: ``wattserve loadgen ...`` and ``wattserve study STUDY.toml``.
+"""argparse front end: ``wattserve loadgen ...``, ``wattserve study STUDY.toml`` and
+``wattserve report compare A B`` (compare.add_report_parser).
 
 The server's CLI registers both with ``add_loadgen_parser(subparsers)`` and
 ``add_study_parser(subparsers)``; each sets ``func``, which takes the parsed namespace and
@@ -59,8 +60,35 @@ def add_loadgen_parser(subparsers: Any) -> argparse.ArgumentParser:
         "writes results.json, summary.csv, requests.csv, PNG plots and report.html to --out.",
     )
     add_loadgen_arguments(p)
-    p.set_defaults(func=run_loadgen_command)
+    p.set_defaults(func=run_loadgen_command, loadgen_parser=p)
     return p
+
+
+def conflicting_options(args: argparse.Namespace) -> str | None:
+    """Why this combination of options cannot mean one thing (one line), or None.
+
+    A combination that would silently ignore an option is refused: ``--slo-ms`` searches for
+    the rate, so a rate list next to it would be dropped without a word."""
+    closed = args.arrival == "closed"
+    if args.slo_ms is not None:
+        if args.rates:
+            return "--slo-ms searches for the rate itself; it cannot be combined with --rates (drop one)"
+        if closed or args.concurrencies:
+            return (
+                "--slo-ms searches an open-loop rate; "
+                "it cannot be combined with --arrival closed or --concurrencies"
+            )
+        if args.arrival == "trace":
+            return "--slo-ms searches a rate; a --arrival trace has its own timestamps"
+    elif args.search_start is not None:
+        return "--search-start is the first rate of an SLO search: give --slo-ms too"
+    if args.rate is not None and args.rates:
+        return "--rate and --rates: give one"
+    if closed and (args.rate is not None or args.rates):
+        return "--arrival closed runs at a concurrency: use --concurrency/--concurrencies, not --rate/--rates"
+    if args.concurrencies and not closed:
+        return "--concurrencies is for --arrival closed"
+    return None
 
 
 def add_loadgen_arguments(p: argparse.ArgumentParser) -> None:
@@ -175,7 +203,11 @@ def _add_search_arguments(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("SLO search (bisection on rate)")
     s.add_argument("--slo-ms", type=float, help="find the highest rate whose percentile <= this")
     s.add_argument("--percentile", type=float, default=95.0)
-    s.add_argument("--search-start", type=float, help="first rate tried (default --rate or 10)")
+    s.add_argument(
+        "--search-start",
+        type=float,
+        help="first rate tried (default --rate, else half the throughput of a 2 s closed-loop probe)",
+    )
     s.add_argument("--search-min", type=float, default=0.1)
     s.add_argument("--search-max", type=float, default=100_000.0)
     s.add_argument("--search-tolerance", type=float, default=0.05)
@@ -218,6 +250,29 @@ def add_study_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="output folder (overrides the file's [study].out)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--dry-run", action="store_true", help="print the grid and exit")
+
+
+def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """``report compare A B [...]``: saved loadgen or study folders on the same plots."""
+    p = subparsers.add_parser("report", help="compare saved loadgen or study results")
+    sub = p.add_subparsers(dest="report_command", required=True)
+    c = sub.add_parser(
+        "compare",
+        help="draw two or more result folders on the same plots, with a table of ratios",
+        description="Each RUN is a folder written by `wattserve loadgen --out` or `wattserve study`. "
+        "The first is the baseline of the ratio table (other / baseline at matched rates).",
+    )
+    c.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="results folders (baseline first)")
+    c.add_argument("--names", help="comma-separated names for the folders (default: folder names)")
+    c.add_argument("--out", type=Path, help="output folder (default results/compare-A-vs-B)")
+    c.set_defaults(func=run_compare_command, compare_parser=c)
+    return p
+
+
+def run_compare_command(args: argparse.Namespace) -> int:
+    from .compare import run_compare
+
+    return run_compare(args)
 
 
 def base_spec(args: argparse.Namespace) -> LoadSpec:
@@ -264,14 +319,20 @@ def sweep_specs(args: argparse.Namespace, base: LoadSpec) -> list[LoadSpec]:
 def run_loadgen_command(args: argparse.Namespace) -> int:
     from .runner import run_async
 
+    problem = conflicting_options(args)
+    if problem:
+        parser = getattr(args, "loadgen_parser", None)
+        if parser is None:
+            raise SystemExit(f"loadgen: error: {problem}")
+        parser.error(problem)  # one line after the usage, exit status 2
     return run_async(_loadgen(args))
 
 
 async def _loadgen(args: argparse.Namespace) -> int:
     from . import client, report
-    from .progress import RichProgress, make_console
+    from .progress import RichProgress, make_console, step_line
     from .runner import prepare_target, run_load
-    from .search import Objective, SearchLimits, find_max_rate
+    from .search import Objective, SearchLimits, find_max_rate, probe_start_rate
 
     console = make_console()
     base = base_spec(args)
@@ -299,10 +360,14 @@ async def _loadgen(args: argparse.Namespace) -> int:
             f"metrics {'yes' if target.metrics_url else 'not available'}"
         )
         if args.slo_ms is not None:
-            if base.closed:
-                raise SystemExit("SLO search needs an open-loop arrival process")
+            objective = Objective(args.slo_ms, args.percentile)
+            start = args.search_start or args.rate
+            if start is None:
+                start, probe = await probe_start_rate(session, target, base)
+                extra["search_probe"] = probe
+                console.print(probe["line"])
             limits = SearchLimits(
-                start_rate=args.search_start or args.rate or 10.0,
+                start_rate=start,
                 min_rate=args.search_min,
                 max_rate=args.search_max,
                 tolerance=args.search_tolerance,
@@ -310,13 +375,23 @@ async def _loadgen(args: argparse.Namespace) -> int:
                 min_queries=args.min_queries,
             )
             summary, runs = await find_max_rate(
-                session, target, base, Objective(args.slo_ms, args.percentile), limits, progress
+                session,
+                target,
+                base,
+                objective,
+                limits,
+                progress,
+                on_step=lambda i, run, verdict: console.print(
+                    step_line(i, limits.max_steps, run, objective, verdict)
+                ),
             )
             extra["search"] = summary
         else:
             runs = []
-            for spec in sweep_specs(args, base):
+            specs = sweep_specs(args, base)
+            for i, spec in enumerate(specs):
                 runs.append(await run_load(session, target, spec, progress))
+                console.print(step_line(i, len(specs), runs[-1]))
     title = args.title or f"wattserve loadgen: {target.model} at {target.url}"
     intro = _search_html(extra.get("search"))
     paths = report.write_all(out, runs, title, sys.argv, extra, intro_html=intro)
@@ -428,6 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     add_loadgen_parser(sub)
     add_study_parser(sub)
+    add_report_parser(sub)
     cal = sub.add_parser("calibration-server", help="a trivial KServe v2 identity endpoint")
     calibration_server.add_arguments(cal)
     cal.set_defaults(func=calibration_server.serve)  # returns None: exit status 0 (below)

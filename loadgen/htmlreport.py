@@ -22,6 +22,7 @@ th{background:#f3f3f3} td.l,th.l{text-align:left}
 .bad{color:#a00;font-weight:bold} .good{color:#070}
 .note{background:#fff8e0;border-left:4px solid #e0b000;padding:.4em .8em;margin:.4em 0}
 img{max-width:100%;border:1px solid #ddd;margin:.5em 0}
+.answer{font-size:1.15em;background:#eef6ee;border-left:4px solid #070;padding:.3em .9em}
 """
 
 
@@ -182,6 +183,69 @@ def image(path: Path, caption: str) -> str:
     return f'<h3>{alt}</h3><img alt="{alt}" src="data:image/png;base64,{data}">'
 
 
+def _engine_ms_per_inference(run: RunResult) -> float | None:
+    """Batch compute time / batch size: the engine time one inference cost (no energy data)."""
+    server = run.server or {}
+    compute, batch = server.get("mean_compute_ms"), server.get("avg_batch_size")
+    return compute / batch if compute is not None and batch else None
+
+
+def study_headline(
+    verdict: dict[str, Any], runs: Sequence[RunResult], out_dir: Path
+) -> tuple[str, Path | None]:
+    """The study's question answered first: at each load, which configuration meets the
+    objective at the fewest joules per inference (engine-ms per inference without energy
+    data). One sentence per model and one picture (study_headline.png)."""
+    from .plots import cost_per_load
+
+    obj = verdict["objective"]
+    objective = f"{percentile_key(obj['percentile'])} \u2264 {obj['slo_ms']:g} ms"
+    by_label = {r.label: r for r in runs}
+    rows = []
+    for v in verdict["runs"]:
+        run = by_label.get(v["label"])
+        rows.append(
+            {**v, "rate": v.get("target_rate"), "engine_ms": _engine_ms_per_inference(run) if run else None}
+        )
+    qualifying = [r for r in rows if r["meets"]]
+    by_energy = bool(qualifying) and all(r["energy_per_inference_j"] is not None for r in qualifying)
+    cost_key, unit = ("energy_per_inference_j", "J") if by_energy else ("engine_ms", "engine-ms")
+    for r in rows:
+        r["cost"], r["winner"] = r[cost_key], False
+    sentences = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        answers = []
+        loads = sorted({(r["rate"] or 0.0, r["workload"]) for r in rows if r["model"] == model})
+        for rate, workload in loads:
+            cands = [r for r in rows if r["model"] == model and r["workload"] == workload and r["meets"]]
+            priced = [r for r in cands if r["cost"] is not None]
+            where = f"{workload} ({rate:g}/s)" if rate else workload
+            if not priced:
+                answers.append(f"none at {where}")
+                continue
+            best = min(priced, key=lambda r: r["cost"])
+            best["winner"] = True
+            name = html.escape(str(best["batching"]))
+            answers.append(f"<b>{name}</b> at {html.escape(where)} ({best['cost']:.3g} {unit})")
+        fewest = "joules" if by_energy else "engine-ms"
+        sentences.append(
+            f"For {html.escape(str(model))}, the configuration meeting {objective} at the fewest "
+            f"{fewest} per inference: {'; '.join(answers)}."
+        )
+    if not by_energy:
+        sentences.append(
+            "No energy was measured (no GPU or RAPL), so the cost is engine time per inference: batch "
+            "compute time divided by batch size, from the server's metrics."
+        )
+    cost_label = "J per inference" if by_energy else "engine-ms per inference"
+    picture, _note = cost_per_load(rows, out_dir / "study_headline.png", cost_label, objective)
+    parts = ['<div class="answer">' + "".join(f"<p>{s}</p>" for s in sentences) + "</div>"]
+    if picture is not None:
+        data = base64.b64encode(picture.read_bytes()).decode("ascii")
+        parts.append(f'<img alt="{html.escape(cost_label)} per load" src="data:image/png;base64,{data}">')
+    return "".join(parts), picture
+
+
 def write_report(
     path: Path,
     title: str,
@@ -190,6 +254,7 @@ def write_report(
     notes: Sequence[str],
     intro_html: str = "",
     extra_html: str = "",
+    headline_html: str = "",
 ) -> None:
     targets = sorted({(r.target.get("url"), r.target.get("model"), r.target.get("protocol")) for r in runs})
     created = datetime.now(UTC).isoformat(timespec="seconds")
@@ -202,6 +267,7 @@ def write_report(
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
         f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
+        headline_html,
         f"<p>Generated {created} by wattserve loadgen. {where}</p>",
         intro_html,
         invalid_notes(runs),
@@ -215,5 +281,59 @@ def write_report(
     ]
     parts += [image(p, caption) for p, caption in figures if p is not None]
     parts += [f'<p class="note">{html.escape(n)}</p>' for n in notes]
+    parts.append("</body></html>")
+    path.write_text("\n".join(parts))
+
+
+def _ratio_cell(triple: Sequence[Any]) -> _Raw:
+    a, b, ratio = triple
+    if ratio is None:
+        return raw(f"{fmt(a)} &rarr; {fmt(b)}" if a is not None or b is not None else "not measured")
+    return raw(f"{fmt(a)} &rarr; {fmt(b)} <b>({ratio:.2f}x)</b>")
+
+
+def write_compare_page(
+    path: Path,
+    sets: Sequence[Any],
+    rows: Sequence[dict[str, Any]],
+    figures: Sequence[tuple[Path | None, str]],
+    notes: Sequence[str],
+) -> None:
+    """``report compare``'s page: the picture first, then the ratios, then every set's runs."""
+    names = [s.name for s in sets]
+    title = "wattserve compare: " + " vs ".join(names)
+    intro = (
+        f"<p>Baseline: <b>{html.escape(names[0])}</b>. Ratios are other / baseline at the load "
+        "levels both ran (rates within 2%): below 1 is lower latency, above 1 more throughput "
+        "or more joules. Latencies in ms from each request's intended send time.</p>"
+    )
+    headers = ["other / baseline", "load", "p50 ms", "p99 ms", "throughput req/s", "J/inference", "note"]
+    body = [
+        [
+            f"{r['other']} / {r['baseline']}",
+            r["load"],
+            _ratio_cell(r["p50_ms"]),
+            _ratio_cell(r["p99_ms"]),
+            _ratio_cell(r["throughput"]),
+            _ratio_cell(r["j_per_inference"]),
+            raw(f'<span class="bad">{html.escape(r["note"])}</span>') if r["note"] else "",
+        ]
+        for r in rows
+    ]
+    ratios = table(headers, body, left=2) if rows else '<p class="note">No load level in common.</p>'
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+        f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
+        intro,
+    ]
+    shown = [(p, c) for p, c in figures if p is not None]
+    if shown:
+        parts.append(image(*shown[0]))
+    parts += ["<h2>Ratios at matched load</h2>", ratios]
+    parts += [image(p, c) for p, c in shown[1:]]
+    parts += [f'<p class="note">{html.escape(n)}</p>' for n in notes]
+    for s in sets:
+        parts += [f"<h2>{html.escape(s.name)}</h2><p>{html.escape(str(s.folder))}</p>"]
+        parts += [invalid_notes(s.runs), runs_table(s.runs)]
     parts.append("</body></html>")
     path.write_text("\n".join(parts))

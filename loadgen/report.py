@@ -32,14 +32,20 @@ def write_all(
     """Write results.json, summary.csv, requests.csv, the PNGs and report.html; return paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"results": out_dir / RESULTS, "summary": out_dir / SUMMARY, "report": out_dir / REPORT}
+    marks = plots.Marks.from_extra(extra)
     figures: list[tuple[Path | None, str]] = []
     notes: list[str] = []
     for fn, filename, caption in (
-        (lambda p: plots.latency_cdf(runs, p, group, line), "latency_cdf.png", "Latency CDF"),
         (
-            lambda p: plots.throughput_latency(runs, p, series, panel),
+            lambda p: plots.throughput_latency(runs, p, series, panel, marks),
             "throughput_latency.png",
             "Throughput vs latency percentile",
+        ),
+        (lambda p: plots.latency_cdf(runs, p, group, line, marks), "latency_cdf.png", "Latency CDF"),
+        (
+            lambda p: plots.latency_cdf(runs, p, group, line, marks, tail=True),
+            "latency_tail.png",
+            "Tail latency (1 - CDF, log)",
         ),
         (
             lambda p: plots.energy_latency(runs, p, line),
@@ -61,5 +67,10 @@ def write_all(
     if per_request_csv:
         paths["requests"] = out_dir / REQUESTS
         output.write_requests_csv(runs, paths["requests"])
-    htmlreport.write_report(paths["report"], title, runs, figures, notes, intro_html, extra_html)
+    headline = ""
+    if extra and extra.get("verdict"):  # a study: answer its question first
+        headline, picture = htmlreport.study_headline(extra["verdict"], runs, out_dir)
+        if picture is not None:
+            paths["study_headline"] = picture
+    htmlreport.write_report(paths["report"], title, runs, figures, notes, intro_html, extra_html, headline)
     return paths

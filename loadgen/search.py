@@ -12,6 +12,7 @@ failed request as infinitely slow, is within the objective.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,12 @@ from . import stats
 from .runner import LoadSpec, ProgressSink, RunResult, Target, run_load
 
 QUERY_HEADROOM = 1.2
+PROBE_CONCURRENCY = 8
+PROBE_WARMUP_S = 0.5
+PROBE_WINDOW_S = 2.0
+PROBE_FRACTION = 0.5  # start the search at half the probe's closed-loop throughput
+
+StepCallback = Callable[[int, RunResult, dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,43 @@ class SearchLimits:
     tolerance: float = 0.05  # stop when (fail - pass) / fail <= tolerance
     max_steps: int = 12
     min_queries: int | None = None  # default: stats.min_queries_for(percentile)
+
+
+async def probe_start_rate(
+    session: aiohttp.ClientSession, target: Target, base: LoadSpec
+) -> tuple[float, dict[str, Any]]:
+    """A first rate that answers in seconds: half the throughput of a short closed loop.
+
+    A fixed default (10/s) with p99's 2,500 queries per step makes the first step last five
+    minutes; starting near the server's capacity makes it last about one window, and the
+    doubling or halving takes it from there."""
+    spec = dataclasses.replace(
+        base,
+        arrival="closed",
+        rate=None,
+        concurrency=PROBE_CONCURRENCY,
+        warmup_s=PROBE_WARMUP_S,
+        duration_s=PROBE_WINDOW_S,
+        burst=None,
+        trace=None,
+        min_queries=0,
+        label=f"probe closed c={PROBE_CONCURRENCY}",
+    )
+    run = await run_load(session, target, spec)
+    achieved = run.summary["achieved_rate"] or 0.0
+    start = float(f"{achieved * PROBE_FRACTION:.2g}") if achieved > 0 else SearchLimits.start_rate
+    line = (
+        f"probe: closed loop, {PROBE_CONCURRENCY} workers, {PROBE_WINDOW_S:g} s: "
+        f"{achieved:.4g} req/s -> the search starts at {start:g}/s"
+    )
+    return start, {
+        "concurrency": PROBE_CONCURRENCY,
+        "window_s": PROBE_WINDOW_S,
+        "achieved_rate": achieved,
+        "latency_ms": run.summary["latency_ms"],
+        "start_rate": start,
+        "line": line,
+    }
 
 
 def step_verdict(run: RunResult, objective: Objective) -> dict[str, Any]:
@@ -62,9 +106,12 @@ async def find_max_rate(
     objective: Objective,
     limits: SearchLimits = SearchLimits(),
     progress: ProgressSink | None = None,
+    on_step: StepCallback | None = None,
 ) -> tuple[dict[str, Any], list[RunResult]]:
-    """Bisection on rate; returns the search summary and every step's run."""
-    search = _RateSearch(session, target, base, objective, limits, progress)
+    """Bisection on rate; returns the search summary and every step's run.
+
+    ``on_step(index, run, verdict)`` is called as each step finishes (a line per step)."""
+    search = _RateSearch(session, target, base, objective, limits, progress, on_step)
     await search.bracket()
     await search.bisect()
     return search.summary(), search.runs
@@ -81,8 +128,10 @@ class _RateSearch:
         objective: Objective,
         limits: SearchLimits,
         progress: ProgressSink | None,
+        on_step: StepCallback | None = None,
     ) -> None:
         self.session, self.target, self.base, self.progress = session, target, base, progress
+        self.on_step = on_step
         self.objective, self.limits = objective, limits
         self.min_queries = limits.min_queries or stats.min_queries_for(objective.percentile)
         self.runs: list[RunResult] = []
@@ -110,6 +159,8 @@ class _RateSearch:
         verdict = step_verdict(run, self.objective)
         self.runs.append(run)
         self.steps.append(verdict)
+        if self.on_step is not None:
+            self.on_step(len(self.runs) - 1, run, verdict)
         if not run.summary["valid"] and any("generator" in r for r in run.summary["invalid_reasons"]):
             self.generator_limited = True
         if verdict["passed"]:

@@ -31,7 +31,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -228,7 +227,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     import torchvision
     from prometheus_client import CollectorRegistry
     from wattserve.telemetry.nvml_gpu import open_gpus
-    from wattserve.telemetry.service import TelemetryService
+    from wattserve.telemetry.service import TelemetryConfig, TelemetryService
 
     device = torch.device(f"cuda:{args.cuda_device}")
     props = torch.cuda.get_device_properties(device)
@@ -274,13 +273,13 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     dtype = torch.float16 if args.fp16 else torch.float32
     model = model.to(dtype=dtype, memory_format=torch.channels_last)
 
-    settings = SimpleNamespace(
+    config = TelemetryConfig(
         telemetry=True,
         telemetry_interval_ms=100.0,
         gpus=[nvml_index],
         rapl_root=Path("/sys/class/powercap"),
     )
-    service = TelemetryService(settings, CollectorRegistry())
+    service = TelemetryService(config, CollectorRegistry())
     service.start()
     report["service"] = service.describe()
     print(f"wattserve telemetry: {report['service']}")

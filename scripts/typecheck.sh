@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# mypy over the package, as pyproject's [tool.mypy] lists it (wattserve, batchers, engines,
-# telemetry, loadgen; server/ joins after its restructure). mypy sees each folder under its
-# import name through a link tree built from pyproject's package-dir (scripts/typecheck_tree.py),
+# mypy over the whole package, as pyproject's [tool.mypy] lists it (every subpackage). mypy
+# sees each folder under its import name through a link tree built from pyproject's package-dir (scripts/typecheck_tree.py),
 # and its messages name the checkout's own files.
 #   scripts/typecheck.sh                     (CI: one line in .ci/run)
 #   scripts/typecheck.sh -p wattserve.server (any mypy arguments instead of the configured list)

@@ -23,6 +23,7 @@ from wattserve.engines.registry import build_engine
 from wattserve.server.classification import ClassLabels
 from wattserve.server.core.decode import BodyBudget
 from wattserve.server.core.documents import VERSION
+from wattserve.server.core.model_caller import model_caller
 from wattserve.server.cuda_ipc import CudaRuntimeIpc
 from wattserve.server.fast_path import WattserveApp
 from wattserve.server.lifecycle import IdleTrimmer
@@ -30,6 +31,7 @@ from wattserve.server.metrics import ServingMetrics, server_metrics
 from wattserve.server.middleware import http_error, internal_error, invalid_parameters
 from wattserve.server.model_plan import EngineFactory, ModelPlan, ModelSource, SettingsSource
 from wattserve.server.model_set import ModelSet, ModelSetActivity
+from wattserve.server.routes.generate import generate_routes
 from wattserve.server.routes.health import health_router
 from wattserve.server.routes.images import images_router
 from wattserve.server.routes.inference import inference_routes
@@ -64,27 +66,34 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     """Build the app; nothing global, so tests can build many."""
     settings = settings or Settings()
     registry = CollectorRegistry()
-    telemetry = TelemetryService(settings, registry)  # same registry: one /metrics
+    telemetry = TelemetryService(settings.telemetry_config(), registry)  # same registry: one /metrics
     body_budget = BodyBudget(settings.max_inflight_body_bytes)
     restrictions = parse_restricted_api(settings.restricted_api)  # a bad value fails at start
 
     def make_runtime(plan: ModelPlan) -> ModelRuntime:
-        metrics = ServingMetrics(plan.name, plan.settings.batcher, registry)
+        if plan.platform == "ensemble":  # no engine or batcher: its steps use their models'
+            from wattserve.server.ensemble import ensemble_runtime
+
+            return ensemble_runtime(plan, registry, lambda: models)
+        policy = plan.serving.policy  # the batcher that runs, e.g. iteration for continuous on diffusion
+        metrics = ServingMetrics(plan.name, policy, registry)
         # label files (classification) are read once, at load, by the engine factory: a
         # missing one fails the load and names the file, as in Triton
         model_dir = settings.model_repository / plan.name if settings.model_repository else None
         labels = ClassLabels(plan.config, model_dir)
-        runtime = ModelRuntime(plan.settings, labels.loading(plan.engine_factory), metrics, name=plan.name,
-                               version=plan.version, batching=plan.batching, devices=plan.devices,
-                               platform=plan.platform, config=plan.config)  # fmt: skip
+        runtime = ModelRuntime(plan.serving, labels.loading(plan.engine_factory), metrics, name=plan.name,
+                               version=plan.version, batching=plan.batching, platform=plan.platform,
+                               config=plan.config)  # fmt: skip
         runtime.class_labels = labels
 
         def record_batch(batch_size: int, energy: Any) -> None:
-            telemetry.record_batch(plan.name, plan.settings.batcher, batch_size, energy)
+            telemetry.record_batch(plan.name, policy, batch_size, energy)
 
         # read by runtime.start(), after telemetry started: the meter follows the engine's
         # device (its GPU; RAPL or nothing for a CPU engine; nothing is made up)
         runtime.batcher_hooks.update(energy_meter_for=telemetry.meter_for, on_batch=record_batch)
+        # Python models' BLS calls reach this server's models (server/core/model_caller.py)
+        runtime.batcher_hooks["call_model"] = lambda loop: model_caller(lambda: models, loop)
         return runtime
 
     # Zero-config serves one model: if it cannot load there is nothing to serve, so that
@@ -97,12 +106,13 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     trimmer = IdleTrimmer(ModelSetActivity(models), settings.idle_trim_s) if settings.tune_malloc else None
     # Triton's shared-memory, trace and logging extensions (one of each per app)
     shm = SharedMemoryRegistry(settings.allow_client_shm, cuda=CudaRuntimeIpc())
-    extensions = {"shm": shm, "trace": TraceSettings(), "log": LogSettings(settings.log_level)}
+    trace, log_settings = TraceSettings(), LogSettings(settings.log_level)
     grpc_front = None
     if settings.grpc_port:  # same models, admission path and batchers as HTTP; same event loop
         from wattserve.server.grpc_service import GrpcFrontEnd
 
-        grpc_front = GrpcFrontEnd(models, settings, body_budget, restrictions, **extensions)
+        grpc_front = GrpcFrontEnd(models, settings, body_budget, restrictions, shm=shm, trace=trace,
+                                  log=log_settings)  # fmt: skip
 
     app = WattserveApp(
         title="wattserve",
@@ -116,10 +126,10 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
         app.add_middleware(AccessControl, restrictions=restrictions, api_token=settings.api_token)
     _publish_state(app, settings, models, telemetry, registry, grpc_front)
     app.state.shared_memory = shm
-    app.state.trace_settings, app.state.log_settings = extensions["trace"], extensions["log"]
+    app.state.trace_settings, app.state.log_settings = trace, log_settings
     _add_routes(app, models, settings, registry, body_budget, shm)
     app.include_router(shared_memory_router(shm))
-    app.include_router(trace_logging_router(models, extensions["trace"], extensions["log"]))
+    app.include_router(trace_logging_router(models, trace, log_settings))
     return app
 
 
@@ -188,6 +198,7 @@ def _add_routes(
     app.include_router(health_router(models, settings, registry))
     app.include_router(repository_router(models, settings.max_body_bytes))
     app.include_router(images_router(models, settings))
+    app.router.routes.extend(generate_routes(models, settings))  # Triton's generate extension (POST)
     # The hot path: plain Starlette routes, first in the table, and past the middleware
     # stack when the app has no middleware of its own (server.fast_path).
     infer_routes = inference_routes(models, settings, body_budget, shm)
@@ -199,7 +210,8 @@ def _add_routes(
 def _document_infer_route(app: FastAPI) -> None:
     """Describe the Starlette infer route in /openapi.json: FastAPI routes with the same
     paths, appended after it, so they are documented but never matched."""
-    errors = {code: {"model": ErrorBody} for code in (400, 401, 403, 404, 413, 415, 503, 504)}
+    codes = (400, 401, 403, 404, 413, 415, 503, 504)
+    errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in codes}
 
     async def infer_doc(name: str, body: InferRequestBody) -> InferResponseBody:  # pragma: no cover
         """KServe v2 inference: JSON tensors, or the binary tensor extension
@@ -207,5 +219,5 @@ def _document_infer_route(app: FastAPI) -> None:
         raise AssertionError("documentation only; the Starlette route answers")
 
     for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
-        app.add_api_route(path, infer_doc, methods=["POST"], responses=errors,  # type: ignore[arg-type]
+        app.add_api_route(path, infer_doc, methods=["POST"], responses=errors,
                           response_model=InferResponseBody, summary="Infer")  # fmt: skip

@@ -52,7 +52,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     serve = sub.add_parser(
         "serve", description=SERVE_DESCRIPTION, help="run the inference server (every setting a flag)"
     )
-    flags = CliSettingsSource(Settings, root_parser=serve, add_argument_method=_add_setting_argument)
+    flags: CliSettingsSource[argparse.ArgumentParser] = CliSettingsSource(
+        Settings, root_parser=serve, add_argument_method=_add_setting_argument
+    )
     serve.set_defaults(func=cmd_serve, settings_flags=flags)
     return serve
 
@@ -105,7 +107,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     A value that fails validation, from a flag or a variable, exits with status 2 (argparse's,
     as a bad flag always did) and one line that names it, rather than a traceback.
     """
-    flags: CliSettingsSource[Settings] = args.settings_flags
+    flags: CliSettingsSource[argparse.ArgumentParser] = args.settings_flags
     given = {name: value for name, value in vars(args).items() if name in Settings.model_fields}
     try:
         return Settings(_cli_settings_source=flags(parsed_args=given))
@@ -116,7 +118,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def setting_flags(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
     """Settings field -> its option strings in ``parser`` (``["--strict", "--no-strict"]``)."""
-    return {a.dest: a.option_strings for a in parser._actions if a.dest in Settings.model_fields}
+    return {a.dest: list(a.option_strings) for a in parser._actions if a.dest in Settings.model_fields}
 
 
 def _describe(exc: ValidationError, flags: dict[str, list[str]]) -> str:
@@ -144,10 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     from wattserve.server.engine_commands import add_engine_commands
 
     add_engine_commands(sub)
-    from wattserve.loadgen.cli import add_loadgen_parser, add_study_parser  # imports its deps lazily
+    from wattserve.loadgen.cli import add_loadgen_parser, add_report_parser, add_study_parser  # lazy deps
 
     add_loadgen_parser(sub)
     add_study_parser(sub)
+    add_report_parser(sub)
     return parser
 
 

@@ -10,7 +10,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -59,8 +59,21 @@ class InferRequest:
     # Not fields: set only on the requests that use them (as fields, every request paid for
     # them in __init__): outputs written to shared memory, name -> (region, offset,
     # byte_size), and outputs asked for as classes, name -> K.
-    output_regions: ClassVar[dict[str, tuple[str, int, int]] | None] = None
-    classification: ClassVar[dict[str, int] | None] = None
+    # The checker sees instance attributes (not in __init__); at run time they are class
+    # defaults that an instance shadows when it sets them.
+    if TYPE_CHECKING:
+        output_regions: dict[str, tuple[str, int, int]] | None = field(default=None, init=False)
+        classification: dict[str, int] | None = field(default=None, init=False)
+        # a decoupled model's response stream (server/core/decoupled.py), set by gRPC streaming
+        response_sink: Any = field(default=None, init=False)
+        # the request's own parameters, Triton's reserved keys left out (what a Python model's
+        # ``request.parameters()`` answers); set only when the request has some
+        parameters: dict[str, Any] | None = field(default=None, init=False)
+    else:
+        output_regions = None
+        classification = None
+        response_sink = None
+        parameters = None
 
 
 def split_binary_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
@@ -336,11 +349,23 @@ def _from_json_data(data: Any, spec: TensorSpec, shape: list[int], count: int) -
     return array.reshape(shape)
 
 
+# Request parameters Triton reads itself and never hands a model (its HTTP and gRPC front
+# ends: sequence_*, priority, timeout, binary_data_output; keys starting ``triton_`` are
+# Triton's, refused unless it knows them).
+RESERVED_PARAMETERS = frozenset(
+    ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output")
+)
+# the ``triton_`` keys a client may send (gRPC streaming's empty final response)
+TRITON_PARAMETERS = frozenset(("triton_enable_empty_final_response",))
+
+
 def _read_parameters(params: Any, request: InferRequest) -> None:
     if params is None:
         return
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
+    if len(params) > len(RESERVED_PARAMETERS.intersection(params)):
+        request.parameters = _model_parameters(params)
     if "priority" in params:
         p = params["priority"]
         if not _is_int(p) or p < 0:
@@ -353,6 +378,25 @@ def _read_parameters(params: Any, request: InferRequest) -> None:
         request.timeout_us = t or None
     if params.get("binary_data_output") is True:
         request.binary_outputs = {"*"}
+
+
+def _model_parameters(params: dict[str, Any]) -> dict[str, Any] | None:
+    """The parameters a model sees: every key but the reserved ones; values a string, an
+    integer, a number or a boolean (Triton's words for anything else)."""
+    kept: dict[str, Any] = {}
+    for key, value in params.items():
+        if key in RESERVED_PARAMETERS:
+            continue
+        if key.startswith("triton_"):
+            if key in TRITON_PARAMETERS:
+                continue
+            raise BadRequest("parameter keys starting with 'triton_' are reserved for Triton usage and "
+                             "should not be specified.")  # fmt: skip
+        if not isinstance(value, str | int | float):  # bool is an int
+            raise BadRequest(f"parameter '{key}' has invalid type. It should be either 'int', 'bool', "
+                             "or 'string'.")  # fmt: skip
+        kept[key] = value
+    return kept or None
 
 
 def _read_outputs(outputs: Any, specs: Sequence[TensorSpec], request: InferRequest) -> None:

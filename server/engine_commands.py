@@ -13,11 +13,11 @@ import argparse
 import json
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 from wattserve.engines import onnx_export
 from wattserve.engines import tensorrt_engine as trt_engine
 from wattserve.engines.base import EngineUnavailable
+from wattserve.engines.config import EngineConfig
 from wattserve.engines.profiles import parse_profiles
 from wattserve.engines.registry import TORCHVISION_MODELS
 from wattserve.server.settings import Settings
@@ -136,12 +136,10 @@ def _build_engine(args: argparse.Namespace) -> int:
     trt_engine.import_pycuda()
     index = trt_engine.cuda_device_index(args.device)
     profiles = parse_profiles(args.profiles)
-    settings = SimpleNamespace(
-        model=args.model, seed=args.seed, onnx_path=args.onnx, cache_dir=args.cache_dir, weights=None
-    )
+    config = EngineConfig(model=args.model, seed=args.seed, onnx_path=args.onnx, cache_dir=args.cache_dir)
     record = trt_engine.load_or_build_plan_on_device(
         index,
-        onnx_export.ensure_onnx(settings),
+        onnx_export.ensure_onnx(config),
         profiles,
         model=args.model,
         fp16=args.fp16,

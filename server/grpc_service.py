@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 import grpc
@@ -37,6 +38,7 @@ from wattserve.server.core.admission import (
     timing_values,
 )
 from wattserve.server.core.decode import OFFLOAD_DECODE_BYTES, BodyBudget, BudgetExceeded, InferenceDecoder
+from wattserve.server.core.decoupled import ResponseStream, is_decoupled
 from wattserve.server.core.documents import (
     metadata_doc,
     server_doc,
@@ -235,7 +237,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         def answered(task: asyncio.Task[Any]) -> None:
             tasks.discard(task)
             if not task.cancelled():
-                answers.put_nowait(task.result())
+                answers.put_nowait(task.result())  # a decoupled request's end: _STREAMED
             if not reading and not tasks:
                 answers.put_nowait(None)
 
@@ -244,7 +246,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             try:
                 async for request in request_iterator:
                     await room.acquire()
-                    task = loop.create_task(self._stream_answer(request))
+                    task = loop.create_task(self._stream_answer(request, answers.put_nowait))
                     tasks.add(task)
                     task.add_done_callback(answered)
             finally:
@@ -262,7 +264,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 if answer is _CLOSING:  # the server stops: take no more, finish what is in flight
                     reader.cancel()
                     continue
-                yield answer
+                if isinstance(answer, _Partial):  # one of a decoupled request's responses
+                    yield answer.message
+                    continue
+                if answer is not _STREAMED:
+                    yield answer
                 room.release()
         finally:
             self._streams.discard(answers)
@@ -275,13 +281,17 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         for answers in self._streams:
             answers.put_nowait(_CLOSING)
 
-    async def _stream_answer(self, raw: bytes) -> Any:
+    async def _stream_answer(self, raw: bytes, put: Callable[[Any], None]) -> Any:
         request_id = ""
         try:
             request_id = _peek_id(raw)
             request, reserved = await self._receive(raw)
             try:
-                response, _ = await self._infer(request)
+                decoupled = DecoupledAnswers(self, request, put)
+                response, _ = await self._infer(request, decoupled.decode)
+                if decoupled.stream is not None:  # answered through the stream, final flag last
+                    await decoupled.stream.finished.wait()
+                    return _STREAMED
             finally:
                 self.body_budget.release(reserved)
         except Failure as failure:
@@ -340,13 +350,17 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         reserved: ``_receive`` holds the message's worst-case decoding cost until the answer."""
         return (message,), 0, payload_bytes(message)
 
-    async def _infer(self, message: Any) -> tuple[Any, Any]:
+    async def _infer(self, message: Any, decode: Any = None) -> tuple[Any, Any]:
         """The admission path with the protobuf decoder; Failure for every refusal."""
         name = message.model_name
         try:
-            done = await admit(self.models, name, message.model_version or None, self._decode, message)
+            done = await admit(
+                self.models, name, message.model_version or None, decode or self._decode, message
+            )
             runtime, engine = done.runtime, done.engine
             assert engine is not None  # the inference decoder gives the engine it decoded for
+            if not done.result.outputs and is_decoupled(runtime.config):
+                return None, done.result  # a decoupled request: its responses went to its stream
             response = build_response(name, runtime.version, done.request, done.result.outputs,
                                       engine.outputs, self.shm, labels=runtime.class_labels)  # fmt: skip
         except ModelUnavailable as refused:
@@ -487,6 +501,66 @@ def grpc_override(name: str, parameters: Any) -> LoadOverride | None:
 
 
 _CLOSING = object()  # put on a stream's answer queue when the server stops
+
+
+class _Partial:
+    """One response of a decoupled request, put on its stream's answer queue."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: Any) -> None:
+        self.message = message
+
+
+_STREAMED = object()  # a decoupled request's task ended (its responses went out as _Partial)
+
+
+class DecoupledAnswers:
+    """A streamed request to a decoupled model: its decoder attaches a ``ResponseStream``
+    whose responses go to the stream as ModelStreamInferResponse messages (Triton's
+    ``triton_final_response`` parameter when the client enabled empty final responses)."""
+
+    def __init__(self, service: InferenceService, message: Any, put: Callable[[Any], None]) -> None:
+        self.service = service
+        self.message = message
+        self.put = put
+        self.stream: ResponseStream | None = None
+        param = message.parameters.get("triton_enable_empty_final_response")
+        self.empty_final = bool(param is not None and param.bool_param)
+
+    async def decode(self, runtime: ModelRuntime, message: Any) -> tuple[Any, Any]:
+        request, engine = await self.service._decode(runtime, message)
+        if is_decoupled(runtime.config):
+            self.stream = ResponseStream(
+                asyncio.get_running_loop(), partial(self.emit, runtime, request, engine)
+            )
+            request.response_sink = self.stream.sink
+        return request, engine
+
+    def emit(
+        self, runtime: ModelRuntime, request: Any, engine: Any, outputs: Any, error: Any, final: bool
+    ) -> None:
+        """On the loop: one response (or the final flag alone) as a stream message."""
+        name, version = self.message.model_name, runtime.version
+        head = {"id": request.id or "", "model_name": name, "model_version": version}
+        messages = []
+        if error is not None:
+            empty = service_pb2.ModelInferResponse(**head)
+            messages.append(
+                service_pb2.ModelStreamInferResponse(error_message=str(error), infer_response=empty)
+            )
+        elif outputs is not None:
+            response = build_response(name, version, request, outputs, engine.outputs, self.service.shm)
+            messages.append(service_pb2.ModelStreamInferResponse(infer_response=response))
+        if self.empty_final:  # Triton marks each response; the final flag alone is an empty one
+            for message in messages:
+                message.infer_response.parameters["triton_final_response"].bool_param = False
+            if final:
+                last = service_pb2.ModelInferResponse(**head)
+                last.parameters["triton_final_response"].bool_param = True
+                messages.append(service_pb2.ModelStreamInferResponse(infer_response=last))
+        for message in messages:
+            self.put(_Partial(message))
 
 
 def _peek_id(raw: bytes) -> str:

@@ -134,7 +134,7 @@ def _input(data: memoryview) -> InputPeek:
             peek.datatype = _text(value)
         elif number == _SHAPE:
             if wire == 0:  # unpacked: one dim per field
-                peek.shape.append(_signed(value))  # type: ignore[arg-type]
+                peek.shape.append(_signed(value))
             elif isinstance(value, memoryview):  # packed: varints back to back
                 pos = 0
                 while pos < len(value):

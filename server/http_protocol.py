@@ -92,6 +92,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _lingering = False
     _lingered = 0
 
+    # uvicorn's httptools protocol declares asyncio.Transport where asyncio's base declares
+    # BaseTransport: the override repeats uvicorn's narrower signature (override).
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
@@ -147,7 +149,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         super().on_headers_complete()
-        if self.cycle is not None:  # its close() lingers when the body was not read
+        # its close() lingers when the body was not read; _LingeringClose wraps the transport
+        # (duck-typed: uvicorn's cycle declares asyncio.Transport, hence the assignment ignore)
+        if self.cycle is not None:
             self.cycle.transport = _LingeringClose(self.transport, self, self.cycle)  # type: ignore[assignment]
 
     def linger(self) -> None:

@@ -8,6 +8,7 @@ import ctypes.util
 import gc
 import logging
 import signal
+import socket
 import time
 from types import FrameType
 from typing import Any, Protocol
@@ -152,7 +153,7 @@ class DrainingServer(uvicorn.Server):
         self._drain_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def serve(self, sockets=None) -> None:  # type: ignore[override]
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
 

@@ -9,6 +9,8 @@ model's throughput).
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -33,7 +35,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
 async def invalid_parameters(request: Request, exc: Exception) -> Response:
     """A query or path parameter the route's declaration refuses: INVALID_ARG (400), with
     what was wrong, in the server's error shape."""
-    errors = getattr(exc, "errors", lambda: [])()
+    errors: list[dict[str, Any]] = getattr(exc, "errors", lambda: [])()
     parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in errors]
     return Response(orjson.dumps({"error": "; ".join(parts) or "invalid request"}), status_code=400,
                     media_type="application/json")  # fmt: skip

@@ -1,4 +1,4 @@
-"""What it takes to serve one model version: its settings, how to build an engine, its shape.
+"""What it takes to serve one model version: its configuration, how to build an engine, its shape.
 
 Two sources make plans: the process settings (zero-config: one built-in model) and a
 Triton-layout model repository (``server.repository``). The model set turns each plan
@@ -7,24 +7,25 @@ into a ``ModelRuntime``; nothing downstream knows which source a plan came from.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from wattserve.engines.base import Engine
+from wattserve.engines.config import EngineConfig
+from wattserve.server.serving_config import ServingConfig
 from wattserve.server.settings import Settings
 
-EngineFactory = Callable[[Settings], Engine]
+EngineFactory = Callable[[EngineConfig], Engine]  # one engine instance (on ``config.device``)
 
 
 @dataclass
 class ModelPlan:
     name: str  # the KServe / Triton model name
     version: str
-    settings: Settings  # this model's own (batcher, sizes, queue policy, device, ...)
+    serving: ServingConfig  # this model's own (engine, batching, queue policy, devices, ...)
     engine_factory: EngineFactory
     batching: bool = True  # False: Triton's max_batch_size 0, request shapes carry no batch axis
-    devices: Sequence[str] | None = None  # one per engine instance; None: settings.device each
     platform: str | None = None  # as configured (Triton platform/backend), for metadata
     warnings: list[str] = field(default_factory=list)  # config fields not honoured, etc.
     config: Any = None  # the parsed ModelConfig, when the plan came from a repository
@@ -54,4 +55,4 @@ class SettingsSource:
     def plans(self, name: str) -> list[ModelPlan]:
         if name != self.settings.model:
             raise KeyError(name)
-        return [ModelPlan(name, "1", self.settings, self.engine_factory)]
+        return [ModelPlan(name, "1", ServingConfig.from_settings(self.settings), self.engine_factory)]

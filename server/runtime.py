@@ -29,12 +29,13 @@ from wattserve.engines.base import (
     warmup_sizes,
     zeros_batch,
 )
+from wattserve.engines.request_engines import CallsModels
 from wattserve.server.batch_observer import ServingObserver
 from wattserve.server.classification import ClassLabels
 from wattserve.server.codec import InferRequest
 from wattserve.server.metrics import ServingMetrics
 from wattserve.server.model_plan import EngineFactory
-from wattserve.server.settings import Settings
+from wattserve.server.serving_config import ServingConfig
 
 log = logging.getLogger("wattserve.runtime")
 
@@ -50,7 +51,7 @@ class ModelRuntime:
 
     def __init__(
         self,
-        settings: Settings,
+        serving: ServingConfig,
         engine_factory: EngineFactory,
         metrics: ServingMetrics,
         batcher_hooks: dict[str, Any] | None = None,
@@ -58,17 +59,18 @@ class ModelRuntime:
         name: str | None = None,
         version: str = "1",
         batching: bool = True,
-        devices: Sequence[str] | None = None,
         platform: str | None = None,
         config: Any = None,
     ) -> None:
-        self.settings = settings
-        self.name = name or settings.model
+        self.serving = serving  # this model's typed configuration, built once (its plan's)
+        self.name = name or serving.engine.model
         self.version = version
         self.batching = batching  # False: Triton's max_batch_size 0 (no batch axis in requests)
         # Largest batch a request may carry (codec); 0 when requests carry no batch axis.
-        self.request_max_batch = settings.max_batch_size if batching else 0
-        self.devices = list(devices) if devices else [settings.device] * settings.instances
+        self.request_max_batch = serving.max_batch_size if batching else 0
+        self.devices = list(serving.devices)
+        self.queue_policy = serving.queue  # read per request (make_item, work_item)
+        self.priority_levels = serving.batching.priority_levels
         self.platform = platform
         self.config = config  # parsed ModelConfig when served from a repository
         self.class_labels: ClassLabels | None = None  # outputs' label files (classification)
@@ -96,18 +98,17 @@ class ModelRuntime:
         threads: list[ThreadPoolExecutor] = []
         try:
             for index, device in enumerate(self.devices):
-                settings = self.settings
-                if device != settings.device:
-                    settings = settings.model_copy(update={"device": device})
+                engine_config = self.serving.engine.on(device)
                 threads.append(engine_thread(index))
-                engines.append(await loop.run_in_executor(threads[-1], self._engine_factory, settings))
-            if self.settings.warmup and warms_with_zeros(engines[0].inputs):
+                engines.append(await loop.run_in_executor(threads[-1], self._engine_factory, engine_config))
+            if self.serving.warmup and warms_with_zeros(engines[0].inputs):
                 await asyncio.gather(
                     *(loop.run_in_executor(t, self._warm, e) for t, e in zip(threads, engines, strict=True))
                 )
+            bind_models(engines, self.batcher_hooks.get("call_model"), loop)
             observer = self._observer(engines[0])
             # e.g. iteration needs a step engine
-            batcher = build_batcher(self.settings, engines, observer, threads)
+            batcher = build_batcher(self.serving.batching, engines, observer, threads)
         except BaseException:
             for thread, engine in zip(threads, engines, strict=False):  # a failed load frees what it built
                 await loop.run_in_executor(thread, engine.close)
@@ -127,12 +128,15 @@ class ModelRuntime:
         self._task = asyncio.create_task(batcher.run(), name=f"batcher-{self.name}")
         self.ready = True
         self.metrics.ready.set(1)
-        chosen = self.settings.batcher
+        chosen = self.serving.batching.batcher
         policy = chosen if batcher.name == chosen else f"{chosen} ({batcher.name})"
+        if batcher.name != self.serving.policy:  # an engine factory's step engine the plan did not foresee
+            log.warning("%s: metrics are labelled batcher=%r but %r runs", self.name, self.serving.policy,
+                        batcher.name)  # fmt: skip
         log.info(
             "serving %s v%s (%s on %s) with the %s batcher, max batch %d, %d instance(s)",
             self.name, self.version, self.engine.platform, self.engine.device,
-            policy, self.settings.max_batch_size, len(engines),
+            policy, self.serving.max_batch_size, len(engines),
         )  # fmt: skip
 
     def _observer(self, engine: Engine) -> ServingObserver:
@@ -141,7 +145,7 @@ class ModelRuntime:
         meter_for = self.batcher_hooks.get("energy_meter_for")  # energy follows the engine's device
         iteration = None
         if isinstance(engine, StepEngine):  # occupancy of every model call, whichever policy batches
-            iteration = IterationMetrics(self.name, self.settings.batcher, self.metrics.registry)
+            iteration = IterationMetrics(self.name, self.serving.policy, self.metrics.registry)
         return ServingObserver(
             self.metrics,
             iteration=iteration,
@@ -151,7 +155,7 @@ class ModelRuntime:
 
     def _warm(self, engine: Engine) -> None:
         t0 = monotonic()
-        sizes = warmup_sizes(min(engine.max_batch_size, self.settings.max_batch_size), engine.batch_sizes)
+        sizes = warmup_sizes(min(engine.max_batch_size, self.serving.max_batch_size), engine.batch_sizes)
         if isinstance(engine, WarmsItself):  # engines whose zeros are no real request
             engine.warmup(sizes)
         else:
@@ -167,7 +171,7 @@ class ModelRuntime:
         self.ready = False
         self.metrics.ready.set(0)
         if self.batcher is not None:
-            await self.batcher.drain(self.settings.drain_timeout_s)
+            await self.batcher.drain(self.serving.drain_timeout_s)
         if self._task is not None:
             await self._task
 
@@ -194,9 +198,9 @@ class ModelRuntime:
         priority (0 = default) and timeout (µs) mapped onto the item.
 
         Raises ValueError (answered 400) for a bad priority or inputs the engine refuses."""
-        s = self.settings
-        if request.priority > s.priority_levels:
-            raise ValueError(f"priority {request.priority} outside 0..{s.priority_levels}")
+        levels = self.priority_levels
+        if request.priority > levels:
+            raise ValueError(f"priority {request.priority} outside 0..{levels}")
         inputs = request.inputs
         if not request.batched:  # the batcher's items always carry the batch axis
             inputs = {name: value[np.newaxis] for name, value in inputs.items()}
@@ -207,6 +211,7 @@ class ModelRuntime:
             self._validate(inputs)
         item = self.work_item(inputs, request.priority, request.timeout_us)
         item.rows = request.rows
+        item.context = request  # id, requested outputs: for engines that take requests
         if self._variable is not None:  # only same-shape requests share a batch
             item.shape_key = tuple(inputs[name].shape[1:] for name in self._variable)
         return item
@@ -214,8 +219,8 @@ class ModelRuntime:
     def work_item(self, inputs: dict[str, Any], priority: int, timeout_us: int | None) -> WorkItem:
         """A one-row work item (``inputs`` with the batch axis) with Triton's priority and
         timeout: the deadline is the default timeout, shortened by the request's own."""
-        s = self.settings
-        level = priority or s.effective_default_priority
+        s = self.queue_policy
+        level = priority or s.default_priority
         now = monotonic()
         default_s = s.default_timeout_ms / 1e3 if s.default_timeout_ms is not None else None
         if timeout_us is not None and s.allow_timeout_override:
@@ -260,6 +265,16 @@ class ModelRuntime:
                 stats.record_success(elapsed, result)
             elif outcome != "cancelled":
                 stats.record_failure(elapsed)
+
+
+def bind_models(engines: Sequence[Engine], make_caller: Any, loop: asyncio.AbstractEventLoop) -> None:
+    """Hand engines that call other models (BLS) the server's in-process door, bound to the
+    loop (``make_caller(loop)``, from the app; engines never import server/)."""
+    if make_caller is None:
+        return
+    for engine in engines:
+        if isinstance(engine, CallsModels):
+            engine.bind_models(make_caller(loop))
 
 
 async def _close_off_loop(batcher: Batcher) -> None:

@@ -22,7 +22,7 @@ APIS = ("health", "metadata", "inference", "model-config", "model-repository", "
 _ROUTES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^/v2/health(/|$)"), "health"),
     (re.compile(r"^/v2/repository(/|$)"), "model-repository"),
-    (re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/(infer|classify|generate)$"), "inference"),
+    (re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/(infer|classify|generate(_stream)?)$"), "inference"),
     (re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/config$"), "model-config"),
     (re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/stats$"), "statistics"),
     (re.compile(r"^/v2/models/stats$"), "statistics"),

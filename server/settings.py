@@ -3,20 +3,34 @@
 Each field is a ``WATTSERVE_<NAME>`` environment variable and a ``wattserve serve --<name>``
 flag (server/cli.py attaches pydantic-settings' CLI source to the ``serve`` subcommand).
 Every knob has one meaning; ``wattserve settings`` prints docs/settings.md's table from these
-fields' descriptions. A repository model's config.pbtxt ``parameters`` set some of them per
-model (``server/repository/plan.py``'s ``MODEL_PARAMETERS``).
+fields' descriptions. The fields marked ``PER_MODEL`` may also be set per model by a
+repository model's config.pbtxt ``parameters`` (``MODEL_PARAMETERS``).
+
+Settings are the process's; no layer below server/ sees them. Each model's configuration is
+built once from them (and its config.pbtxt) as a ``server.serving_config.ServingConfig``,
+whose parts (the engine's ``EngineConfig``, the batcher's ``BatchingSpec``) are what the
+engines and batchers receive; telemetry receives ``telemetry_config()``.
 """
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.registry import BatcherName, batcher_help
+from wattserve.engines.catalog import BUILTIN_MODELS, EngineName
+from wattserve.engines.config import EngineConfig
+from wattserve.telemetry.service import TelemetryConfig
 
-EngineName = Literal["torch", "onnxruntime", "tensorrt"]
+# json_schema_extra of the fields a repository model's ``parameters`` may set for itself
+PER_MODEL: dict[str, Any] = {"per_model": True}
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+Part = TypeVar("Part", bound="DataclassInstance")  # a lower layer's config dataclass
 
 
 def _int_list(value: object) -> object:
@@ -51,8 +65,7 @@ class Settings(BaseSettings):
     # --- model ---
     model: str = Field(
         "mobilenet_v2",
-        description="Served model; also its KServe model name. One of resnet50, mobilenet_v2, "
-        "mobilenet_v3_large, identity, tiny_unet.",
+        description=f"Served model; also its KServe model name. One of {', '.join(BUILTIN_MODELS)}.",
     )
     model_repository: Path | None = Field(
         None,
@@ -86,34 +99,53 @@ class Settings(BaseSettings):
         description="Exit at start-up if any repository model fails to load (Triton's "
         "--exit-on-error); without a repository the one model's failure is always fatal.",
     )
-    engine: EngineName = Field("torch", description="Engine: torch, onnxruntime or tensorrt.")
+    engine: EngineName = Field(
+        "torch", description="Engine: torch, onnxruntime or tensorrt.", json_schema_extra=PER_MODEL
+    )
     device: str = Field("auto", description="auto (CUDA if available, else CPU), cpu, cuda, cuda:N.")
     weights: str | None = Field(
         None,
         description="Path to a local state-dict/checkpoint, or 'pretrained' for torchvision's "
         "published weights (downloads; needs internet). Unset: random weights from `seed`.",
+        json_schema_extra=PER_MODEL,
     )
-    seed: int = Field(0, description="Seed for random weights, so two servers agree.")
-    fp16: bool = Field(False, description="Half precision on CUDA (ignored on CPU).")
-    channels_last: bool = Field(True, description="channels_last memory format for conv nets.")
+    seed: int = Field(
+        0, description="Seed for random weights, so two servers agree.", json_schema_extra=PER_MODEL
+    )
+    fp16: bool = Field(
+        False, description="Half precision on CUDA (ignored on CPU).", json_schema_extra=PER_MODEL
+    )
+    channels_last: bool = Field(
+        True, description="channels_last memory format for conv nets.", json_schema_extra=PER_MODEL
+    )
     fuse_conv_bn: bool = Field(
         True,
         description="Fold each BatchNorm into the convolution before it when a torchvision model "
         "loads (inference only; outputs agree with the unfolded model to float rounding).",
     )
-    identity_elements: int = Field(16, ge=1, description="Element count of the identity model.")
+    identity_elements: int = Field(
+        16, ge=1, description="Element count of the identity model.", json_schema_extra=PER_MODEL
+    )
     identity_delay_ms: float = Field(
-        0.0, ge=0, description="identity: compute time per batch (Triton's execute_delay_ms)."
+        0.0,
+        ge=0,
+        description="identity: compute time per batch (Triton's execute_delay_ms).",
+        json_schema_extra=PER_MODEL,
     )
     identity_delay_per_item_ms: float = Field(
         0.0,
         ge=0,
         description="identity: compute time per request in a batch, added to identity_delay_ms "
         "(10 + 0.5/item gives a GPU-like cost curve).",
+        json_schema_extra=PER_MODEL,
     )
-    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (CPU).")
+    torch_threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads (CPU).", json_schema_extra=PER_MODEL
+    )
     onnx_path: Path | None = Field(
-        None, description="ONNX file for the onnxruntime/tensorrt engines (exported if unset)."
+        None,
+        description="ONNX file for the onnxruntime/tensorrt engines (exported if unset).",
+        json_schema_extra=PER_MODEL,
     )
     cache_dir: Path = Field(
         Path(".cache/wattserve"), description="Where exported ONNX files and TensorRT plans live."
@@ -121,19 +153,32 @@ class Settings(BaseSettings):
     trt_profiles: str = Field(
         "1:1:1,2:4:8,8:16:32",
         description="TensorRT optimization profiles, min:opt:max batch each, comma separated.",
+        json_schema_extra=PER_MODEL,
     )
-    cuda_graphs: bool = Field(False, description="Capture CUDA graphs per batch bucket (torch/CUDA).")
+    cuda_graphs: bool = Field(
+        False, description="Capture CUDA graphs per batch bucket (torch/CUDA).", json_schema_extra=PER_MODEL
+    )
     engine_batch_sizes: Annotated[list[int] | None, NoDecode] = Field(
-        None, description="Batch buckets the engine is built for (CUDA graphs); batches are padded up."
+        None,
+        description="Batch buckets the engine is built for (CUDA graphs); batches are padded up.",
+        json_schema_extra=PER_MODEL,
     )
     diffusion_model: Path | None = Field(
-        None, description="Local diffusers UNet2DModel folder (from_pretrained); unset: tiny UNet."
+        None,
+        description="Local diffusers UNet2DModel folder (from_pretrained); unset: tiny UNet.",
+        json_schema_extra=PER_MODEL,
     )
-    diffusion_scheduler: Literal["ddim", "ddpm"] = Field("ddim", description="Noise scheduler.")
-    diffusion_default_steps: int = Field(20, ge=1, description="Steps when a request names none.")
+    diffusion_scheduler: Literal["ddim", "ddpm"] = Field(
+        "ddim", description="Noise scheduler.", json_schema_extra=PER_MODEL
+    )
+    diffusion_default_steps: int = Field(
+        20, ge=1, description="Steps when a request names none.", json_schema_extra=PER_MODEL
+    )
 
     # --- batching ---
-    batcher: BatcherName = Field("dynamic", description=batcher_help())  # names from batchers/registry.py
+    batcher: BatcherName = Field(
+        "dynamic", description=batcher_help(), json_schema_extra=PER_MODEL
+    )  # names from batchers/registry.py
     max_batch_size: int = Field(8, ge=1, le=1024, description="Largest batch formed (static: N).")
     max_queue_delay_ms: float = Field(
         5.0, ge=0, description="dynamic: longest the oldest request waits for a batch to fill."
@@ -143,26 +188,35 @@ class Settings(BaseSettings):
         description="dynamic: sizes dispatched at once when they can be formed (e.g. 4,8).",
     )
     batch_sizes_only: bool = Field(
-        False, description="dynamic: form only the engine's own batch sizes (its buckets/profiles)."
+        False,
+        description="dynamic: form only the engine's own batch sizes (its buckets/profiles).",
+        json_schema_extra=PER_MODEL,
     )
     slo_ms: float = Field(
         100.0,
         gt=0,
         description="adaptive/aimd: the latency objective, request arrival to answer, in ms.",
+        json_schema_extra=PER_MODEL,
     )
     slo_percentile: float = Field(
-        99.0, gt=0, lt=100, description="adaptive/aimd: the objective holds for this percentile."
+        99.0,
+        gt=0,
+        lt=100,
+        description="adaptive/aimd: the objective holds for this percentile.",
+        json_schema_extra=PER_MODEL,
     )
     slo_headroom_ms: float | None = Field(
         None,
         ge=0,
         description="adaptive: time outside the batcher (HTTP, network) kept out of the plan; "
         "unset: 10% of slo_ms.",
+        json_schema_extra=PER_MODEL,
     )
     slo_reject: bool = Field(
         False,
         description="adaptive: answer 503 + Retry-After at once for requests that cannot meet "
         "slo_ms anyway (default: serve them late and count the miss).",
+        json_schema_extra=PER_MODEL,
     )
     max_queue_size: int = Field(
         256, ge=1, description="Queued requests at most; beyond it 503 + Retry-After."
@@ -182,6 +236,7 @@ class Settings(BaseSettings):
         False,
         description="Reject (400) NaN/Inf in float inputs. Off by default, like Triton; a model's "
         "config can turn it on with parameters key check_values.",
+        json_schema_extra=PER_MODEL,
     )
 
     # --- limits and lifecycle ---
@@ -241,7 +296,9 @@ class Settings(BaseSettings):
         description="On SIGTERM, report not ready at once but keep accepting requests this long "
         "before draining, so a load balancer's health check stops sending first (e.g. 2-3 checks).",
     )
-    warmup: bool = Field(True, description="Run every batch size once before reporting ready.")
+    warmup: bool = Field(
+        True, description="Run every batch size once before reporting ready.", json_schema_extra=PER_MODEL
+    )
     gil_switch_interval_ms: float = Field(
         0.5,
         gt=0,
@@ -293,3 +350,26 @@ class Settings(BaseSettings):
     def effective_default_priority(self) -> int:
         """Triton: level 0 means 'the default level', which defaults to the lowest."""
         return self.default_priority_level or self.priority_levels
+
+    # ------------------------------------------------------------------ the typed parts
+    def part(self, cls: type[Part]) -> Part:
+        """The dataclass ``cls`` (a lower layer's configuration) filled from the fields of the
+        same names, lists as tuples: each layer gets its own part, never these settings."""
+        values = {f.name: getattr(self, f.name) for f in fields(cls)}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+    def engine_config(self) -> EngineConfig:
+        return self.part(EngineConfig)
+
+    def batching_spec(self) -> BatchingSpec:
+        return self.part(BatchingSpec)
+
+    def telemetry_config(self) -> TelemetryConfig:
+        return self.part(TelemetryConfig)
+
+
+# Settings a repository model's parameters may set for that model alone (string values, as
+# in the environment): the fields marked PER_MODEL above.
+MODEL_PARAMETERS = frozenset(
+    name for name, field in Settings.model_fields.items() if field.json_schema_extra == PER_MODEL
+)

@@ -356,4 +356,4 @@ def _tensor_bytes(value: np.ndarray) -> bytes | memoryview:
     prefixed with their 4-byte length."""
     if value.dtype.kind == "O":
         return b"".join(struct.pack("<I", len(e)) + bytes(e) for e in value.ravel())
-    return memoryview(np.ascontiguousarray(value)).cast("B")
+    return memoryview(np.ascontiguousarray(value).data).cast("B")

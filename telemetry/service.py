@@ -11,7 +11,9 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -39,6 +41,16 @@ CADENCE_POLL_S = 0.001  # read gap while measuring it
 CADENCE_MAX_S = 1.5  # longest the measurement may take (a counter that never steps: unknown)
 STEPWISE_FACTOR = 3  # a counter is stepwise when its period is this many poll gaps or more
 MAX_HISTORY_TICKS = 40_000  # window_report history: 66 min at 100 ms; ~13 MB (measured)
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """The telemetry part of the server's settings (same names: ``WATTSERVE_TELEMETRY``...)."""
+
+    telemetry: bool = True  # False: sample nothing, say so in the availability gauges
+    telemetry_interval_ms: float = 100.0
+    gpus: Sequence[int] | None = None  # NVML indices; None: every GPU
+    rapl_root: Path = Path("/sys/class/powercap")
 
 
 def observe_many(histogram: Any, value: float, count: int) -> None:
@@ -104,7 +116,7 @@ class _Counts:
 class TelemetryService:
     """GPU (NVML) and CPU (RAPL) energy telemetry for one server.
 
-    ``settings`` needs ``telemetry``, ``telemetry_interval_ms``, ``gpus`` and ``rapl_root``.
+    ``config``: what to sample and how often (the server's telemetry settings).
     ``nvml`` replaces the ``pynvml`` module (tests pass the FakeNvml double); ``clock`` is
     the monotonic clock energy windows and power integration use, ``sleep`` its sleep (the
     update-period measurement at start); ``wall_clock`` stamps the window history.
@@ -113,7 +125,7 @@ class TelemetryService:
 
     def __init__(
         self,
-        settings: Any,
+        config: TelemetryConfig,
         registry: CollectorRegistry,
         *,
         nvml: ModuleType | Any | None = None,
@@ -123,7 +135,7 @@ class TelemetryService:
         history_s: float = 3600.0,
         background: bool = True,
     ):
-        self.settings = settings
+        self.config = config
         self.metrics = TelemetryMetrics(registry)
         self.metrics.gpu_available.set(0)
         self.metrics.rapl_available.set(0)
@@ -133,7 +145,7 @@ class TelemetryService:
         self._wall_clock = wall_clock
         self._sleep = sleep
         self._background = background
-        self.interval_s = settings.telemetry_interval_ms / 1000.0
+        self.interval_s = config.telemetry_interval_ms / 1000.0
         ticks = min(MAX_HISTORY_TICKS, max(1000, math.ceil(history_s / self.interval_s)))
         self._history: deque[_Tick] = deque(maxlen=ticks)
         self._lock = threading.Lock()
@@ -210,15 +222,15 @@ class TelemetryService:
         if self._started:
             return
         self._started = True
-        if not self.settings.telemetry:
+        if not self.config.telemetry:
             self.gpu_reason = self.rapl_reason = "disabled by settings (WATTSERVE_TELEMETRY=false)"
             log.info("telemetry: %s; no power or energy figures are exported", self.gpu_reason)
             return
-        opened = open_gpus(self._nvml_module, self.settings.gpus)
+        opened = open_gpus(self._nvml_module, None if self.config.gpus is None else list(self.config.gpus))
         self.gpus, self.gpu_reason = opened.gpus, opened.reason
         if self.gpus:
             self._nvml = self.gpus[0].nvml
-        domains, self.rapl_reason = find_packages(self.settings.rapl_root)
+        domains, self.rapl_reason = find_packages(self.config.rapl_root)
         self.rapl = [RaplEnergy(d) for d in domains]
         self.metrics.gpu_available.set(1 if self.gpus else 0)
         self.metrics.rapl_available.set(1 if self.rapl else 0)

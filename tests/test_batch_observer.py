@@ -87,6 +87,7 @@ async def test_the_runtime_wires_one_observer_and_the_policys_own_collector():
     from prometheus_client import CollectorRegistry
     from wattserve.server.metrics import ServingMetrics
     from wattserve.server.runtime import ModelRuntime
+    from wattserve.server.serving_config import ServingConfig
     from wattserve.server.settings import Settings
 
     registry = CollectorRegistry()
@@ -94,7 +95,7 @@ async def test_the_runtime_wires_one_observer_and_the_policys_own_collector():
     labels = {"model": "gated", "batcher": "aimd"}
     objective = ("wattserve_slo_objective_seconds", {**labels, "percentile": "99"})
     for _ in range(2):  # a second start (a reload) registers its own collector again
-        runtime = ModelRuntime(settings, lambda s: GatedEngine(), ServingMetrics("gated", "aimd", registry),
+        runtime = ModelRuntime(ServingConfig.from_settings(settings), lambda s: GatedEngine(), ServingMetrics("gated", "aimd", registry),
                                name="gated")  # fmt: skip
         await runtime.start()
         assert registry.get_sample_value(*objective) == 0.1
@@ -109,6 +110,7 @@ async def test_the_runtime_wires_one_observer_and_the_policys_own_collector():
 async def test_a_batcher_that_cannot_serve_the_engine_fails_the_load_and_frees_it():
     from wattserve.server.metrics import ServingMetrics
     from wattserve.server.runtime import ModelRuntime
+    from wattserve.server.serving_config import ServingConfig
     from wattserve.server.settings import Settings
 
     closed = []
@@ -118,7 +120,12 @@ async def test_a_batcher_that_cannot_serve_the_engine_fails_the_load_and_frees_i
             closed.append(self)
 
     settings = Settings(model="identity", batcher="iteration", warmup=False)
-    runtime = ModelRuntime(settings, lambda s: Tracked(), ServingMetrics("gated", "iteration"), name="gated")
+    runtime = ModelRuntime(
+        ServingConfig.from_settings(settings),
+        lambda s: Tracked(),
+        ServingMetrics("gated", "iteration"),
+        name="gated",
+    )
     with pytest.raises(ValueError, match="needs a step engine"):
         await runtime.start()
     assert len(closed) == 1 and runtime.batcher is None and not runtime.ready

@@ -1,5 +1,5 @@
 """Batchers are found by their own ``name``: the registry, the settings and the study
-schema all take the list of names from the classes, and each config comes from Settings."""
+schema all take the list of names from the classes, and each config comes from the batching part of Settings."""
 
 from __future__ import annotations
 
@@ -48,30 +48,30 @@ def test_each_policy_reads_its_own_settings():
         max_queue_delay_ms=7, preferred_batch_sizes=[2], batch_sizes_only=True,
         slo_ms=40, slo_percentile=95, slo_headroom_ms=3, slo_reject=True,
     )  # fmt: skip
-    dynamic = build_batcher(settings, [engine])
+    dynamic = build_batcher(settings.batching_spec(), [engine])
     assert isinstance(dynamic, DynamicBatcher)
     assert dynamic.config == DynamicConfig(
         max_batch_size=4, max_queue_size=9, priority_levels=2, max_queue_wait_s=2.5, max_queue_delay_s=0.007,
         preferred_batch_sizes=(2,), allowed_sizes=(1, 2, 4),
     )  # fmt: skip
-    adaptive = build_batcher(settings.model_copy(update={"batcher": "adaptive"}), [engine])
+    adaptive = build_batcher(settings.model_copy(update={"batcher": "adaptive"}).batching_spec(), [engine])
     assert isinstance(adaptive, AdaptiveBatcher)
     assert adaptive.config == AdaptiveConfig(
         max_batch_size=4, max_queue_size=9, priority_levels=2, max_queue_wait_s=2.5, slo_s=0.04,
         percentile=95, headroom_s=0.003, reject_late=True,
     )  # fmt: skip
-    aimd = build_batcher(settings.model_copy(update={"batcher": "aimd"}), [engine])
+    aimd = build_batcher(settings.model_copy(update={"batcher": "aimd"}).batching_spec(), [engine])
     assert isinstance(aimd, AimdBatcher)
     assert aimd.config == AimdConfig(max_batch_size=4, max_queue_size=9, priority_levels=2,
                                      max_queue_wait_s=2.5, slo_s=0.04, percentile=95)  # fmt: skip
-    static = build_batcher(settings.model_copy(update={"batcher": "static"}), [engine])
+    static = build_batcher(settings.model_copy(update={"batcher": "static"}).batching_spec(), [engine])
     assert type(static) is StaticBatcher and static.config.max_batch_size == 4
 
 
 @pytest.mark.parametrize("name", ["adaptive", "aimd"])
 def test_slo_policies_publish_one_collector_labelled_by_the_server(name):
     engine = GatedEngine()
-    batcher = build_batcher(Settings(model="identity", batcher=name, slo_ms=50), [engine])
+    batcher = build_batcher(Settings(model="identity", batcher=name, slo_ms=50).batching_spec(), [engine])
     batcher.slo.met, batcher.slo.missed = 3, 1
     families = {f.name: f for f in batcher.collector("my_model").collect()}
     (objective,) = families["wattserve_slo_objective_seconds"].samples
@@ -85,5 +85,8 @@ def test_slo_policies_publish_one_collector_labelled_by_the_server(name):
 
 def test_request_level_policies_have_no_collector():
     assert (
-        build_batcher(Settings(model="identity", batcher="dynamic"), [GatedEngine()]).collector("m") is None
+        build_batcher(
+            Settings(model="identity", batcher="dynamic").batching_spec(), [GatedEngine()]
+        ).collector("m")
+        is None
     )

@@ -93,4 +93,4 @@ def test_engine_wraps_the_torch_engine(monkeypatch):
         engine.infer({"input": np.zeros((5, 3, 224, 224), np.float32)})
     settings = Settings(max_batch_size=8, engine_batch_sizes="1,4")
     with pytest.raises(EngineUnavailable, match="do not reach"):
-        CudaGraphEngine.from_settings(torch_engine, settings)
+        CudaGraphEngine.from_config(torch_engine, settings.engine_config())

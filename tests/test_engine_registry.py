@@ -18,14 +18,16 @@ def test_the_settings_offer_exactly_the_registered_engines():
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))
 def test_identity_is_served_whatever_engine_is_named(engine):
-    built = build_engine(Settings(model="identity", engine=engine, identity_elements=5, max_batch_size=3))
+    built = build_engine(
+        Settings(model="identity", engine=engine, identity_elements=5, max_batch_size=3).engine_config()
+    )
     assert isinstance(built, IdentityEngine)
     assert built.max_batch_size == 3 and built.inputs[0].shape == (5,)
 
 
 def test_an_unknown_model_names_the_built_ins():
     with pytest.raises(ValueError, match="no torch engine for model 'nope'; models: identity, resnet50"):
-        build_engine(Settings(model="nope", engine="torch"))
+        build_engine(Settings(model="nope", engine="torch").engine_config())
 
 
 def test_every_torchvision_model_is_a_built_in_and_exportable():

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from wattserve.server.metrics import ServingMetrics
 from wattserve.server.runtime import ModelRuntime
+from wattserve.server.serving_config import ServingConfig
 from wattserve.server.settings import Settings
 
 from tests.gated_engine import GatedEngine, item_input
@@ -44,7 +45,10 @@ async def test_each_instance_is_built_warmed_and_run_on_its_own_thread(batcher):
     settings = Settings(model="identity", batcher=batcher, instances=2, max_batch_size=4, warmup=True,
                         max_queue_delay_ms=1)  # fmt: skip
     runtime = ModelRuntime(
-        settings, factory, ServingMetrics("gated", batcher, CollectorRegistry()), name="gated"
+        ServingConfig.from_settings(settings),
+        factory,
+        ServingMetrics("gated", batcher, CollectorRegistry()),
+        name="gated",
     )
     await runtime.start()
     try:
@@ -76,7 +80,10 @@ async def test_a_failed_load_closes_each_engine_on_its_own_thread():
 
     settings = Settings(model="identity", batcher="iteration", warmup=True)  # iteration needs a step engine
     runtime = ModelRuntime(
-        settings, factory, ServingMetrics("gated", "iteration", CollectorRegistry()), name="gated"
+        ServingConfig.from_settings(settings),
+        factory,
+        ServingMetrics("gated", "iteration", CollectorRegistry()),
+        name="gated",
     )
     with pytest.raises(ValueError, match="needs a step engine"):
         await runtime.start()

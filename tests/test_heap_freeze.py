@@ -39,7 +39,7 @@ def _model_set(built: list[CyclicEngine]) -> ModelSet:
         return built[-1]
 
     def make_runtime(plan) -> ModelRuntime:
-        return ModelRuntime(plan.settings, plan.engine_factory, ServingMetrics(plan.name, "dynamic", CollectorRegistry()),
+        return ModelRuntime(plan.serving, plan.engine_factory, ServingMetrics(plan.name, "dynamic", CollectorRegistry()),
                             name=plan.name)  # fmt: skip
 
     return ModelSet(SettingsSource(settings, factory), make_runtime, mode="explicit", startup=["*"])

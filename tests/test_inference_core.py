@@ -28,6 +28,7 @@ from wattserve.server.core.admission import Refused
 from wattserve.server.core.decode import OFFLOAD_DECODE_BYTES, BodyBudget, InferenceDecoder
 from wattserve.server.metrics import ServingMetrics
 from wattserve.server.runtime import ModelRuntime
+from wattserve.server.serving_config import ServingConfig
 from wattserve.server.settings import Settings
 
 from tests.servers import free_port, threaded_server
@@ -41,7 +42,7 @@ BODY = orjson.dumps(
 
 def identity_runtime() -> ModelRuntime:
     settings = Settings(**IDENTITY)
-    return ModelRuntime(settings, build_engine, ServingMetrics("identity", "dynamic", CollectorRegistry()),
+    return ModelRuntime(ServingConfig.from_settings(settings), build_engine, ServingMetrics("identity", "dynamic", CollectorRegistry()),
                         name="identity")  # fmt: skip
 
 

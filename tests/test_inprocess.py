@@ -27,7 +27,7 @@ def _model_set() -> ModelSet:
 
     def make_runtime(plan) -> ModelRuntime:
         metrics = ServingMetrics(plan.name, "dynamic", CollectorRegistry())
-        return ModelRuntime(plan.settings, plan.engine_factory, metrics, name=plan.name)
+        return ModelRuntime(plan.serving, plan.engine_factory, metrics, name=plan.name)
 
     return ModelSet(SettingsSource(settings, build_engine), make_runtime, mode="explicit", startup=["*"])
 

@@ -428,7 +428,7 @@ def test_build_batcher_reports_every_model_call_once_whichever_policy(engine):
                 ServingMetrics("tiny_unet", name, registry),
                 iteration=IterationMetrics("tiny_unet", name, registry),
             )
-            batcher = build_batcher(settings, [engine], observer)
+            batcher = build_batcher(settings.batching_spec(), [engine], observer)
             assert isinstance(batcher, IterationBatcher) is (expected is IterationBatcher), name
             assert engine.step_observer == observer.on_step
             engine.step_observer(3, 0.01)

@@ -61,9 +61,9 @@ def test_report_with_energy_draws_pareto_power_and_telemetry(tmp_path) -> None:
         fake_run("c", 60, 0.050, 1.5),  # slower and costlier than b: off the front
     ]
     paths = report.write_all(tmp_path, runs, "energy report")
-    assert {"energy_latency", "power", "batch_sizes", "latency_cdf"} <= set(paths)
+    assert {"energy_latency", "power", "batch_sizes", "latency_cdf", "latency_tail"} <= set(paths)
     page = (tmp_path / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 5
+    assert page.count("data:image/png;base64,") == 6
     assert "Telemetry over each window" in page and "wattserve_gpu_power_watts" in page
     assert "busy + idle" in page
     doc = json.loads((tmp_path / "results.json").read_text())
@@ -83,3 +83,29 @@ def test_report_without_energy_says_so(tmp_path) -> None:
     assert any("power-over-time plot skipped" in n for n in doc["notes"])
     page = (tmp_path / "report.html").read_text()
     assert "not available" in page
+
+
+def test_study_report_answers_its_question_first(tmp_path) -> None:
+    """The first screen: which configuration meets the objective at the fewest joules at each
+    load, in a sentence and a picture, before the tables."""
+    from wattserve.loadgen.study import verdict
+
+    runs = []
+    for batching, energy_low, energy_high, latency in (("dyn", 2.0, 1.0, 0.010), ("static", 1.5, 0.8, 0.300)):
+        for workload, rate, energy in (("low", 20, energy_low), ("high", 40, energy_high)):
+            run = fake_run(f"{batching} {workload}", rate, latency, energy)
+            run.extra = {"model": "m", "batching": batching, "workload": workload}
+            runs.append(run)
+    result = verdict(runs, 95.0, 100.0)
+    paths = report.write_all(tmp_path, runs, "study", extra={"verdict": result})
+    assert "study_headline" in paths
+    page = (tmp_path / "report.html").read_text()
+    answer = page.index('<div class="answer">')
+    assert answer < page.index("<h2>Runs</h2>")
+    sentence = page[answer : page.index("</div>", answer)]
+    # static is cheaper but misses p95 <= 100 ms: dyn is the answer at both loads.
+    assert "fewest joules" in sentence
+    assert "<b>dyn</b> at low (20/s) (2 J)" in sentence and "<b>dyn</b> at high (40/s) (1 J)" in sentence
+    assert "static" not in sentence
+    head = page[: page.index("<h2>Runs</h2>")]
+    assert head.count("data:image/png;base64,") == 1  # the one picture, above the tables

@@ -126,11 +126,11 @@ def test_engine_rejects_bad_batches(ort_engine):
 @pytest.mark.slow
 def test_ensure_onnx_uses_cache_or_given_path(cache_dir, onnx_file):
     settings = Settings(model=MODEL, cache_dir=cache_dir, seed=0)
-    assert ensure_onnx(settings) == onnx_file
+    assert ensure_onnx(settings.engine_config()) == onnx_file
     settings = Settings(model=MODEL, onnx_path=onnx_file)
-    assert ensure_onnx(settings) == onnx_file
-    engine = OnnxRuntimeEngine.from_settings(
-        Settings(model=MODEL, cache_dir=cache_dir, max_batch_size=4, device="cpu")
+    assert ensure_onnx(settings.engine_config()) == onnx_file
+    engine = OnnxRuntimeEngine.from_config(
+        Settings(model=MODEL, cache_dir=cache_dir, max_batch_size=4, device="cpu").engine_config()
     )
     assert engine.max_batch_size == 4
     assert engine.infer({"input": np.zeros((4, 3, 224, 224), np.float32)})["logits"].shape == (
@@ -141,7 +141,7 @@ def test_ensure_onnx_uses_cache_or_given_path(cache_dir, onnx_file):
 
 def test_missing_files_and_devices_are_unavailable(tmp_path):
     with pytest.raises(EngineUnavailable, match="does not exist"):
-        ensure_onnx(Settings(onnx_path=tmp_path / "nope.onnx"))
+        ensure_onnx(Settings(onnx_path=tmp_path / "nope.onnx").engine_config())
     with pytest.raises(EngineUnavailable, match="does not exist"):
         OnnxRuntimeEngine(tmp_path / "nope.onnx", name="m", max_batch_size=1)
     with pytest.raises(EngineUnavailable, match="onnxruntime-gpu"):
@@ -249,10 +249,12 @@ def test_registry_builds_each_engine_or_says_why_not(onnx_file, monkeypatch):
 
     from wattserve.engines.registry import build_engine
 
-    engine = build_engine(Settings(model=MODEL, engine="onnxruntime", onnx_path=onnx_file, device="cpu"))
+    engine = build_engine(
+        Settings(model=MODEL, engine="onnxruntime", onnx_path=onnx_file, device="cpu").engine_config()
+    )
     assert isinstance(engine, OnnxRuntimeEngine)
     monkeypatch.setitem(sys.modules, "tensorrt", None)
     with pytest.raises(EngineUnavailable, match="TensorRT is not installed"):
-        build_engine(Settings(model=MODEL, engine="tensorrt", onnx_path=onnx_file))
+        build_engine(Settings(model=MODEL, engine="tensorrt", onnx_path=onnx_file).engine_config())
     with pytest.raises(EngineUnavailable, match="CUDA"):
-        build_engine(Settings(model=MODEL, engine="torch", device="cpu", cuda_graphs=True))
+        build_engine(Settings(model=MODEL, engine="torch", device="cpu", cuda_graphs=True).engine_config())

@@ -20,6 +20,7 @@ from wattserve.server.app import create_app
 from wattserve.server.model_set import ModelLoadError
 from wattserve.server.repository.config import ConfigError, parse_config, read_config
 from wattserve.server.repository.plan import RepositorySource, plan_model
+from wattserve.server.serving_config import ServingConfig
 from wattserve.server.settings import Settings
 
 from tests.servers import ROOT, threaded_server
@@ -91,14 +92,18 @@ def test_honoured_fields_map_with_triton_meaning_and_the_rest_warn(tmp_path):
     (tmp_path / "full" / "config.pbtxt").write_text(FULL)
     plans = plan_model(tmp_path / "full", Settings())
     assert [p.version for p in plans] == ["1", "3"]  # version_policy specific
-    s = plans[0].settings
-    assert (s.model, s.max_batch_size, s.batcher) == ("identity", 16, "dynamic")
-    assert s.preferred_batch_sizes == [4, 8] and s.max_queue_delay_ms == 2.5
-    assert (s.priority_levels, s.default_priority_level) == (3, 2)
-    assert (s.default_timeout_ms, s.allow_timeout_override, s.max_queue_size) == (40.0, True, 17)
-    assert s.identity_elements == 8
-    assert plans[0].devices == ["cpu", "cpu", "cuda:0", "cuda:1"]
-    assert s.instances == 4
+    s = plans[0].serving  # the typed parts: engine, batching, queue policy, devices
+    assert (s.engine.model, s.max_batch_size, s.batching.batcher) == ("identity", 16, "dynamic")
+    assert s.batching.preferred_batch_sizes == (4, 8) and s.batching.max_queue_delay_ms == 2.5
+    assert (s.batching.priority_levels, s.queue.default_priority) == (3, 2)
+    assert (s.queue.default_timeout_ms, s.queue.allow_timeout_override, s.batching.max_queue_size) == (
+        40.0,
+        True,
+        17,
+    )
+    assert s.engine.identity_elements == 8 and s.engine.max_batch_size == 16
+    assert s.devices == ("cpu", "cpu", "cuda:0", "cuda:1")
+    assert len(s.devices) == 4
     warned = " | ".join(plans[0].warnings)
     for field in (
         "input[0].format",
@@ -125,11 +130,11 @@ def test_env_batcher_swaps_models_that_do_not_pin_one(tmp_path, monkeypatch):
                 'parameters { key: "builtin" value: { string_value: "identity" } }\n'
                 'parameters { key: "batcher" value: { string_value: "continuous" } }')  # fmt: skip
     source = RepositorySource(tmp_path, Settings())
-    assert source.plans("free")[0].settings.batcher == "dynamic"
+    assert source.plans("free")[0].serving.batching.batcher == "dynamic"
     monkeypatch.setenv("WATTSERVE_BATCHER", "static")
     source = RepositorySource(tmp_path, Settings())
-    assert source.plans("free")[0].settings.batcher == "static"
-    assert source.plans("pinned")[0].settings.batcher == "continuous"
+    assert source.plans("free")[0].serving.batching.batcher == "static"
+    assert source.plans("pinned")[0].serving.batching.batcher == "continuous"
 
 
 def test_strict_makes_a_failed_load_fatal(tmp_path):
@@ -316,7 +321,9 @@ def test_queue_policy_timeout_override_with_triton_meaning():
     from wattserve.server.runtime import ModelRuntime
 
     def deadline_in(settings: Settings, timeout_us: int | None) -> float | None:
-        runtime = ModelRuntime(settings, lambda s: None, ServingMetrics("m", "dynamic"))
+        runtime = ModelRuntime(
+            ServingConfig.from_settings(settings), lambda s: None, ServingMetrics("m", "dynamic")
+        )
         item = runtime.work_item({}, 0, timeout_us)
         return None if item.deadline is None else round(item.deadline - item.arrival, 3)
 

@@ -65,7 +65,7 @@ def start_service(fake: FakeNvml, rapl_root="/nonexistent") -> tuple[TelemetrySe
     registry = CollectorRegistry()
     settings = Settings(telemetry_interval_ms=3_600_000, rapl_root=rapl_root)
     service = TelemetryService(
-        settings, registry, nvml=fake, clock=fake.clock, sleep=fake.sleep, background=False
+        settings.telemetry_config(), registry, nvml=fake, clock=fake.clock, sleep=fake.sleep, background=False
     )
     service.start()
     return service, registry

@@ -207,7 +207,9 @@ def test_union_length_counts_overlaps_once():
 def _service(fake: FakeNvml, **overrides) -> tuple[TelemetryService, CollectorRegistry]:
     registry = CollectorRegistry()
     settings = Settings(telemetry_interval_ms=3_600_000, rapl_root="/nonexistent", **overrides)
-    service = TelemetryService(settings, registry, nvml=fake, clock=fake.clock, sleep=fake.sleep)
+    service = TelemetryService(
+        settings.telemetry_config(), registry, nvml=fake, clock=fake.clock, sleep=fake.sleep
+    )
     return service, registry
 
 

@@ -110,7 +110,9 @@ def test_run_size_on_cpu_with_the_fake_nvml(check):
             return self.conv(x)
 
     settings = Settings(telemetry_interval_ms=20, rapl_root="/nonexistent")
-    service = TelemetryService(settings, CollectorRegistry(), nvml=fake, clock=fake.clock, sleep=fake.sleep)
+    service = TelemetryService(
+        settings.telemetry_config(), CollectorRegistry(), nvml=fake, clock=fake.clock, sleep=fake.sleep
+    )
     service.start()
     try:
         args = argparse.Namespace(warmup=2, seconds_per_size=0.5)

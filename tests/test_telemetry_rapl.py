@@ -73,7 +73,9 @@ def test_service_meters_rapl_when_there_is_no_gpu(tmp_path):
     settings = Settings(telemetry_interval_ms=3_600_000, rapl_root=tmp_path)
     no_nvml = FakeNvml(init_error=NVML_ERROR_LIBRARY_NOT_FOUND)
     clock = [0.0]
-    service = TelemetryService(settings, registry, nvml=no_nvml, clock=lambda: clock[0], sleep=lambda s: None)
+    service = TelemetryService(
+        settings.telemetry_config(), registry, nvml=no_nvml, clock=lambda: clock[0], sleep=lambda s: None
+    )
     service.start()
     try:
         get = registry.get_sample_value
@@ -108,7 +110,9 @@ def test_rapl_is_exported_beside_gpus_but_batches_are_metered_on_the_gpu(tmp_pat
     fake = FakeNvml([FakeGpu(power_w=100.0)])
     registry = CollectorRegistry()
     settings = Settings(telemetry_interval_ms=3_600_000, rapl_root=tmp_path)
-    service = TelemetryService(settings, registry, nvml=fake, clock=fake.clock, sleep=fake.sleep)
+    service = TelemetryService(
+        settings.telemetry_config(), registry, nvml=fake, clock=fake.clock, sleep=fake.sleep
+    )
     service.start()
     try:
         assert service.meter.source == "nvml_counter" and service.meter.devices == ["gpu0"]

@@ -23,7 +23,9 @@ def wait_for(predicate, timeout: float = 5.0) -> None:
 def make(fake: FakeNvml, interval_ms: float = 5.0) -> tuple[TelemetryService, CollectorRegistry]:
     registry = CollectorRegistry()
     settings = Settings(telemetry_interval_ms=interval_ms, rapl_root="/nonexistent")
-    return TelemetryService(settings, registry, nvml=fake, clock=fake.clock, sleep=fake.sleep), registry
+    return TelemetryService(
+        settings.telemetry_config(), registry, nvml=fake, clock=fake.clock, sleep=fake.sleep
+    ), registry
 
 
 def test_gauges_in_base_units_and_labelled_power_sources():
@@ -164,7 +166,7 @@ def test_stop_is_prompt_even_with_a_long_interval():
 def test_telemetry_disabled_by_settings_touches_no_nvml():
     fake = FakeNvml()
     registry = CollectorRegistry()
-    service = TelemetryService(Settings(telemetry=False), registry, nvml=fake)
+    service = TelemetryService(Settings(telemetry=False).telemetry_config(), registry, nvml=fake)
     service.start()
     assert not fake.initialized and service.meter is None and not service.available
     assert registry.get_sample_value("wattserve_gpu_telemetry_available") == 0

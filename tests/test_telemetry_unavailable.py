@@ -44,7 +44,7 @@ def check_nothing_measured(service: TelemetryService, registry: CollectorRegistr
 def test_nvml_library_missing(tmp_path, caplog):
     registry = CollectorRegistry()
     service = TelemetryService(
-        Settings(rapl_root=tmp_path),
+        Settings(rapl_root=tmp_path).telemetry_config(),
         registry,
         nvml=FakeNvml(init_error=NVML_ERROR_LIBRARY_NOT_FOUND),
     )
@@ -72,7 +72,7 @@ def test_real_pynvml_on_this_machine(tmp_path):
         pynvml.nvmlShutdown()
         pytest.skip("NVML works on this machine; this test is about machines without it")
     registry = CollectorRegistry()
-    service = TelemetryService(Settings(rapl_root=tmp_path / "no-powercap"), registry)
+    service = TelemetryService(Settings(rapl_root=tmp_path / "no-powercap").telemetry_config(), registry)
     service.start()
     try:
         assert service.gpu_reason.startswith("nvmlInit failed")

@@ -16,7 +16,12 @@ def rig():
     wall = lambda: 1_700_000_000.0 + fake.now  # noqa: E731 - a Unix-time view of fake time
     settings = Settings(telemetry_interval_ms=3_600_000, rapl_root="/nonexistent")
     service = TelemetryService(
-        settings, CollectorRegistry(), nvml=fake, clock=fake.clock, wall_clock=wall, sleep=fake.sleep
+        settings.telemetry_config(),
+        CollectorRegistry(),
+        nvml=fake,
+        clock=fake.clock,
+        wall_clock=wall,
+        sleep=fake.sleep,
     )
     service.start()  # one tick at fake t=0
     yield fake, service, wall

@@ -65,7 +65,7 @@ def test_missing_tensorrt_is_a_clear_engine_unavailable(monkeypatch):
     with pytest.raises(EngineUnavailable, match=r"TensorRT is not installed.*wattserve\[tensorrt\]"):
         import_tensorrt()
     with pytest.raises(EngineUnavailable, match="TensorRT is not installed"):
-        TensorRTEngine.from_settings(Settings(engine="tensorrt"))
+        TensorRTEngine.from_config(Settings(engine="tensorrt").engine_config())
     with pytest.raises(EngineUnavailable, match="TensorRT is not installed"):
         TensorRTEngine(b"plan", name="m")
 
@@ -313,7 +313,7 @@ def test_bad_plan_and_profile_mismatch_are_unavailable(trt_engine, monkeypatch):
         TensorRTEngine(json.dumps(plan).encode(), name="tiny", expected_profiles=parse_profiles("1:2:4"))
 
 
-def test_from_settings_builds_then_reuses_the_plan(monkeypatch, tiny_onnx, tmp_path):
+def test_from_config_builds_then_reuses_the_plan(monkeypatch, tiny_onnx, tmp_path):
     trt, _ = fake_tensorrt.install(monkeypatch)
     settings = Settings(
         engine="tensorrt",
@@ -324,27 +324,27 @@ def test_from_settings_builds_then_reuses_the_plan(monkeypatch, tiny_onnx, tmp_p
         max_batch_size=16,
         trt_profiles="1:1:1,2:8:16",
     )
-    engine = TensorRTEngine.from_settings(settings)
+    engine = TensorRTEngine.from_config(settings.engine_config())
     assert engine.plan.built
     assert trt.builds[0]["device"] == 0  # built with cuda:0's context current
     assert engine.max_batch_size == 16
     x = RNG.standard_normal((5, 4)).astype(np.float32)
     np.testing.assert_allclose(engine.infer({"input": x})["logits"], x @ W + B, rtol=1e-5, atol=1e-5)
-    again = TensorRTEngine.from_settings(settings)
+    again = TensorRTEngine.from_config(settings.engine_config())
     assert not again.plan.built
     assert len(trt.builds) == 1
     too_big = settings.model_copy(update={"max_batch_size": 32})
     with pytest.raises(EngineUnavailable, match="exceeds the TensorRT profiles"):
-        TensorRTEngine.from_settings(too_big)
+        TensorRTEngine.from_config(too_big.engine_config())
     with pytest.raises(EngineUnavailable, match="not on device 'cpu'"):
-        TensorRTEngine.from_settings(settings.model_copy(update={"device": "cpu"}))
+        TensorRTEngine.from_config(settings.model_copy(update={"device": "cpu"}).engine_config())
 
 
 def test_plan_is_built_on_the_configured_gpu(monkeypatch, tiny_onnx, tmp_path):
     trt, driver = fake_tensorrt.install(monkeypatch, gpus=2)
     settings = Settings(engine="tensorrt", model="tiny", onnx_path=tiny_onnx, cache_dir=tmp_path,
                         device="cuda:1", max_batch_size=4, trt_profiles="1:2:4")  # fmt: skip
-    engine = TensorRTEngine.from_settings(settings)
+    engine = TensorRTEngine.from_config(settings.engine_config())
     assert engine.device == "cuda:1" and engine.plan.built
     assert [b["device"] for b in trt.builds] == [1]  # TensorRT builds on the current device
     assert [c.device_index for c in driver.contexts] == [1]

@@ -143,7 +143,7 @@ def test_triton_script_serves_the_same_model_as_wattserve(monkeypatch):
     (triton_side,) = tm.build_engines(cfg)
     for key, value in knobs.wattserve_env().items():
         monkeypatch.setenv(key, value)
-    wattserve_side = build_engine(Settings())
+    wattserve_side = build_engine(Settings().engine_config())
     x = np.random.default_rng(0).standard_normal((2, 3, 224, 224)).astype(np.float32)
     a = triton_side.infer({tm.INPUT_NAME: x})["logits"]
     b = wattserve_side.infer({"input": x})["logits"]

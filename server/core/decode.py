@@ -89,7 +89,7 @@ class InferenceDecoder:
         payload, held, size = await self.read(runtime, source)
         try:
             args = (*payload, engine.inputs, engine.outputs, runtime.request_max_batch,
-                    runtime.settings.check_values, self.shm)  # fmt: skip
+                    runtime.serving.check_values, self.shm)  # fmt: skip
             if size > OFFLOAD_DECODE_BYTES:
                 return await asyncio.to_thread(self.parse, *args), engine
             return self.parse(*args), engine

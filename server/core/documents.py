@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from wattserve.batchers.dynamic import DynamicBatcher, DynamicConfig
 from wattserve.batchers.status import Status
 from wattserve.server.core.admission import Refused, select
 from wattserve.server.model_set import ModelSet, ModelState, UnknownModel
@@ -68,39 +69,62 @@ def statistics_doc(models: ModelSet, name: str | None, version: str | None) -> d
 
 
 def triton_config(runtime: ModelRuntime) -> dict[str, Any]:
-    """The effective configuration in Triton's JSON form (what wattserve actually applies)."""
-    settings, engine = runtime.settings, runtime.engine
+    """The effective configuration in Triton's JSON form: what the running batcher runs (its
+    own config, made by the policy from the model's batching spec and its engine)."""
+    own = getattr(runtime, "triton_config_doc", None)  # an ensemble's: its steps, no engine
+    if own is not None:
+        return own()
+    engine, batcher, serving = runtime.engine, runtime.batcher, runtime.serving
     assert engine is not None
+    # the batcher is set with the engine; while an unload clears them, the plan's own say
+    policy = batcher.name if batcher is not None else serving.policy
+    running = batcher.config if batcher is not None else None
 
     def tensors(specs: Any) -> list[dict[str, Any]]:
         return [
             {"name": s.name, "data_type": config_datatype(s.datatype), "dims": list(s.shape)} for s in specs
         ]
 
+    max_batch = running.max_batch_size if running is not None else serving.max_batch_size
     config: dict[str, Any] = {
         "name": runtime.name,
         "platform": runtime.platform or engine.platform,
-        "max_batch_size": settings.max_batch_size if runtime.batching else 0,
+        "max_batch_size": max_batch if runtime.batching else 0,
         "input": tensors(engine.inputs),
         "output": tensors(engine.outputs),
         "instance_group": [
             {"count": len(runtime.devices), "kind": "KIND_GPU" if "cuda" in engine.device else "KIND_CPU"}
         ],
         "parameters": {
-            "batcher": {"string_value": settings.batcher},
-            "wattserve_batcher": {"string_value": settings.batcher},
+            "batcher": {"string_value": policy},
+            "wattserve_batcher": {"string_value": policy},
         },
     }
-    if settings.batcher == "dynamic":
-        config["dynamic_batching"] = {
-            "preferred_batch_size": list(settings.preferred_batch_sizes),
-            "max_queue_delay_microseconds": int(settings.max_queue_delay_ms * 1000),
-            "priority_levels": settings.priority_levels,
-            "default_priority_level": settings.effective_default_priority,
-            "default_queue_policy": {
-                "max_queue_size": settings.max_queue_size,
-                "default_timeout_microseconds": int((settings.default_timeout_ms or 0) * 1000),
-                "allow_timeout_override": settings.allow_timeout_override,
-            },
-        }
+    if config["platform"] == "python":  # Triton: a Python model names its backend, platform empty
+        config["platform"], config["backend"] = "", "python"
+    if policy == DynamicBatcher.name:
+        config["dynamic_batching"] = _dynamic_batching(runtime, running)
     return config
+
+
+def _dynamic_batching(runtime: ModelRuntime, running: Any) -> dict[str, Any]:
+    """Triton's ``dynamic_batching`` from the dynamic batcher's own config (the spec's
+    figures while no batcher runs) and the runtime's queue policy."""
+    spec, queue = runtime.serving.batching, runtime.queue_policy
+    if isinstance(running, DynamicConfig):
+        preferred, delay_s = running.preferred_batch_sizes, running.max_queue_delay_s
+        levels, queue_size = running.priority_levels, running.max_queue_size
+    else:
+        preferred, delay_s = spec.preferred_batch_sizes, spec.max_queue_delay_ms / 1e3
+        levels, queue_size = spec.priority_levels, spec.max_queue_size
+    return {
+        "preferred_batch_size": list(preferred),
+        "max_queue_delay_microseconds": round(delay_s * 1e6),
+        "priority_levels": levels,
+        "default_priority_level": queue.default_priority,
+        "default_queue_policy": {
+            "max_queue_size": queue_size,
+            "default_timeout_microseconds": round((queue.default_timeout_ms or 0) * 1000),
+            "allow_timeout_override": queue.allow_timeout_override,
+        },
+    }

@@ -9,7 +9,11 @@ names it). wattserve's own choices go in ``parameters`` (Triton's place for back
 - ``builtin``: with ``backend: "wattserve"``, which built-in model (a name in
   ``wattserve.engines.registry.MODELS``); defaults to the directory name.
 - ``check_values``: "true" rejects NaN/Inf in float inputs with a 400.
-- any key of ``MODEL_PARAMETERS`` below sets that WATTSERVE_* setting for this model only.
+- any key of ``MODEL_PARAMETERS`` (the settings marked per-model in server/settings.py) sets
+  that WATTSERVE_* setting for this model only.
+
+The result is the model's ``ServingConfig`` (server/serving_config.py), built here once; the
+config.pbtxt fields and parameters are validated as settings on the way (one set of rules).
 
 Auto-complete (Triton's, unless ``--disable-auto-complete-config``): a config without
 ``platform``/``backend`` gets it from the model file's name; a directory with no
@@ -28,9 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from wattserve.engines.base import DATATYPE_TO_NUMPY, VARIABLE, Engine, EngineUnavailable, TensorSpec
+from wattserve.engines.config import EngineConfig
 from wattserve.engines.registry import MODELS, build_engine
 from wattserve.server.model_plan import EngineFactory, ModelPlan
 from wattserve.server.repository import model_config_pb2 as pb
+from wattserve.server.repository import python_models
 from wattserve.server.repository.config import (
     CONFIG_FILE,
     ConfigError,
@@ -39,7 +45,8 @@ from wattserve.server.repository.config import (
     unhonoured_fields,
 )
 from wattserve.server.repository.override import LoadOverride
-from wattserve.server.settings import Settings
+from wattserve.server.serving_config import ServingConfig
+from wattserve.server.settings import MODEL_PARAMETERS, Settings
 
 log = logging.getLogger("wattserve.repository")
 
@@ -52,15 +59,9 @@ PLATFORMS = {
     "tensorrt_plan": ("tensorrt", "model.plan"),
     "tensorrt": ("tensorrt", "model.plan"),
     "wattserve": ("builtin", ""),
+    "python": ("python", "model.py"),  # Triton's Python backend (server/repository/python_models.py)
+    "ensemble": ("ensemble", ""),  # no engine: server/ensemble.py runs its steps
 }
-# Settings a model's parameters may set for that model alone (string values, as in the env).
-MODEL_PARAMETERS = {
-    "batcher", "engine", "weights", "seed", "fp16", "channels_last", "identity_elements",
-    "identity_delay_ms", "torch_threads", "cuda_graphs", "engine_batch_sizes", "batch_sizes_only",
-    "trt_profiles", "onnx_path", "diffusion_model", "diffusion_scheduler", "diffusion_default_steps",
-    "check_values", "warmup",
-    "identity_delay_per_item_ms", "slo_ms", "slo_percentile", "slo_headroom_ms", "slo_reject",
-}  # fmt: skip
 BUILTIN_KEY = "builtin"
 # Triton's auto-complete: the model file's default name -> its platform
 FILE_PLATFORMS = {
@@ -102,7 +103,7 @@ class RepositorySource:
             raise KeyError(name)
         config = pb.ModelConfig()
         config.CopyFrom(override.config)
-        return plan_model(model_dir, self.base, config=config, source=f"load of '{name}' (override config)")
+        return plan_config(model_dir, self.base, config, f"load of '{name}' (override config)")
 
     def fingerprint(self, name: str) -> tuple[tuple[str, int, int], ...]:
         """What the poller compares: every file under the model directory with its
@@ -118,20 +119,20 @@ class RepositorySource:
         return tuple(found)
 
 
-def plan_model(
-    model_dir: Path, base: Settings, *, config: pb.ModelConfig | None = None, source: str | None = None
-) -> list[ModelPlan]:
-    """Every version of the model in ``model_dir`` that its version policy selects.
-    ``config``: an override that replaces the directory's config.pbtxt."""
+def plan_model(model_dir: Path, base: Settings) -> list[ModelPlan]:
+    """Every version of the model in ``model_dir`` that its version policy selects."""
+    missing = not (model_dir / CONFIG_FILE).is_file()
+    if missing and not base.disable_auto_complete_config and _has_file(model_dir, "model.onnx"):
+        config = pb.ModelConfig()  # the whole config comes from model.onnx
+    else:
+        config = read_config(model_dir)
+    return plan_config(model_dir, base, config, str(model_dir / CONFIG_FILE))
+
+
+def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source: str) -> list[ModelPlan]:
+    """``plan_model`` with ``config`` (read from ``source``, or a load's override) for the
+    model files in ``model_dir``."""
     name = model_dir.name
-    if config is None:
-        source = str(model_dir / CONFIG_FILE)
-        missing = not (model_dir / CONFIG_FILE).is_file()
-        if missing and not base.disable_auto_complete_config and _has_file(model_dir, "model.onnx"):
-            config = pb.ModelConfig()  # the whole config comes from model.onnx
-        else:
-            config = read_config(model_dir)
-    source = source or str(model_dir / CONFIG_FILE)
     if not base.disable_auto_complete_config:
         auto_complete(config, model_dir, source)
     platform = config.platform or config.backend
@@ -143,11 +144,19 @@ def plan_model(
         raise ConfigError(f"{source}: field '{field}' is {platform!r}; wattserve serves "
                           f"{', '.join(sorted(PLATFORMS))}")  # fmt: skip
     kind, default_file = PLATFORMS[platform]
+    if kind == "ensemble":
+        from wattserve.server.ensemble_graph import ensemble_plans
+
+        return ensemble_plans(config, model_dir, base, source)
     warnings = [f"{source}: field '{f}' is not implemented by wattserve; ignored"
                 for f in unhonoured_fields(config)]  # fmt: skip
+    if kind == "python":  # auto_complete_config, and what a Python model may not ask for
+        python_models.prepare(config, model_dir, base, source, warnings)
     settings = _model_settings(config, base, kind, name, source, warnings)
     batching = config.max_batch_size > 0
     devices = _instance_devices(config, base, source, warnings)
+    steps = kind == "builtin" and MODELS[settings.model].steps
+    serving = ServingConfig.from_settings(settings, devices, steps=steps)  # the one translation
     file_name = config.default_model_filename or default_file
 
     versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
@@ -163,9 +172,8 @@ def plan_model(
         if kind != "builtin" and not path.is_file():
             raise ConfigError(f"{path}: missing ({platform} needs {file_name} in each version folder)")
         factory = _engine_factory(kind, path, name, config, batching, source)
-        plans.append(ModelPlan(name, str(version), settings, factory, batching=batching,
-                               devices=devices, platform=platform, warnings=warnings,
-                               config=config))  # fmt: skip
+        plans.append(ModelPlan(name, str(version), serving, factory, batching=batching,
+                               platform=platform, warnings=warnings, config=config))  # fmt: skip
     for warning in warnings:
         log.warning("%s", warning)
     return plans
@@ -239,12 +247,14 @@ def _onnx_batches(path: Path, source: str) -> bool:
 def _model_settings(
     config: pb.ModelConfig, base: Settings, kind: str, name: str, source: str, warnings: list[str]
 ) -> Settings:
+    """The process settings with this model's config.pbtxt applied, validated by the same
+    rules as the environment; read once, into its ServingConfig, and not kept."""
     update: dict[str, Any] = {}
     params = {k: v.string_value for k, v in config.parameters.items()}
     for key, value in params.items():
         if key in MODEL_PARAMETERS:
             update[key] = value
-        elif key != BUILTIN_KEY:
+        elif key != BUILTIN_KEY and kind != "python":  # a Python model reads its own keys
             warnings.append(f"{source}: parameters key {key!r} is not a wattserve model setting; ignored")
     if kind == "builtin":
         builtin = params.get(BUILTIN_KEY, name)
@@ -309,7 +319,7 @@ def _instance_devices(
     for i, group in enumerate(config.instance_group):
         count = _group_count(group)
         if group.kind == kinds.KIND_GPU:
-            gpus = list(group.gpus) or [None]
+            gpus: list[int | None] = [*group.gpus] or [None]
             devices += [f"cuda:{g}" if g is not None else "cuda" for g in gpus for _ in range(count)]
         elif group.kind == kinds.KIND_CPU:
             devices += ["cpu"] * count
@@ -357,6 +367,8 @@ def _engine_factory(
 ) -> EngineFactory:
     in_outer, in_inner = config_tensors(config.input, source, "input")
     out_outer, out_inner = config_tensors(config.output, source, "output")
+    if kind == "python":
+        return python_models.python_factory(path, name, config, in_outer, out_outer)
     if kind == "torchscript" and (not in_inner or not out_inner):
         raise ConfigError(f"{source}: pytorch_libtorch models need 'input' and 'output' in the config "
                           "(TorchScript files carry no tensor names or shapes)")  # fmt: skip
@@ -365,8 +377,8 @@ def _engine_factory(
 
     serve = KIND_ENGINES[kind]
 
-    def build(settings: Settings) -> Engine:
-        engine = serve(ModelFile(path, name, batching, in_inner, out_inner), settings)
+    def build(engine_config: EngineConfig) -> Engine:
+        engine = serve(ModelFile(path, name, batching, in_inner, out_inner), engine_config)
         scalars = _check_against_config(engine, in_inner, out_inner, source)
         if scalars or in_outer != in_inner or out_outer != out_inner:
             from wattserve.engines.reshape import ReshapedEngine
@@ -388,37 +400,37 @@ class ModelFile:
     outputs: list[TensorSpec]
 
 
-def _onnx_file(model: ModelFile, settings: Settings) -> Engine:
+def _onnx_file(model: ModelFile, config: EngineConfig) -> Engine:
     from wattserve.engines.onnxruntime_engine import OnnxRuntimeEngine
 
-    max_batch = settings.max_batch_size if model.batching else 1
-    return OnnxRuntimeEngine(model.path, name=model.name, max_batch_size=max_batch, device=settings.device,
-                             threads=settings.torch_threads, batched=model.batching)  # fmt: skip
+    max_batch = config.max_batch_size if model.batching else 1
+    return OnnxRuntimeEngine(model.path, name=model.name, max_batch_size=max_batch, device=config.device,
+                             threads=config.torch_threads, batched=model.batching)  # fmt: skip
 
 
-def _torchscript_file(model: ModelFile, settings: Settings) -> Engine:
+def _torchscript_file(model: ModelFile, config: EngineConfig) -> Engine:
     from wattserve.engines.torchscript_engine import TorchScriptEngine
 
-    max_batch = settings.max_batch_size if model.batching else 1
+    max_batch = config.max_batch_size if model.batching else 1
     return TorchScriptEngine(model.path, name=model.name, inputs=model.inputs, outputs=model.outputs,
-                             max_batch_size=max_batch, device=settings.device,
-                             batched=model.batching, threads=settings.torch_threads)  # fmt: skip
+                             max_batch_size=max_batch, device=config.device,
+                             batched=model.batching, threads=config.torch_threads)  # fmt: skip
 
 
-def _tensorrt_plan(model: ModelFile, settings: Settings) -> Engine:
+def _tensorrt_plan(model: ModelFile, config: EngineConfig) -> Engine:
     from wattserve.engines.tensorrt_engine import TensorRTEngine, cuda_device_index
 
     return TensorRTEngine(
-        model.path.read_bytes(), name=model.name, device_index=cuda_device_index(settings.device)
+        model.path.read_bytes(), name=model.name, device_index=cuda_device_index(config.device)
     )
 
 
-def _builtin(model: ModelFile, settings: Settings) -> Engine:
-    return build_engine(settings)  # settings.model is the built-in's name (_model_settings)
+def _builtin(model: ModelFile, config: EngineConfig) -> Engine:
+    return build_engine(config)  # config.model is the built-in's name (_model_settings)
 
 
 # PLATFORMS' kind -> the engine that serves that kind of model
-KIND_ENGINES: dict[str, Callable[[ModelFile, Settings], Engine]] = {
+KIND_ENGINES: dict[str, Callable[[ModelFile, EngineConfig], Engine]] = {
     "onnx": _onnx_file,
     "torchscript": _torchscript_file,
     "tensorrt": _tensorrt_plan,
@@ -442,7 +454,7 @@ def _dims_agree(model: tuple[int, ...], config: tuple[int, ...]) -> bool:
 
 def _check_against_config(
     engine: Engine, inputs: list[TensorSpec], outputs: list[TensorSpec], source: str
-) -> None:
+) -> bool:
     """A config that declares tensors must agree with what the model file says. Returns
     whether some tensor is a model scalar the config declares as ones (to be reshaped)."""
     scalars = False

@@ -69,7 +69,7 @@ def images_router(models: ModelSet, settings: Settings) -> APIRouter:
             if engine is None or [s.name for s in engine.inputs] != ["input"]:
                 raise BadRequest(f"model {name!r} takes tensors, not images")
             data = await read_upload(request, settings.max_body_bytes)
-            args = (data, runtime.settings.model, settings.max_image_pixels)
+            args = (data, runtime.serving.engine.model, settings.max_image_pixels)
             tensor = await asyncio.get_running_loop().run_in_executor(
                 preprocess_executor(), preprocess_image, *args
             )
@@ -83,7 +83,7 @@ def images_router(models: ModelSet, settings: Settings) -> APIRouter:
         except Refused as refused:
             return refusal_response(refused, retry_after_s, request)
         logits = next(iter(done.result.outputs.values()))[0]
-        classes = best_classes(logits, done.runtime.settings.model, top_k)
+        classes = best_classes(logits, done.runtime.serving.engine.model, top_k)
         return json_response({"model_name": name, "top_k": classes}, headers=timing_headers(done.result))
 
     @router.get("/v2/models/{name}/generate")
@@ -100,7 +100,10 @@ def images_router(models: ModelSet, settings: Settings) -> APIRouter:
             engine = runtime.engine
             if engine is not None and {s.name for s in engine.inputs} != {"seed", "steps"}:
                 raise BadRequest(f"model {name!r} is not a diffusion model (no seed/steps inputs)")
-            inputs = {"seed": np.array([seed], np.int64), "steps": np.array([steps], np.int32)}
+            inputs: dict[str, np.ndarray] = {
+                "seed": np.array([seed], np.int64),
+                "steps": np.array([steps], np.int32),
+            }
             timeout_us = int(timeout_ms * 1000) if timeout_ms is not None else None
             decoded = InferRequest(
                 id=None, inputs=inputs, batched=False, priority=priority, timeout_us=timeout_us

@@ -67,7 +67,7 @@ def test_platform_comes_from_the_model_files_name(repo):
 def test_a_directory_without_config_gets_it_from_model_onnx(repo):
     (batching,) = plan(repo, "no_config")
     assert batching.platform == "onnxruntime_onnx" and batching.batching
-    assert batching.settings.max_batch_size == 4 and batching.config.HasField("dynamic_batching")
+    assert batching.serving.max_batch_size == 4 and batching.config.HasField("dynamic_batching")
     (fixed,) = plan(repo, "no_config_fixed")
     assert not fixed.batching and fixed.config.max_batch_size == 0
 

@@ -96,7 +96,9 @@ def test_gpu_families_come_from_the_telemetry_with_gpu_uuid_labels():
     fake = FakeNvml([FakeGpu(power_w=123.0, average_power_w=120.0, uuid="GPU-abc")])
     registry = CollectorRegistry()
     settings = Settings(telemetry_interval_ms=3_600_000, rapl_root="/nonexistent")
-    telemetry = TelemetryService(settings, registry, nvml=fake, clock=fake.clock, sleep=fake.sleep)
+    telemetry = TelemetryService(
+        settings.telemetry_config(), registry, nvml=fake, clock=fake.clock, sleep=fake.sleep
+    )
     models = types.SimpleNamespace(entries=lambda: [])
     registry.register(TritonMetrics(models, telemetry))
     telemetry.start()

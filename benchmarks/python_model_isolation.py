@@ -1,0 +1,109 @@
+"""Does a busy Python model (Triton's Python backend, run on its instance's engine thread in
+the server's process) stall the event loop and the other models?
+
+One server, one repository: a built-in identity (the fast path) and two Python models that
+take ``--busy-ms`` per execute call, one spinning in pure Python (holds the GIL but for the
+interpreter's switch interval) and one sleeping (releases it: the same occupancy without
+the GIL, the control). identity latency (wrk, closed loop, 2 connections) is measured
+alone, then while each Python model is kept saturated by a second wrk (4 connections).
+What is left beside the busy model is CPU sharing and, for the spinning one, the GIL.
+
+    python -m benchmarks.python_model_isolation [--seconds 8] [--rounds 2] [--busy-ms 50]
+
+Prints a table and writes results/python_model_isolation.json. Needs wrk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import orjson
+
+from benchmarks._harness import save, wattserve, wrk
+from support.python_models import write_python_model
+
+IDENTITY = """backend: "wattserve"
+max_batch_size: 16
+dynamic_batching { max_queue_delay_microseconds: 0 }
+parameters { key: "builtin" value: { string_value: "identity" } }
+"""
+IDENTITY_BODY = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
+                                          "data": [float(i) for i in range(16)]}]})  # fmt: skip
+BUSY_BODY = orjson.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32",
+                                      "data": [1.0, 2.0, 3.0, 4.0]}]})  # fmt: skip
+
+
+def measure(url: str, seconds: float, rounds: int) -> dict[str, list[dict]]:
+    ident = url + "/v2/models/identity/infer"
+    wrk(ident, IDENTITY_BODY, 2, 2)  # warm-up
+    runs: dict[str, list[dict]] = {"identity_alone": [], "identity_beside_busy_cpu": [], "busy_cpu": [],
+                                   "identity_beside_busy_sleep": [], "busy_sleep": []}  # fmt: skip
+    for _ in range(rounds):
+        runs["identity_alone"].append(wrk(ident, IDENTITY_BODY, 2, seconds))
+        for model, key in (("busy", "cpu"), ("sleepy", "sleep")):
+            box: list[dict] = []
+
+            def saturate(out: list[dict] = box, model: str = model) -> None:
+                out.append(wrk(f"{url}/v2/models/{model}/infer", BUSY_BODY, 4, seconds + 3))
+
+            thread = threading.Thread(target=saturate, daemon=True)
+            thread.start()
+            threading.Event().wait(1.5)  # the busy model's queue fills first
+            runs[f"identity_beside_busy_{key}"].append(wrk(ident, IDENTITY_BODY, 2, seconds))
+            thread.join()
+            runs[f"busy_{key}"].append(box[0])
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--busy-ms", type=float, default=50)
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="the busy model's initialize sets sys.setswitchinterval (process-wide)")  # fmt: skip
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp)
+        (repo / "identity").mkdir()
+        (repo / "identity" / "config.pbtxt").write_text(IDENTITY)
+        busy = write_python_model(repo, "busy", busy_ms=args.busy_ms)
+        if args.switch_interval_ms is not None:  # a model may shorten the GIL's hand-over itself
+            source = busy / "1" / "model.py"
+            source.write_text(source.read_text().replace(
+                "class TritonPythonModel:\n",
+                "class TritonPythonModel:\n    def initialize(self, args):\n        import sys\n"
+                f"        sys.setswitchinterval({args.switch_interval_ms / 1e3})\n\n",
+            ))  # fmt: skip
+        write_python_model(repo, "sleepy", busy_ms=args.busy_ms)
+        with wattserve({"WATTSERVE_MODEL_REPOSITORY": str(repo), "WATTSERVE_TELEMETRY": "false"}) as url:
+            runs = measure(url, args.seconds, args.rounds)
+
+    def mean(name: str, key: str) -> float:
+        return statistics.mean(r[key] for r in runs[name])
+
+    interval = (
+        args.switch_interval_ms if args.switch_interval_ms is not None else sys.getswitchinterval() * 1e3
+    )
+    print(f"busy model: {args.busy_ms:g} ms per execute; switch interval {interval:g} ms")
+    print(f"{'':<30} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
+    for name in runs:
+        print(
+            f"{name:<30} {mean(name, 'p50_ms'):>8.2f} {mean(name, 'p99_ms'):>8.2f} {mean(name, 'rps'):>8.0f}"
+        )
+    errors = sum(r["non_2xx"] for v in runs.values() for r in v)
+    suffix = "" if args.switch_interval_ms is None else f"_switch{args.switch_interval_ms:g}ms"
+    doc = {"runs": runs, "busy_ms": args.busy_ms, "switch_interval_ms": interval, "seconds": args.seconds,
+           "rounds": args.rounds, "non_2xx": errors, "machine": platform.platform()}  # fmt: skip
+    path = save(f"python_model_isolation{suffix}", doc)
+    print(f"non-2xx answers: {errors}\nsaved {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,326 @@
+"""Triton Python backend models (``model.py`` + ``config.pbtxt``) for tests and benchmarks.
+
+Written after the shapes of Triton's python_backend examples (add_sub, identity, a string
+model, the decoupled "repeat"), plus models that make batching, BLS and failures visible.
+``write_python_model(repo, name)`` writes one into a repository folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ADD_SUB_CONFIG = """
+name: "{name}"
+backend: "python"
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }},
+        {{ name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }},
+         {{ name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+instance_group [ {{ kind: KIND_CPU }} ]
+"""
+
+ADD_SUB = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.model_config = model_config = json.loads(args["model_config"])
+        self.args = args
+        out0 = pb_utils.get_output_config_by_name(model_config, "OUTPUT0")
+        out1 = pb_utils.get_output_config_by_name(model_config, "OUTPUT1")
+        self.output0_dtype = pb_utils.triton_string_to_numpy(out0["data_type"])
+        self.output1_dtype = pb_utils.triton_string_to_numpy(out1["data_type"])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            in_0 = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            in_1 = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            out_0 = pb_utils.Tensor("OUTPUT0", (in_0 + in_1).astype(self.output0_dtype))
+            out_1 = pb_utils.Tensor("OUTPUT1", (in_0 - in_1).astype(self.output1_dtype))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out_0, out_1]))
+        return responses
+
+    def finalize(self):
+        pb_utils.Logger.log_info("add_sub: finalize")
+"""
+
+# Identity that also says how many requests its execute call got (BATCH) and how many kinds
+# of request id ("ext-..." from clients, "bls-..." from a BLS model) shared the call (KINDS).
+IDENTITY_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 16
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }},
+         {{ name: "BATCH" data_type: TYPE_INT32 dims: [ 1 ] }},
+         {{ name: "KINDS" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 20000 }}
+"""
+
+IDENTITY = """
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.args = args
+
+    def execute(self, requests):
+        kinds = len({r.request_id().partition("-")[0] for r in requests})
+        time.sleep(0.005)
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            rows = len(x)
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUTPUT0", x),
+                pb_utils.Tensor("BATCH", np.full((rows, 1), len(requests), np.int32)),
+                pb_utils.Tensor("KINDS", np.full((rows, 1), kinds, np.int32)),
+            ]))
+        return responses
+"""
+
+STRING_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_STRING dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_STRING dims: [ -1 ] }},
+         {{ name: "LENGTH" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+"""
+
+STRING = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            words = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            upper = np.array([w.decode().upper().encode() for w in words.flat], dtype=object)
+            lengths = np.array([len(w) for w in words.flat], dtype=np.int32)
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUTPUT0", upper.reshape(words.shape)),
+                pb_utils.Tensor("LENGTH", lengths.reshape(words.shape)),
+            ]))
+        return responses
+"""
+
+# Decoupled: one response per element of IN (OUT = the element, IDX = its index), sent from
+# a thread the model starts (as Triton's repeat example does), then the final flag alone.
+REPEAT_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy {{ decoupled: true }}
+input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }},
+         {{ name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] }} ]
+"""
+
+REPEAT = """
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.threads = []
+
+    def execute(self, requests):
+        for request in requests:
+            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            sender = request.get_response_sender()
+            thread = threading.Thread(target=self.respond, args=(sender, values))
+            thread.start()
+            self.threads.append(thread)
+        return None
+
+    def respond(self, sender, values):
+        for i, value in enumerate(values):
+            sender.send(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUT", np.array([value], np.int32)),
+                pb_utils.Tensor("IDX", np.array([i], np.uint32)),
+            ]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def finalize(self):
+        for thread in self.threads:
+            thread.join()
+"""
+
+# BLS: calls "{callee}" (the identity above) with its input and returns what the callee said.
+BLS_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 16
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }},
+         {{ name: "BATCH" data_type: TYPE_INT32 dims: [ 1 ] }},
+         {{ name: "KINDS" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ count: 4 kind: KIND_CPU }} ]
+"""
+
+BLS = """
+import triton_python_backend_utils as pb_utils
+
+CALLEE = "{callee}"
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name=CALLEE,
+                inputs=[pb_utils.get_input_tensor_by_name(request, "INPUT0")],
+                requested_output_names=["OUTPUT0", "BATCH", "KINDS"],
+                request_id="bls-" + request.request_id(),
+            )
+            answer = call.exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            responses.append(pb_utils.InferenceResponse(answer.output_tensors()))
+        return responses
+"""
+
+# Fails on purpose: a negative input raises in execute (the whole batch fails), a zero is
+# answered with an INVALID_ARG TritonError in its response (that request alone fails).
+FAILING_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+"""
+
+FAILING = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            if (x < 0).any():
+                raise pb_utils.TritonModelException("negative input, cannot go on")
+            if (x == 0).any():
+                error = pb_utils.TritonError("zero is not a valid input", pb_utils.TritonError.INVALID_ARG)
+                responses.append(pb_utils.InferenceResponse(error=error))
+                continue
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x * 2)]))
+        return responses
+"""
+
+BROKEN_INIT = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        raise pb_utils.TritonModelException("weights file missing: /nowhere/weights.bin")
+
+    def execute(self, requests):
+        return []
+"""
+
+# auto_complete_config fills the whole config (no input/output in config.pbtxt).
+AUTOCOMPLETE_CONFIG = """
+name: "{name}"
+backend: "python"
+"""
+
+AUTOCOMPLETE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        auto_complete_model_config.add_input({"name": "X", "data_type": "TYPE_INT64", "dims": [2]})
+        auto_complete_model_config.add_output({"name": "Y", "data_type": "TYPE_INT64", "dims": [2]})
+        auto_complete_model_config.set_max_batch_size(4)
+        auto_complete_model_config.set_dynamic_batching()
+        return auto_complete_model_config
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() * 10)]) for r in requests]
+"""
+
+# Spends ``{busy_ms}`` ms of pure-Python CPU per execute call (holds the GIL): for the isolation
+# benchmark.
+BUSY_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+dynamic_batching {{ }}
+"""
+
+BUSY = """
+import time
+import triton_python_backend_utils as pb_utils
+
+BUSY_S = {busy_ms} / 1000.0
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        end = time.perf_counter() + BUSY_S
+        n = 0
+        while time.perf_counter() < end:  # pure Python: holds the GIL but for the switch interval
+            n += 1
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
+"""
+
+# The same occupancy without holding the GIL (time.sleep): the isolation benchmark's control.
+SLEEPY = BUSY.replace(
+    """        n = 0
+        while time.perf_counter() < end:  # pure Python: holds the GIL but for the switch interval
+            n += 1
+""",
+    """        time.sleep(max(0.0, end - time.perf_counter()))  # releases the GIL
+""",
+)
+
+MODELS: dict[str, tuple[str, str]] = {
+    "add_sub": (ADD_SUB_CONFIG, ADD_SUB),
+    "identity": (IDENTITY_CONFIG, IDENTITY),
+    "string": (STRING_CONFIG, STRING),
+    "repeat": (REPEAT_CONFIG, REPEAT),
+    "bls": (BLS_CONFIG, BLS),
+    "failing": (FAILING_CONFIG, FAILING),
+    "broken_init": (ADD_SUB_CONFIG, BROKEN_INIT),
+    "autocomplete": (AUTOCOMPLETE_CONFIG, AUTOCOMPLETE),
+    "busy": (BUSY_CONFIG, BUSY),
+    "sleepy": (BUSY_CONFIG, SLEEPY),
+}
+
+
+def write_python_model(repo: Path, kind: str, name: str | None = None, **values: object) -> Path:
+    """``<repo>/<name>/config.pbtxt`` and ``<repo>/<name>/1/model.py`` of model ``kind``;
+    ``values`` fill its placeholders (``callee`` for bls, ``busy_ms`` for busy)."""
+    name = name or kind
+    config, source = MODELS[kind]
+    folder = Path(repo) / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "config.pbtxt").write_text(config.format(name=name, **values))
+    filled = source
+    for key, value in values.items():
+        filled = filled.replace("{" + key + "}", str(value))
+    (folder / "1" / "model.py").write_text(filled)
+    return folder

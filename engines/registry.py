@@ -56,6 +56,26 @@ def _diffusion(settings: Any) -> Engine:
     )
 
 
+def _text_to_image(settings: Any) -> Engine:
+    """A local Stable Diffusion folder (WATTSERVE_DIFFUSION_MODEL); nothing is downloaded."""
+    from wattserve.engines.text_to_image import TextToImageEngine
+
+    if settings.diffusion_model is None:
+        raise ValueError(
+            f"model {settings.model!r} needs WATTSERVE_DIFFUSION_MODEL=<a local Stable Diffusion folder>"
+        )
+    return TextToImageEngine(
+        settings.model,
+        settings.diffusion_model,
+        scheduler=settings.diffusion_scheduler,
+        device=settings.device,
+        fp16=settings.fp16,
+        max_batch_size=settings.max_batch_size,
+        default_steps=settings.diffusion_default_steps,
+        threads=settings.torch_threads,
+    )
+
+
 def _torchvision(settings: Any) -> Engine:
     from wattserve.engines.torch_engine import TorchVisionEngine
 
@@ -81,6 +101,7 @@ MODELS: Mapping[str, BuiltinModel] = {
     "identity": BuiltinModel(_identity, any_engine=True),
     **{name: BuiltinModel(_torchvision) for name in TORCHVISION_MODELS},
     "tiny_unet": BuiltinModel(_diffusion),
+    "stable_diffusion": BuiltinModel(_text_to_image),
 }
 
 

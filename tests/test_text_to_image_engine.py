@@ -62,7 +62,7 @@ def run(engine: TextToImageEngine, states) -> None:
 
 def test_capabilities(engine: TextToImageEngine) -> None:
     assert isinstance(engine, StepEngine) and isinstance(engine, PreparesInputs)
-    assert engine.default_size == (64, 64)
+    assert engine.default_size == (32, 32)
 
 
 @pytest.mark.parametrize(
@@ -91,7 +91,7 @@ def test_lone_request_equals_diffusers_pipeline(
     np.testing.assert_allclose(state.latents.numpy(), latents.images.numpy(), atol=LATENT_TOL, rtol=0)
     want = (image.images[0] * 255).round().astype(np.uint8)
     got = engine.result(state)["image"]
-    assert got.shape == want.shape == (64, 64, 3) and got.dtype == np.uint8
+    assert got.shape == want.shape == (32, 32, 3) and got.dtype == np.uint8
     assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
     assert want.std() > 5  # not a flat image: the comparison means something
 
@@ -132,7 +132,7 @@ def test_infer_runs_the_same_pipeline(engine: TextToImageEngine) -> None:
             for p, s, n, g in specs]  # fmt: skip
     batch = {name: np.concatenate([r[name] for r in rows]) for name in rows[0]}
     images = engine.infer(batch)["image"]
-    assert images.shape == (2, 64, 64, 3)
+    assert images.shape == (2, 32, 32, 3)
     for (p, s, n, g), image in zip(specs, images, strict=True):
         state = engine.start(request(p, seed=s, steps=n, guidance_scale=g))
         run(engine, [state])
@@ -143,12 +143,12 @@ def test_prepare_fills_defaults_and_keys_by_size(engine: TextToImageEngine) -> N
     filled, key = engine.prepare({"prompt": np.array([[b"a cat"]], dtype=object)})
     assert set(filled) == {s.name for s in engine.inputs}
     assert filled["negative_prompt"][0, 0] == b"" and filled["steps"][0, 0] == 4
-    assert filled["guidance_scale"][0, 0] == np.float32(7.5) and filled["height"][0, 0] == 64
-    assert key == (32, 32)
+    assert filled["guidance_scale"][0, 0] == np.float32(7.5) and filled["height"][0, 0] == 32
+    assert key == (16, 16)
     _, key = engine.prepare(
-        {"prompt": np.array([[b"a cat"]], dtype=object), "width": np.array([[96]], np.int32)}
+        {"prompt": np.array([[b"a cat"]], dtype=object), "width": np.array([[48]], np.int32)}
     )
-    assert key == (32, 48)
+    assert key == (16, 24)
 
 
 @pytest.mark.parametrize(

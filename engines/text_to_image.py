@@ -168,11 +168,14 @@ class TextToImageEngine:
             torch.set_num_threads(threads)
         path = Path(model_path)
         read_pipeline_index(path)
+        self._dtype = torch.float16 if fp16 and self._device.type == "cuda" else torch.float32
         local: dict[str, Any] = {"local_files_only": True}
         self.tokenizer = CLIPTokenizer.from_pretrained(path, subfolder="tokenizer", **local)
+        local["torch_dtype"] = self._dtype  # the models' weights, loaded in the dtype they run in
         text_encoder = CLIPTextModel.from_pretrained(path, subfolder="text_encoder", **local)
         unet = UNet2DConditionModel.from_pretrained(path, subfolder="unet", **local)
         vae = AutoencoderKL.from_pretrained(path, subfolder="vae", **local)
+        del local["torch_dtype"]
         cfg = unet.config
         if cfg.time_cond_proj_dim is not None or cfg.addition_embed_type is not None:
             raise EngineError(
@@ -186,10 +189,9 @@ class TextToImageEngine:
             )
         sched_config = type(make_scheduler(scheduler)).load_config(path, subfolder="scheduler", **local)
         self.scheduler = PerSampleScheduler(make_scheduler(scheduler, sched_config), eta=eta)
-        self._dtype = torch.float16 if fp16 and self._device.type == "cuda" else torch.float32
-        self.text_encoder = text_encoder.eval().to(self._device, self._dtype)
-        self.unet = unet.eval().to(self._device, self._dtype)
-        self.vae = vae.eval().to(self._device, self._dtype)
+        self.text_encoder = text_encoder.eval().to(self._device)
+        self.unet = unet.eval().to(self._device)
+        self.vae = vae.eval().to(self._device)
 
         self.vae_scale = 2 ** (len(vae.config.block_out_channels) - 1)
         size = cfg.sample_size

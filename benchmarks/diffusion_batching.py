@@ -87,6 +87,7 @@ class Run:
     steps_per_s: float | None  # denoising state-steps per second over the run
     latencies_ms: list[float] = field(repr=False, default_factory=list)
     mix: str = ""  # the step counts drawn from, e.g. "10,20,40"
+    joules_per_image: float | None = None  # metered energy (busy + idle) / images computed, over the run
 
 
 def infer_body(seed: int, steps: int) -> bytes:
@@ -107,7 +108,8 @@ def text_body(rng: np.random.Generator, steps: int) -> bytes:
 
 
 def scrape(url: str) -> dict[str, float]:
-    wanted = {"wattserve_iteration_state_steps_total", "wattserve_iterations_total"}
+    wanted = {"wattserve_iteration_state_steps_total", "wattserve_iterations_total", "wattserve_inferences_total",
+              "wattserve_energy_joules_total"}  # fmt: skip
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
         for sample in family.samples:
@@ -150,6 +152,8 @@ def summarize(policy: str, rate: float, result: RunResult, before: dict, after: 
         "wattserve_iteration_state_steps_total", 0
     )
     calls = after.get("wattserve_iterations_total", 0) - before.get("wattserve_iterations_total", 0)
+    images = after.get("wattserve_inferences_total", 0) - before.get("wattserve_inferences_total", 0)
+    joules = after.get("wattserve_energy_joules_total", 0) - before.get("wattserve_energy_joules_total", 0)
     nan = float("nan")
     return Run(
         policy=policy, rate=rate, requests=s["sent"], ok=s["completed"], errors=s["errors_by_status"],
@@ -159,7 +163,7 @@ def summarize(policy: str, rate: float, result: RunResult, before: dict, after: 
         client_lag_p99_ms=(s["lag_ms"] or {}).get("p99") or 0.0, valid=s["valid"],
         mean_occupancy=steps / calls if calls else None,
         steps_per_s=steps / wall_s if wall_s > 0 else None,
-        latencies_ms=latencies,
+        latencies_ms=latencies, joules_per_image=joules / images if joules and images else None,
     )  # fmt: skip
 
 
@@ -229,7 +233,7 @@ def print_table(runs: list[Run]) -> None:
 
     table = Table(title="diffusion batching: latency from intended send time")
     for col in ("mix", "rate", "policy", "ok/n", "mean ms", "p50 ms", "p95 ms", "p99 ms", "thru req/s",
-                "occupancy", "steps/s", "lag p99 ms", "valid"):  # fmt: skip
+                "occupancy", "steps/s", "J/image", "lag p99 ms", "valid"):  # fmt: skip
         table.add_column(col, justify="right")
     for r in runs:
         table.add_row(
@@ -237,6 +241,7 @@ def print_table(runs: list[Run]) -> None:
             f"{r.p95_ms:.0f}", f"{r.p99_ms:.0f}", f"{r.throughput_rps:.2f}",
             f"{r.mean_occupancy:.2f}" if r.mean_occupancy else "-",
             f"{r.steps_per_s:.0f}" if r.steps_per_s else "-",
+            f"{r.joules_per_image:.3g}" if r.joules_per_image else "-",
             f"{r.client_lag_p99_ms:.1f}", "yes" if r.valid else "NO",
         )  # fmt: skip
     Console(width=200).print(table)
@@ -270,6 +275,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pipeline", choices=("tiny_unet", "text_to_image"), default="tiny_unet")
     parser.add_argument("--sd-folder", type=Path, default=None,
                         help="text_to_image: a local Stable Diffusion folder (default: build the tiny one)")  # fmt: skip
+    parser.add_argument("--device", default=None, help="WATTSERVE_DEVICE of the servers (e.g. cuda:0)")
+    parser.add_argument("--fp16", action="store_true", help="WATTSERVE_FP16=1 (CUDA only)")
     parser.add_argument("--policies", default="static,dynamic,continuous")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "diffusion_batching")
@@ -293,6 +300,10 @@ def main(argv: list[str] | None = None) -> None:
             build(folder)
         model = TEXT_MODEL
         extra = {"WATTSERVE_MODEL": model, "WATTSERVE_DIFFUSION_MODEL": str(folder.resolve())}
+    if args.device:
+        extra["WATTSERVE_DEVICE"] = args.device
+    if args.fp16:
+        extra["WATTSERVE_FP16"] = "1"
 
     policies = args.policies.split(",")
     runs: list[Run] = []

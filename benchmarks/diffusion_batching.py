@@ -51,6 +51,9 @@ COMMON_ENV = {
     "WATTSERVE_MODEL": MODEL,
     "WATTSERVE_TORCH_THREADS": "1",
     "WATTSERVE_MAX_QUEUE_SIZE": "1024",
+    # count bound only: the default 3 s time bound sheds static's waiting requests (503),
+    # and this benchmark measures latency, not shedding
+    "WATTSERVE_MAX_QUEUE_WAIT_S": "0",
 }
 POLICIES: dict[str, dict[str, str]] = {
     # static(N): only full batches of N; the lone request waits for N-1 others.

@@ -47,6 +47,9 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     datatype: str = "FP32"
+    # Triton's ``optional`` input: a request may leave it out (the engine's ``prepare``
+    # fills it in before the request is queued, so batches still hold every input).
+    optional: bool = False
 
     @property
     def dtype(self) -> np.dtype:
@@ -142,6 +145,16 @@ class ValidatesInputs(Protocol):
     client's 400."""
 
     def validate(self, inputs: Mapping[str, np.ndarray]) -> None: ...
+
+
+@runtime_checkable
+class PreparesInputs(Protocol):
+    """An engine that checks one whole request (batch axis first), fills in the optional
+    inputs it left out and names the request's batch key: requests batch only with
+    requests of the same key (e.g. text-to-image: the latent size; None: any). Run once
+    before the request is queued; a ``ValueError`` is the client's 400."""
+
+    def prepare(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], tuple | None]: ...
 
 
 StepObserver = Callable[[int, float], None]  # (states in one model call, its seconds) -> None

@@ -13,8 +13,9 @@ from typing import Literal, get_args
 # The image classifiers every engine serves: torch directly, ONNX Runtime and TensorRT
 # through their checked ONNX export (engines/onnx_export.py).
 TORCHVISION_MODELS = ("resnet50", "mobilenet_v2", "mobilenet_v3_large")
-# A step engine (engines/diffusion.py): iteration-level batching applies to it.
-DIFFUSION_MODELS = ("tiny_unet",)
+# Step engines (engines/diffusion.py, engines/text_to_image.py): iteration-level batching
+# applies to them. stable_diffusion serves the local folder WATTSERVE_DIFFUSION_MODEL names.
+DIFFUSION_MODELS = ("tiny_unet", "stable_diffusion")
 # Every model wattserve serves without a model file (engines/registry.py builds each).
 BUILTIN_MODELS = ("identity", *TORCHVISION_MODELS, *DIFFUSION_MODELS)
 

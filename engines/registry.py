@@ -58,6 +58,26 @@ def _diffusion(config: EngineConfig) -> Engine:
     )
 
 
+def _text_to_image(config: EngineConfig) -> Engine:
+    """A local Stable Diffusion folder (WATTSERVE_DIFFUSION_MODEL); nothing is downloaded."""
+    from wattserve.engines.text_to_image import TextToImageEngine
+
+    if config.diffusion_model is None:
+        raise ValueError(
+            f"model {config.model!r} needs WATTSERVE_DIFFUSION_MODEL=<a local Stable Diffusion folder>"
+        )
+    return TextToImageEngine(
+        config.model,
+        config.diffusion_model,
+        scheduler=config.diffusion_scheduler,
+        device=config.device,
+        fp16=config.fp16,
+        max_batch_size=config.max_batch_size,
+        default_steps=config.diffusion_default_steps,
+        threads=config.torch_threads,
+    )
+
+
 def _torchvision(config: EngineConfig) -> Engine:
     from wattserve.engines.torch_engine import TorchVisionEngine
 
@@ -82,7 +102,8 @@ def _torchvision(config: EngineConfig) -> Engine:
 MODELS: Mapping[str, BuiltinModel] = {
     "identity": BuiltinModel(_identity, any_engine=True),
     **{name: BuiltinModel(_torchvision) for name in TORCHVISION_MODELS},
-    **{name: BuiltinModel(_diffusion, steps=True) for name in DIFFUSION_MODELS},
+    "tiny_unet": BuiltinModel(_diffusion, steps=True),
+    "stable_diffusion": BuiltinModel(_text_to_image, steps=True),
 }
 
 
@@ -113,6 +134,7 @@ ENGINES: Mapping[str, EngineBuilder] = {
     "tensorrt": _tensorrt,
 }
 assert tuple(MODELS) == BUILTIN_MODELS and tuple(ENGINES) == ENGINE_NAMES, "engines/catalog.py names them"
+assert {n for n, m in MODELS.items() if m.steps} == set(DIFFUSION_MODELS), "catalog: the step engines"
 
 
 def build_engine(config: EngineConfig) -> Engine:

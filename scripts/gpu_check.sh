@@ -12,6 +12,9 @@
 #   4. energy: NVML counter vs integrated power, J/inference (scripts/gpu_energy_check.py)
 #   5. live server with NVML telemetry + the study studies/gpu-thesis.toml, rates scaled to the
 #      capacity the SLO search measures (scripts/gpu_study.py; needs the wheel kit's packages)
+#   5b. text-to-image: a tiny Stable Diffusion pipeline (scripts/build_tiny_sd.py) served on the GPU,
+#      iteration-level vs dynamic vs static at Poisson rates (benchmarks/diffusion_batching.py
+#      --pipeline text_to_image; J/image where NVML meters it); GPU_T2I=0 skips it
 #   6. report: docs/gpu-results.md and gpu_results.json written from the above (scripts/gpu_report.py)
 #
 # Exit status: the first non-zero of the steps: 1 a check failed, 2 no CUDA, 3 something
@@ -35,10 +38,12 @@ record() {  # record STATUS NAME: keep the first non-zero status
   if [ "$status" -eq 0 ] && [ "$1" -ne 0 ]; then status=$1; fi
 }
 if [ "${GPU_QUICK:-0}" = 1 ]; then
+  T2I_ARGS=(--rates 10,30 --requests 60 --warmup 10 --mixes "10,20,40")
   ENGINE_ARGS=(--batch-sizes 1,8 --min-iters 5 --min-seconds 0.1)
   ENERGY_ARGS=(--batch-sizes 8 --seconds-per-size 3)
   STUDY_ARGS=(--quick)
 else
+  T2I_ARGS=(--rates 5,15,30 --requests 90 --warmup 15 --mixes "10,20,40;20")
   STUDY_ARGS=()
   ENGINE_ARGS=(--batch-sizes 1,8,32 --min-iters 10 --min-seconds 0.2)
   ENERGY_ARGS=(--batch-sizes 1,32 --seconds-per-size 6)
@@ -87,6 +92,21 @@ if [ "${GPU_STUDY:-1}" = 1 ]; then
   fi
 else
   echo "NOT RUN (GPU_STUDY=0): live server and study" | tee -a "$LOG"
+fi
+
+if [ "${GPU_T2I:-1}" = 1 ]; then
+  if "$PY" -c "import fastapi, uvicorn, pydantic_settings, diffusers, transformers" 2>/dev/null; then
+    "$PY" -m benchmarks.diffusion_batching --pipeline text_to_image --device cuda:0 --fp16 "${T2I_ARGS[@]}" \
+      --out "$RESULTS/text_to_image" 2>&1 | tee "$RESULTS/text_to_image.log" | tee -a "$LOG"
+    record "${PIPESTATUS[0]}" text_to_image
+    cp "$RESULTS/text_to_image/diffusion_batching.json" "$SUMMARY/text_to_image.json" 2>/dev/null || true
+    cp "$RESULTS/text_to_image/latency_cdf.png" "$SUMMARY/text_to_image_cdf.png" 2>/dev/null || true
+  else
+    echo "NOT CHECKED: text-to-image: diffusers/transformers or server packages missing (kit: 'wattserve[diffusion]')" | tee -a "$LOG"
+    record 3 text_to_image
+  fi
+else
+  echo "NOT RUN (GPU_T2I=0): text-to-image" | tee -a "$LOG"
 fi
 
 "$PY" scripts/gpu_report.py --results "$RESULTS" --doc docs/gpu-results.md --summary "$SUMMARY" 2>&1 | tee -a "$LOG"

@@ -9,7 +9,7 @@ downloads each remaining one at the version installed here (what the tests ran a
 binary wheel for the device's Python and platform, builds wattserve itself as a wheel, and
 refuses a kit over the carry limit. On the device:
 
-    python3 -m pip install --no-index --find-links .whl wattserve && scripts/gpu_check.sh
+    python3 -m pip install --no-index --find-links .whl 'wattserve[diffusion]' && scripts/gpu_check.sh
 
 ``--python-version 3.11`` builds a kit for this machine's Python, for testing the kit here
 (scripts/gpu_kit_selftest.sh). Only PyPI is asked, through pip.
@@ -35,6 +35,10 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
              "manylinux2014_x86_64", "manylinux1_x86_64", "linux_x86_64"]  # fmt: skip
 
 
+# Extras whose wheels travel too: gpu_check.sh's text-to-image run needs diffusers (+ transformers)
+KIT_EXTRAS = ("diffusion",)
+
+
 def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -48,7 +52,8 @@ def project_requirements() -> list[Requirement]:
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return [Requirement(r) for r in project["dependencies"]]
+    extras = [r for e in KIT_EXTRAS for r in project.get("optional-dependencies", {}).get(e, [])]
+    return [Requirement(r) for r in [*project["dependencies"], *extras]]
 
 
 def closure(python_version: str, image: set[str]) -> tuple[dict[str, str], set[str]]:

@@ -268,9 +268,9 @@ def assemble_request(
 ) -> InferRequest:
     """Checked inputs -> one InferRequest: every input present, one batch size, parameters
     (priority, timeout in µs) and requested outputs read as the protocol says."""
-    missing = sorted(set(by_name) - set(arrays))
+    missing = set(by_name) - set(arrays)
     if missing:
-        raise BadRequest(f"missing input(s) {missing}")
+        _refuse_missing(missing, by_name)
     batched = batched_flags.pop()
     sizes = {a.shape[0] for a in arrays.values()} if batched else {1}
     if len(sizes) > 1:
@@ -279,6 +279,13 @@ def assemble_request(
     _read_parameters(parameters, request)
     _read_outputs(outputs, output_specs, request)
     return request
+
+
+def _refuse_missing(missing: set[str], by_name: dict[str, TensorSpec]) -> None:
+    """400 for a required input left out (Triton's ``optional`` inputs may be)."""
+    required = sorted(name for name in missing if not by_name[name].optional)
+    if required:
+        raise BadRequest(f"missing input(s) {required}")
 
 
 def _loads(text: bytes) -> Any:

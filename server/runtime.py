@@ -22,6 +22,7 @@ from wattserve.batchers.registry import build_batcher
 from wattserve.batchers.types import Draining, RequestError, Result, WorkItem
 from wattserve.engines.base import (
     Engine,
+    PreparesInputs,
     StepEngine,
     ValidatesInputs,
     WarmsItself,
@@ -81,6 +82,7 @@ class ModelRuntime:
         self.engine: Engine | None = None
         self.batcher: Batcher | None = None
         self._validate: Any = None  # the engine's own input checks (ValidatesInputs), if any
+        self._prepare: Any = None  # the engine fills optional inputs, keys batches (PreparesInputs)
         self._one_row = False  # a step engine: one row per request (its state is one row)
         self._variable: list[str] | None = None  # inputs with -1 dims: their shapes key batches
         self._collector: Any = None  # the batcher's own Prometheus collector, if any
@@ -117,6 +119,7 @@ class ModelRuntime:
             raise
         self.engine, self.batcher = engines[0], batcher
         self._validate = self.engine.validate if isinstance(self.engine, ValidatesInputs) else None
+        self._prepare = self.engine.prepare if isinstance(self.engine, PreparesInputs) else None
         self._one_row = isinstance(self.engine, StepEngine)
         variable = [spec.name for spec in self.engine.inputs if spec.variable]
         self._variable = variable or None
@@ -189,6 +192,7 @@ class ModelRuntime:
             self.metrics.registry.unregister(collector)
         self.engine = None
         self._validate = None
+        self._prepare = None
         self._one_row = False
         self._variable = None
 
@@ -209,6 +213,11 @@ class ModelRuntime:
                              f"{request.rows}")  # fmt: skip
         if self._validate is not None:  # model-specific checks (-> 400), once per request
             self._validate(inputs)
+        if self._prepare is not None:  # optional inputs filled in; the engine's batch key
+            inputs, key = self._prepare(inputs)
+            item = self.work_item(inputs, request.priority, request.timeout_us)
+            item.shape_key = key
+            return item
         item = self.work_item(inputs, request.priority, request.timeout_us)
         item.rows = request.rows
         item.context = request  # id, requested outputs: for engines that take requests

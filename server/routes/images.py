@@ -6,6 +6,10 @@
   output as an 8-bit PNG, enlarged ``scale`` times with nearest-neighbour pixels so a 32x32
   sample is visible in a browser. It runs exactly what infer runs for inputs ``seed=[7]``,
   ``steps=[20]`` (same batcher, queue, limits and timing headers).
+- ``GET /v2/models/{m}/generate?prompt=a+cat&seed=7&steps=20&guidance_scale=7.5&height=&width=``
+  on a text-to-image model: its UINT8 ``image`` [H, W, 3] as a PNG; the parameters given
+  become the request's inputs (``prompt``, ``negative_prompt``, ``seed``, ``steps``,
+  ``guidance_scale``, ``height``, ``width``), those left out take the model's defaults.
 """
 
 from __future__ import annotations
@@ -36,13 +40,17 @@ MAX_SCALE = 16
 
 
 def image_to_png(image: np.ndarray, scale: int = 1) -> bytes:
-    """FP32 [C, H, W] in [0, 1] (C = 1 or 3) -> PNG bytes, each pixel ``scale`` x ``scale``."""
+    """FP32 [C, H, W] in [0, 1] (C = 1 or 3), or UINT8 [H, W, 3] -> PNG bytes, each pixel
+    ``scale`` x ``scale``."""
     from PIL import Image
 
-    if image.ndim != 3 or image.shape[0] not in (1, 3):
-        raise ValueError(f"expected an image [1 or 3, H, W], got shape {image.shape}")
-    pixels = np.clip(np.rint(np.asarray(image, np.float32) * 255.0), 0, 255).astype(np.uint8)
-    pixels = pixels.transpose(1, 2, 0)
+    if image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3:
+        pixels = image
+    elif image.ndim != 3 or image.shape[0] not in (1, 3):
+        raise ValueError(f"expected an image [1 or 3, H, W] or UINT8 [H, W, 3], got shape {image.shape}")
+    else:
+        pixels = np.clip(np.rint(np.asarray(image, np.float32) * 255.0), 0, 255).astype(np.uint8)
+        pixels = pixels.transpose(1, 2, 0)
     if scale > 1:
         pixels = pixels.repeat(scale, axis=0).repeat(scale, axis=1)
     picture = Image.fromarray(pixels[..., 0] if pixels.shape[2] == 1 else pixels)
@@ -95,15 +103,27 @@ def images_router(models: ModelSet, settings: Settings) -> APIRouter:
         scale: int = Query(1, ge=1, le=MAX_SCALE, description="Nearest-neighbour enlargement."),
         priority: int = Query(0, ge=0, description="Triton priority level; 0: the default."),
         timeout_ms: float | None = Query(None, gt=0, description="Deadline; 503 when passed."),
+        prompt: str | None = Query(None, description="Text-to-image: the prompt."),
+        negative_prompt: str | None = Query(None, description="Text-to-image: the negative prompt."),
+        guidance_scale: float | None = Query(None, description="Text-to-image: guidance scale."),
+        height: int | None = Query(None, description="Text-to-image: image height in pixels."),
+        width: int | None = Query(None, description="Text-to-image: image width in pixels."),
     ) -> Response:
+        text = {"prompt": prompt, "negative_prompt": negative_prompt}
+        numbers = {"guidance_scale": (guidance_scale, np.float32), "height": (height, np.int32),
+                   "width": (width, np.int32)}  # fmt: skip
+
         async def decode(runtime: ModelRuntime, _: Request) -> tuple[InferRequest, Engine | None]:
             engine = runtime.engine
-            if engine is not None and {s.name for s in engine.inputs} != {"seed", "steps"}:
+            names = {s.name for s in engine.inputs} if engine is not None else {"seed", "steps"}
+            if "prompt" in names:  # text-to-image: what was given; the model fills the rest
+                inputs = {k: np.array([v.encode()], dtype=object) for k, v in text.items() if v is not None}
+                inputs |= {k: np.array([v], dtype) for k, (v, dtype) in numbers.items() if v is not None}
+                inputs |= {"seed": np.array([seed], np.int64), "steps": np.array([steps], np.int32)}
+            elif names != {"seed", "steps"}:
                 raise BadRequest(f"model {name!r} is not a diffusion model (no seed/steps inputs)")
-            inputs: dict[str, np.ndarray] = {
-                "seed": np.array([seed], np.int64),
-                "steps": np.array([steps], np.int32),
-            }
+            else:
+                inputs = {"seed": np.array([seed], np.int64), "steps": np.array([steps], np.int32)}
             timeout_us = int(timeout_ms * 1000) if timeout_ms is not None else None
             decoded = InferRequest(
                 id=None, inputs=inputs, batched=False, priority=priority, timeout_us=timeout_us

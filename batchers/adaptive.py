@@ -116,17 +116,19 @@ class AdaptiveBatcher(SloBatcher):
         full = self.config.max_batch_size
         queue = view.queue
         queued = queue.head(full).rows
-        if queued >= full or view.closing:
+        if queued >= full:
             self.last_decision = self._full
             return Dispatch(full)
+        if view.closing:
+            return Dispatch(full, complete=False)
         oldest = queue.oldest_arrival()
         assert oldest is not None  # asked only with something queued
         with self._arrivals_lock:
             rate = self.arrivals.rate(now)
         decision = decide_batch(QueueState(queued, now - oldest), self.cost_view(), rate, self.objective)
         self.last_decision = decision
-        if decision.dispatch:
-            return Dispatch(decision.dispatch)
+        if decision.dispatch:  # a trade-off against waiting: formed on the loop
+            return Dispatch(decision.dispatch, complete=False)
         return Wait(decision.wait_s)
 
     def shed(self, now: float) -> bool:

@@ -75,7 +75,7 @@ class DynamicBatcher(RequestBatcher):
         assert oldest is not None  # asked only with something queued
         left = oldest + self.config.max_queue_delay_s - now
         if left <= 0 or view.closing:
-            return Dispatch(self.size_on_timeout(queue))
+            return Dispatch(self.size_on_timeout(queue), complete=False)
         # Until the delay runs out, only reaching the next size that goes at once changes
         # the decision: sleep through the arrivals before it.
         return Wait(left, self.next_size_at_once(queue))

@@ -135,7 +135,10 @@ class BatchExecutor:
             following: list[WorkItem] = []
             refused = None
             if error is None and self.next_ready is not None:
-                following, refused = self.next_ready()
+                try:
+                    following, refused = self.next_ready()
+                except Exception:  # never strand the batch just computed: the loop decides
+                    log.exception("taking the next batch on the engine thread failed")
             try:
                 loop.call_soon_threadsafe(self.done, self, batch, outcome, error, bool(following))
             except RuntimeError:  # the loop is closed: the server stopped, nobody waits

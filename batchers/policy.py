@@ -5,7 +5,12 @@ and requests are queued, wherever that happens: on the event loop, or on an engi
 that has just finished a batch and would chain the next one (``batchers.executor``). The
 answer is one of two values, as vLLM's scheduler or Ray Serve's batching queue have it:
 
-- ``Dispatch(rows)``: take the run of whole requests at the head now, up to ``rows`` rows;
+- ``Dispatch(rows, complete)``: take the run of whole requests at the head now, up to
+  ``rows`` rows; ``complete`` says whether the batch would not grow by waiting (full, a
+  preferred size, the next request cannot join) or goes because waiting is over (a delay
+  ran out, a drain, a trade-off). An engine thread chains only complete batches; the
+  others it leaves to the loop, which takes them after the requests it has received but
+  not yet queued (bodies being parsed) have joined, as they did before there was one door;
 - ``Wait(timeout, wake_at_depth)``: ask again after ``timeout`` seconds (None: only when
   the queue changes), sleeping through arrivals until ``wake_at_depth`` rows are queued.
 
@@ -24,9 +29,11 @@ from wattserve.batchers.queue import PriorityFifo
 
 class Dispatch(NamedTuple):
     """Take the run of whole requests at the head, up to ``rows`` rows (the head request
-    whatever its rows)."""
+    whatever its rows). ``complete``: waiting would not make this batch bigger (see the
+    module docstring for why an engine thread chains only those)."""
 
     rows: int
+    complete: bool = True
 
 
 class Wait(NamedTuple):

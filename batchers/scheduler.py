@@ -5,7 +5,8 @@ wait in a ``PriorityFifo``; when an engine instance is free the scheduler asks t
 (``batchers.policy``) and either takes the batch it names or waits as it says. The same
 decision is asked from two places, never two different questions: ``next_batch`` on the
 event loop (it may wait) and ``ready_batch`` on an engine thread that has just finished a
-batch (it never waits: a ``Wait`` sends the instance back to the loop).
+batch (it never waits, and chains only a complete batch: a ``Wait``, or a batch that goes
+because waiting is over, sends the instance back to the loop).
 
 Taking a batch moves its items queued -> running (``WorkItem.start``) and reports them to
 the observer's ``on_dispatch``. A decision or an ``on_dispatch`` that raises fails only the
@@ -96,8 +97,8 @@ class Scheduler:
                     "batching policy failed on an engine thread; the event loop decides", exc_info=True
                 )
                 return [], None
-            if isinstance(decision, Wait):
-                return [], None
+            if isinstance(decision, Wait) or not decision.complete:
+                return [], None  # the loop takes it, with what it has received meanwhile
             try:
                 return self.take(decision.rows), None
             except DispatchFailed as failed:

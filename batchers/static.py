@@ -22,6 +22,8 @@ class StaticBatcher(RequestBatcher):
         else:
             head = queue.head(n)
             full = head.closed or queue.rows > head.rows or head.rows >= n
-        if full or view.closing:
+        if full:
             return Dispatch(n)
+        if view.closing:  # the partial batch, flushed
+            return Dispatch(n, complete=False)
         return Wait(wake_at_depth=n)  # a full batch, or drain

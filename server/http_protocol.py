@@ -1,10 +1,17 @@
 """Connection-level guards uvicorn's HTTP protocol lacks: a deadline for the request
-header, a cap on header bytes, and a cap on open connections.
+header, a cap on header bytes, a cap on open connections, and word to the app when a
+client leaves.
 
 Without them a client that opens sockets and sends nothing (or a header byte a second)
 holds a descriptor forever, and 1,100 such sockets exhausted a 1,024-descriptor limit so
 that normal requests were reset with nothing logged; a single 100 MB header was read whole.
 These guards act before the app sees anything, so each refusal costs a few bytes.
+
+At the cap a new connection first makes room by closing the oldest *idle* one (sent
+nothing yet, or waiting between keep-alive requests), as nginx reuses its idle
+connections; only when every connection is busy is the new one refused with a 503. With
+1,100 silent sockets open a normal request was otherwise answered only once the header
+timeout had freed slots (5.2 s).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import asyncio
 import logging
 import resource
 import time
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -71,6 +79,17 @@ class GuardLimits:
         self.retry_after_s = retry_after_s
         self.counter = counter
         self.log = _RateLimitedLog()
+        # Connections that may be closed to make room, oldest first (a dict keeps insertion
+        # order): opened and silent, or between keep-alive requests.
+        self.idle: dict[GuardedHttpToolsProtocol, None] = {}
+
+    def evict_idle(self, keep: GuardedHttpToolsProtocol) -> bool:
+        """Close the oldest idle connection other than ``keep``; False if there is none."""
+        for conn in self.idle:
+            if conn is not keep:
+                conn.evict()
+                return True
+        return False
 
     def count(self, reason: str) -> None:
         if self.counter is not None:
@@ -91,23 +110,46 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _in_header = True  # from connection start (and after each response) to headers complete
     _lingering = False
     _lingered = 0
+    _idle = False  # in ``limits.idle``: may be closed to make room for a new connection
+    # Called once if the connection is lost while a request is being answered (the app's
+    # gone-client watch, ``server.routes.common.watching_submit``); cleared by the app.
+    on_lost: Callable[[], object] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.limits.max_connections:
-            self.limits.log.warn(
-                "connections", f"connection cap {self.limits.max_connections} reached; refusing"
-            )
-            self.limits.count("connection_cap")
+        limits = self.limits
+        if len(self.connections) > limits.max_connections and not limits.evict_idle(keep=self):
+            limits.log.warn("connections", f"connection cap {limits.max_connections} reached; refusing")
+            limits.count("connection_cap")
             self._refuse(503)
             return
+        self._idle = True
+        limits.idle[self] = None
         self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        if self._idle:
+            self._idle = False
+            self.limits.idle.pop(self, None)
         super().connection_lost(exc)
+        lost = self.on_lost
+        if lost is not None:
+            self.on_lost = None
+            lost()
+
+    def evict(self) -> None:
+        """Close this idle connection to make room (no request of it is unanswered)."""
+        self._idle = False
+        self.limits.idle.pop(self, None)
+        self.limits.count("idle_evicted")
+        self._cancel_header_timer()
+        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        if self._idle:  # a request begins: no longer a candidate for eviction
+            self._idle = False
+            del self.limits.idle[self]
         if self._lingering:  # the answer is sent: read and drop the rest of the body
             self._lingered += len(data)
             if self._lingered > LINGER_MAX_BYTES:
@@ -147,6 +189,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         super().on_headers_complete()
+        self.scope[CONNECTION_KEY] = self  # type: ignore[literal-required]
         if self.cycle is not None:  # its close() lingers when the body was not read
             self.cycle.transport = _LingeringClose(self.transport, self, self.cycle)  # type: ignore[assignment]
 
@@ -180,6 +223,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_response_complete()
         self._in_header = True  # the next request's header counts from here
         self._header_bytes = 0
+        cycle = self.cycle  # the next pipelined request's, if one started: then not idle
+        if cycle.response_complete and not cycle.more_body and not self.transport.is_closing():
+            self._idle = True  # idle until the next request (an unread body arriving is not)
+            self.limits.idle[self] = None
 
     # -------------------------------------------------------------- helpers
     def _arm_header_timer(self) -> None:
@@ -218,6 +265,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.write(b"".join(head) + b"\r\n" + body)
         self.transport.close()
 
+
+# The scope key under which a request finds its connection (``on_lost``).
+CONNECTION_KEY = "wattserve.connection"
 
 # Bytes a client may send past the header in the same packets (the start of its body) before
 # the header's own size is known to be too large: the parsed check in on_header is exact; this

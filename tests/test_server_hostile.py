@@ -202,11 +202,17 @@ def test_slow_header_after_a_served_request_gets_408(server):
 
 
 def test_connection_cap_answers_503_and_keeps_serving(server):
+    """Every slot busy (inside a request header: an idle one would be closed to make room,
+    tests/test_reliability_second_pass.py): the connections past the cap get 503."""
     url, _, _ = server
     socks = []
     try:
-        for _ in range(60):  # cap is 40
-            socks.append(socket.create_connection(host_port(url), timeout=5))
+        for i in range(60):  # cap is 40
+            s = socket.create_connection(host_port(url), timeout=5)
+            s.sendall(b"POST /v2/models/gated/infer HTTP/1.1\r\nhost: x\r\n")
+            socks.append(s)
+            if i == 39:
+                time.sleep(0.1)  # the first 40 are seen busy before the rest arrive
         refused = 0
         for s in socks[40:]:
             s.settimeout(2)

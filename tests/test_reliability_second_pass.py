@@ -1,0 +1,149 @@
+"""Hostile traffic, second pass (issue 26): each test reproduces one finding on a real
+server on loopback and checks what the server does now.
+
+- idle sockets at the connection cap make room (oldest idle first, as nginx reuses its
+  idle connections) instead of delaying everyone until the header timeout frees slots;
+- a client gone before its batch is formed is never computed, whenever it left;
+- the queue's time bound is estimated from the rate the queue really drains at.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+from wattserve.server.settings import Settings
+
+from tests.gated_engine import GatedEngine
+from tests.servers import threaded_server
+
+GOOD = b'{"inputs":[{"name":"x","shape":[1,2],"datatype":"FP32","data":[1.0,2.0]}]}'
+INFER = "/v2/models/gated/infer"
+
+
+def serve(engine: GatedEngine, **overrides):
+    defaults = dict(model="gated", batcher="dynamic", max_batch_size=4, max_queue_delay_ms=0,
+                    max_queue_size=64, warmup=False, telemetry=False)  # fmt: skip
+    return threaded_server(Settings(**{**defaults, **overrides}), engine_factory=lambda s: engine)
+
+
+def host_port(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def closed_by_server(s: socket.socket, within_s: float) -> bool:
+    """True if the server closed ``s`` (EOF or reset) within ``within_s`` with no answer."""
+    s.settimeout(within_s)
+    try:
+        return s.recv(4096) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+# ---------------------------------------------------------------- finding 1: idle sockets
+def test_at_the_cap_the_oldest_idle_connections_make_room():
+    """60 silent sockets against a cap of 40 (header timeout 30 s, so nothing frees a slot
+    on its own): the 20 newest are served by closing the 20 oldest, and a normal request
+    still gets through at once."""
+    with serve(GatedEngine(), max_connections=40, header_timeout_s=30) as (url, _app):
+        socks = []
+        try:
+            for _ in range(60):
+                socks.append(socket.create_connection(host_port(url), timeout=5))
+                time.sleep(0.002)  # keep the order of arrival the order of opening
+            t0 = time.monotonic()
+            r = httpx.post(
+                url + INFER, content=GOOD, headers={"content-type": "application/json"}, timeout=10
+            )
+            assert r.status_code == 200
+            assert time.monotonic() - t0 < 0.5
+            oldest = sum(closed_by_server(s, 1.0) for s in socks[:20])
+            newest = sum(closed_by_server(s, 0.05) for s in socks[-15:])
+            assert oldest == 20  # closed, not answered 503
+            assert newest == 0  # still open: they were the newest idle
+            metrics = httpx.get(url + "/metrics", timeout=5).text
+            assert 'wattserve_connections_refused_total{reason="idle_evicted"}' in metrics
+        finally:
+            for s in socks:
+                s.close()
+
+
+def test_idle_keep_alive_connection_makes_room_but_a_busy_one_does_not():
+    """Between keep-alive requests a connection is idle (closable); one in the middle of a
+    request header is not: with every slot busy, a new connection gets 503 + Retry-After."""
+    with serve(GatedEngine(), max_connections=20, header_timeout_s=30) as (url, _app):
+        host, port = host_port(url)
+        kept = socket.create_connection((host, port), timeout=5)
+        kept.sendall(b"GET /v2/health/live HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert kept.recv(65536).startswith(b"HTTP/1.1 200")  # now idle between requests
+        busy = []
+        try:
+            for _ in range(19):  # fill the cap with connections inside a request header
+                s = socket.create_connection((host, port), timeout=5)
+                s.sendall(b"POST /v2/models/gated/infer HTTP/1.1\r\nhost: x\r\n")
+                busy.append(s)
+            time.sleep(0.3)
+            newcomer = socket.create_connection((host, port), timeout=5)
+            busy.append(newcomer)
+            assert closed_by_server(kept, 2.0)  # the idle keep-alive one made room
+            newcomer.sendall(b"POST /v2/models/gated/infer HTTP/1.1\r\nhost: x\r\n")
+            time.sleep(0.1)
+            refused = socket.create_connection((host, port), timeout=5)  # nothing idle is left
+            busy.append(refused)
+            refused.settimeout(2)
+            answer = refused.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 503") and b"retry-after" in answer.lower()
+            assert not closed_by_server(busy[0], 0.05)  # busy ones are never closed for room
+        finally:
+            kept.close()
+            for s in busy:
+                s.close()
+
+
+# ---------------------------------------------------------------- finding 4: gone clients
+def test_client_gone_before_its_batch_is_formed_is_never_computed(monkeypatch):
+    """The engine is held busy; a client sends a whole request and hangs up. Once the
+    server has seen the hang-up (its queue empties), the engine is released: the gone
+    client's request must not be computed. (The old watcher started 20 ms after
+    submission; a longer window here makes the race deterministic.)"""
+    from wattserve.server.routes import common
+
+    monkeypatch.setattr(common, "WATCH_AFTER_S", 30.0)
+    engine = GatedEngine(max_batch_size=1)
+    with serve(engine, max_batch_size=1) as (url, app):
+        host, port = host_port(url)
+        runtime = app.state.runtime
+        engine.gate.clear()
+        holder = socket.create_connection((host, port), timeout=10)  # occupies the engine
+        holder.sendall(_post(b'{"inputs":[{"name":"x","shape":[1,2],"datatype":"FP32","data":[1.0,1.0]}]}'))
+        assert engine.started.wait(5)
+        gone = socket.create_connection((host, port), timeout=10)
+        gone.sendall(_post(b'{"inputs":[{"name":"x","shape":[1,2],"datatype":"FP32","data":[7.0,7.0]}]}'))
+        _wait(lambda: runtime.batcher.queue_depth == 1, "the gone client's request queued")
+        gone.close()
+        _wait(lambda: runtime.batcher.queue_depth == 0, "the hang-up seen while queued")
+        engine.gate.set()
+        assert holder.recv(65536).startswith(b"HTTP/1.1 200")
+        holder.close()
+        r = httpx.post(url + INFER, content=GOOD, headers={"content-type": "application/json"}, timeout=10)
+        assert r.status_code == 200  # a later batch has run
+        assert 7.0 not in engine.seen
+        assert engine.seen == [1.0, 1.0]
+
+
+def _post(body: bytes) -> bytes:
+    return (b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+            % (INFER.encode(), len(body)) + body)  # fmt: skip
+
+
+def _wait(predicate, what: str, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            pytest.fail(f"not reached in {timeout} s: {what}")
+        time.sleep(0.005)

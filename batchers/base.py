@@ -30,7 +30,6 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 from wattserve.batchers.observers import NULL_OBSERVER, BatchObserver, BatchReport
 from wattserve.batchers.queue import PriorityFifo
-from wattserve.batchers.service_rate import ServiceRate
 from wattserve.batchers.types import (
     BatchFailed,
     ClientGone,
@@ -156,7 +155,7 @@ class Batcher(ABC, Generic[AnyEngine]):
                 if isinstance(engine, ReportsSteps):
                     engine.step_observer = observer.on_step
         self.queue = PriorityFifo(config.priority_levels)
-        self.service_rate = ServiceRate(len(engines), config.max_batch_size)
+        self.service_rate = self.queue.drain  # the time bound's pace (batchers.service_rate)
         self.last_batch_at = monotonic()  # read by the idle memory trimmer
         self.closing = False
         self.inflight = 0
@@ -488,7 +487,6 @@ class RequestBatcher(Batcher[Engine]):
             return  # every item was answered (deadline, client gone) before compute began
         n = outcome.rows
         compute_s = outcome.finished - outcome.started
-        self.service_rate.observe(n, compute_s)
         self.last_batch_at = outcome.finished
         report = BatchReport(n, outcome.started, outcome.finished, outcome.energy, outcome.padded,
                              input_s=outcome.input_s, output_s=outcome.output_s)  # fmt: skip

@@ -147,3 +147,48 @@ def _wait(predicate, what: str, timeout: float = 5.0) -> None:
         if time.monotonic() > end:
             pytest.fail(f"not reached in {timeout} s: {what}")
         time.sleep(0.005)
+
+
+# ---------------------------------------------------------------- finding 3: honest time bound
+async def test_time_bound_follows_the_drain_when_the_event_loop_sets_the_pace():
+    """The engine computes a batch of 2 in 5 ms (400 rows/s), but every batch is formed on
+    an event loop that is busy 45 ms at a time (parsing bodies, say): the queue drains at
+    about 40 rows/s. 40 queued rows are then about a second of waiting, over a 0.5 s bound:
+    refused. (Estimated from the engine's compute rate they were 0.1 s: admitted, and then
+    waited ten times the bound.)"""
+    import asyncio
+
+    from wattserve.batchers import BatcherConfig, ContinuousBatcher, QueueFull, WorkItem
+
+    from tests.gated_engine import item_input
+
+    engine = GatedEngine(max_batch_size=2, delay_s=0.005)
+    b = ContinuousBatcher(
+        [engine], BatcherConfig(max_batch_size=2, max_queue_size=1000, max_queue_wait_s=0.5)
+    )
+    b.pipeline = False  # every batch is formed on the event loop
+    runner = asyncio.create_task(b.run())
+    busy = True
+
+    async def hog() -> None:
+        while busy:
+            time.sleep(0.045)  # noqa: ASYNC251 - the loop is busy on purpose; nothing else runs
+            await asyncio.sleep(0)
+
+    hogger = asyncio.create_task(hog())
+    waiters = [asyncio.create_task(b.submit(WorkItem(item_input(float(i))))) for i in range(60)]
+    try:
+        while len(engine.batches) < 8:  # noqa: ASYNC110 - the engine thread appends, no event to await
+            await asyncio.sleep(0.01)
+        queued = b.queue.rows
+        assert queued >= 30
+        assert b.service_rate.wait_s(queued) > 0.5
+        with pytest.raises(QueueFull, match="s of work"):
+            b.check_admission()
+    finally:
+        busy = False
+        await hogger
+        await asyncio.gather(*waiters)
+        await b.drain()
+        await runner
+        b.close()

@@ -111,7 +111,8 @@ def test_queue_bounded_by_time_refuses_at_admission():
     b = ContinuousBatcher(
         [engine], BatcherConfig(max_batch_size=1, max_queue_size=1000, max_queue_wait_s=1.0)
     )
-    b.service_rate.observe(1, 0.1)  # measured: 10 items/s
+    b.queue.drain.taken(1, 5, now=100.0)  # under backlog, a row every 0.1 s: 10 rows/s
+    b.queue.drain.taken(1, 4, now=100.1)
     for i in range(9):  # 0.9 s of work queued: one more makes 1.0 s, within the bound
         b.queue.push(WorkItem(item_input(float(i))))
     b.check_admission()
@@ -432,15 +433,22 @@ def test_drain_grace_reports_not_ready_but_keeps_serving_then_drains():
         server.stop()
 
 
-def test_service_rate_is_optimistic_until_a_full_batch_is_measured():
-    from wattserve.batchers.service_rate import ServiceRate
+def test_drain_rate_is_measured_only_under_backlog():
+    """Light load (each take empties the queue) never makes the time bound pessimistic;
+    takes that leave work queued measure the pace; an emptied queue ends the backlog."""
+    from wattserve.batchers.service_rate import DrainRate
 
-    rate = ServiceRate(instances=1, max_batch_size=8)
-    rate.observe(1, 0.02)  # light load: batches of one, 20 ms each
-    assert rate.wait_s(240) == pytest.approx(240 / (8 / 0.02))  # a full batch assumed as fast
-    for _ in range(50):
-        rate.observe(8, 0.08)  # overload: full batches measured, 4x slower than assumed
-    assert rate.wait_s(240) == pytest.approx(240 / (8 / 0.08), rel=0.01)
+    drain = DrainRate()
+    for t in range(10):  # light load: one row a second, the queue empty after each take
+        drain.taken(1, 0, now=float(t))
+    assert drain.wait_s(240) == 0.0  # nothing measured: the count bound alone holds
+    for i in range(50):  # overload: batches of 8 every 0.1 s, work left queued
+        drain.taken(8, 100, now=20.0 + 0.1 * i)
+    assert drain.wait_s(240) == pytest.approx(240 / 80, rel=0.01)
+    drain.emptied()  # expiries emptied the queue; a long idle gap later is not drain time
+    drain.taken(8, 100, now=1000.0)
+    drain.taken(8, 100, now=1000.1)
+    assert drain.wait_s(240) == pytest.approx(240 / 80, rel=0.01)
 
 
 def test_refused_large_body_is_read_and_dropped_so_the_client_sees_its_answer(server):

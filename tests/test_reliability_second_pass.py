@@ -192,3 +192,74 @@ async def test_time_bound_follows_the_drain_when_the_event_loop_sets_the_pace():
         await b.drain()
         await runner
         b.close()
+
+
+# ---------------------------------------------------------------- finding 2: silent closes
+def test_refused_body_sent_slowly_still_gets_its_answer():
+    """A request refused before its body is read (413 here) is answered with ``Connection:
+    close`` and the server keeps reading (and dropping) the body, as nginx's lingering
+    close does, for as long as the client keeps sending: a client that takes 3 s to send
+    its body (a busy machine, a slow link) reads its answer. Closing after a fixed 2 s
+    with bytes unread reset the connection, and the reset destroyed the answer."""
+    with serve(GatedEngine(), max_body_bytes=2**20) as (url, _app):
+        size = 2 * 2**20
+        s = socket.create_connection(host_port(url), timeout=10)
+        try:
+            s.sendall(b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                      % (INFER.encode(), size))  # fmt: skip
+            piece = b"7" * (size // 10)
+            for _ in range(10):  # like a client that sends its whole body before reading
+                s.sendall(piece)
+                time.sleep(0.3)
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        finally:
+            s.close()
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert b"connection: close" in answer.lower()
+
+
+def test_unread_body_after_an_early_answer_is_not_counted_as_a_header():
+    """An early answer (415, keep-alive) leaves a 2 MB body to arrive afterwards: those are
+    body bytes of the answered request, not the next request's header, so the connection
+    stays usable (they were counted as header bytes: a 431 and a close the client, told
+    keep-alive, could not expect)."""
+    with serve(GatedEngine(), max_body_bytes=64 * 2**20) as (url, _app):
+        body = b"7" * (2 * 2**20)
+        s = socket.create_connection(host_port(url), timeout=10)
+        try:
+            s.sendall(b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: text/plain\r\ncontent-length: %d\r\n\r\n"
+                      % (INFER.encode(), len(body)))  # fmt: skip
+            first = _read_response(s)  # answered from the header alone
+            s.sendall(body)
+            assert first.startswith(b"HTTP/1.1 415"), first[:200]
+            if b"connection: close" in first.lower():
+                return  # announced: the client opens a new connection, nothing is lost
+            s.sendall(_post(GOOD))
+            second = _read_response(s)
+            assert second.startswith(b"HTTP/1.1 200"), second[:200]
+        finally:
+            s.close()
+
+
+def _read_response(s: socket.socket) -> bytes:
+    """One response with a Content-Length body ('' if the server closed first)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.lower().split(b"\r\n")
+        if line.startswith(b"content-length:")
+    )
+    while len(rest) < length:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return head + b"\r\n\r\n" + rest

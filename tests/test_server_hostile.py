@@ -111,12 +111,13 @@ def test_queue_bounded_by_time_refuses_at_admission():
     b = ContinuousBatcher(
         [engine], BatcherConfig(max_batch_size=1, max_queue_size=1000, max_queue_wait_s=1.0)
     )
-    b.queue.drain.taken(1, 5, now=100.0)  # under backlog, a row every 0.1 s: 10 rows/s
-    b.queue.drain.taken(1, 4, now=100.1)
-    for i in range(9):  # 0.9 s of work queued: one more makes 1.0 s, within the bound
+    t = float(int(time.monotonic()) - 10)  # long ago, under backlog: a row every 0.125 s
+    b.queue.drain.taken(1, 5, now=t)
+    b.queue.drain.taken(1, 4, now=t + 0.125)  # measured: 8 rows/s
+    for i in range(7):  # 0.875 s of work queued: one more makes 1.0 s, within the bound
         b.queue.push(WorkItem(item_input(float(i))))
     b.check_admission()
-    b.queue.push(WorkItem(item_input(9.0)))  # now one more would make 1.1 s
+    b.queue.push(WorkItem(item_input(7.0)))  # now one more would make 1.125 s
     with pytest.raises(QueueFull, match="s of work"):
         b.check_admission()
     b.config.max_queue_wait_s = 0  # off: only the count bound
@@ -441,14 +442,16 @@ def test_drain_rate_is_measured_only_under_backlog():
     drain = DrainRate()
     for t in range(10):  # light load: one row a second, the queue empty after each take
         drain.taken(1, 0, now=float(t))
-    assert drain.wait_s(240) == 0.0  # nothing measured: the count bound alone holds
+    assert drain.wait_s(240, now=10.0) == 0.0  # nothing measured: the count bound alone holds
     for i in range(50):  # overload: batches of 8 every 0.1 s, work left queued
         drain.taken(8, 100, now=20.0 + 0.1 * i)
-    assert drain.wait_s(240) == pytest.approx(240 / 80, rel=0.01)
+    assert drain.wait_s(240, now=30.0) == pytest.approx(240 / 80, rel=0.01)
+    # right after a take, the batch just taken is still ahead of the queued rows
+    assert drain.wait_s(240, now=24.9) == pytest.approx((8 + 240) / 80, rel=0.01)
     drain.emptied()  # expiries emptied the queue; a long idle gap later is not drain time
     drain.taken(8, 100, now=1000.0)
     drain.taken(8, 100, now=1000.1)
-    assert drain.wait_s(240) == pytest.approx(240 / 80, rel=0.01)
+    assert drain.wait_s(240, now=1010.0) == pytest.approx(240 / 80, rel=0.01)
 
 
 def test_refused_large_body_is_read_and_dropped_so_the_client_sees_its_answer(server):

@@ -60,10 +60,18 @@ class DrainRate:
         measured pace, 0 when it is unknown: the rest of the batch taken last (its rows at
         that pace, less the time since it was taken) and then the queued rows. The first
         term matters when a batch takes about as long as the bound: mobilenet_v2's 2.4 s
-        batches of 8 on a busy CPU let requests into a 1 s bound that then waited 2.9 s."""
+        batches of 8 on a busy CPU let requests into a 1 s bound that then waited 2.9 s.
+        While work waits and nothing is taken, the pace so far counts the open gap too: a
+        drain that collapses under overload (an event loop parsing bodies, a starved CPU)
+        lowers the estimate at once, not only at the next take."""
+        now = monotonic() if now is None else now
         rate = self.rows_per_s
+        last = self._last
+        if last is not None and now > last:  # backlogged and nothing taken since ``last``:
+            decay = self.decay  # the gap so far counts, as if the next take ended it now
+            gap_rate = (self._rows * decay + self._taken_rows) / (self._seconds * decay + now - last)
+            rate = min(rate, gap_rate) if rate > 0 else gap_rate
         if rate <= 0:
             return 0.0
-        now = monotonic() if now is None else now
         current = max(0.0, self._taken_rows / rate - (now - self._taken_at))
         return current + queued / rate

@@ -113,7 +113,7 @@ def test_queue_bounded_by_time_refuses_at_admission():
     )
     t = float(int(time.monotonic()) - 10)  # long ago, under backlog: a row every 0.125 s
     b.queue.drain.taken(1, 5, now=t)
-    b.queue.drain.taken(1, 4, now=t + 0.125)  # measured: 8 rows/s
+    b.queue.drain.taken(1, 0, now=t + 0.125)  # measured: 8 rows/s; the backlog then ended
     for i in range(7):  # 0.875 s of work queued: one more makes 1.0 s, within the bound
         b.queue.push(WorkItem(item_input(float(i))))
     b.check_admission()
@@ -445,12 +445,14 @@ def test_drain_rate_is_measured_only_under_backlog():
     assert drain.wait_s(240, now=10.0) == 0.0  # nothing measured: the count bound alone holds
     for i in range(50):  # overload: batches of 8 every 0.1 s, work left queued
         drain.taken(8, 100, now=20.0 + 0.1 * i)
-    assert drain.wait_s(240, now=30.0) == pytest.approx(240 / 80, rel=0.01)
+    assert drain.wait_s(240, now=24.95) == pytest.approx((4 + 240) / 80, rel=0.01)
+    # nothing taken for 5 s while work waits: the pace counts the open gap
+    assert drain.wait_s(240, now=30.0) > 240 / 80 * 5
     # right after a take, the batch just taken is still ahead of the queued rows
     assert drain.wait_s(240, now=24.9) == pytest.approx((8 + 240) / 80, rel=0.01)
     drain.emptied()  # expiries emptied the queue; a long idle gap later is not drain time
     drain.taken(8, 100, now=1000.0)
-    drain.taken(8, 100, now=1000.1)
+    drain.taken(8, 0, now=1000.1)  # (and this one ended the backlog)
     assert drain.wait_s(240, now=1010.0) == pytest.approx(240 / 80, rel=0.01)
 
 

@@ -499,7 +499,7 @@ def probe_soak(run: Run) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- queue-time bound
-QUEUE_BOUND_S = 1.0  # WATTSERVE_MAX_QUEUE_WAIT_S the queue_bound probe serves with
+QUEUE_BOUND_S = 3.0  # WATTSERVE_MAX_QUEUE_WAIT_S the queue_bound probe serves with (the default)
 
 
 def binary_body_for(model: ModelShape) -> tuple[bytes, dict[str, str]]:

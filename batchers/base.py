@@ -31,7 +31,6 @@ import numpy as np
 from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.observers import NULL_OBSERVER, BatchObserver, BatchReport
 from wattserve.batchers.queue import PriorityFifo
-from wattserve.batchers.service_rate import ServiceRate
 from wattserve.batchers.types import (
     BatchFailed,
     ClientGone,
@@ -161,7 +160,7 @@ class Batcher(ABC, Generic[AnyEngine]):
         # an engine that takes a batch as its requests (Triton's Python backend), not stacked rows
         self._runs_requests = isinstance(self.engine, RunsRequests)
         self.queue = PriorityFifo(config.priority_levels)
-        self.service_rate = ServiceRate(len(engines), config.max_batch_size)
+        self.service_rate = self.queue.drain  # the time bound's pace (batchers.service_rate)
         self.last_batch_at = monotonic()  # read by the idle memory trimmer
         self.closing = False
         self.inflight = 0
@@ -497,7 +496,6 @@ class RequestBatcher(Batcher[Engine]):
             return  # every item was answered (deadline, client gone) before compute began
         n = outcome.rows
         compute_s = outcome.finished - outcome.started
-        self.service_rate.observe(n, compute_s)
         self.last_batch_at = outcome.finished
         report = BatchReport(n, outcome.started, outcome.finished, outcome.energy, outcome.padded,
                              input_s=outcome.input_s, output_s=outcome.output_s)  # fmt: skip

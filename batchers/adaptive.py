@@ -185,8 +185,6 @@ class AdaptiveBatcher(SloBatcher):
                 timings.setdefault(size, []).append(seconds)
         seeded = {size: float(np.median(ts)) for size, ts in timings.items()}
         self.costs.seed(seeded)
-        for size, seconds in seeded.items():  # so the admission's time bound knows big batches
-            self.service_rate.observe(size, seconds)  # from the start, not only batch 1's rate
         self._view = None
         snap = self.costs.snapshot()
         log.info("adaptive: cost model seeded from %s: %.2f ms + %.3f ms/item",

@@ -42,7 +42,6 @@ from wattserve.batchers.executor import (
 from wattserve.batchers.observers import NULL_OBSERVER, BatchObserver, BatchReport
 from wattserve.batchers.policy import Decision, QueueView
 from wattserve.batchers.scheduler import Scheduler, fail
-from wattserve.batchers.service_rate import ServiceRate
 from wattserve.batchers.types import (
     BatchFailed,
     ClientGone,
@@ -116,7 +115,7 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
             for engine in engines:
                 if isinstance(engine, ReportsSteps):
                     engine.step_observer = observer.on_step
-        self.service_rate = ServiceRate(len(engines), config.max_batch_size)
+        self.service_rate = self.queue.drain  # the time bound's pace (batchers.service_rate)
         self.last_batch_at = monotonic()  # read by the idle memory trimmer
         self.inflight = 0
         self._stopped: asyncio.Event | None = None
@@ -312,10 +311,9 @@ class RequestBatcher(Batcher[Engine]):
                     self._all_idle.set()
 
     def _account(self, outcome: BatchOutcome) -> None:
-        """The books of one computed batch, before its items are answered: the queue's
-        service rate, the observer's report, the policy's learning. Their trouble costs no
-        request its answer (the results are computed already)."""
-        self.service_rate.observe(outcome.rows, outcome.finished - outcome.started)
+        """The books of one computed batch, before its items are answered: the observer's
+        report, the policy's learning. Their trouble costs no request its answer (the
+        results are computed already)."""
         self.last_batch_at = outcome.finished
         report = BatchReport(outcome.rows, outcome.started, outcome.finished, outcome.energy, outcome.padded,
                              input_s=outcome.input_s, output_s=outcome.output_s)  # fmt: skip

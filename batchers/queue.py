@@ -9,6 +9,9 @@ starts with the head item, whatever its rows, and goes on while the next item ha
 same ``shape_key`` and still fits. ``head`` describes that run for a policy's decision;
 ``pop_batch`` takes it. In the common case (every item one row, one shape) both are
 O(1) arithmetic; otherwise they walk the head of the queue.
+
+Every take also feeds ``drain`` (``batchers.service_rate.DrainRate``): the pace the queue
+really empties at under backlog, which the queue's time bound is estimated from.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from time import monotonic
 
+from wattserve.batchers.service_rate import DrainRate
 from wattserve.batchers.types import ItemState, WorkItem
 
 
@@ -51,6 +56,7 @@ class PriorityFifo:
         self._multi_row = 0  # queued items with more than one row
         self._keys: dict[tuple, int] = {}  # queued items per shape key (variable-shape models)
         self.lock = threading.RLock()
+        self.drain = DrainRate()
 
     def __len__(self) -> int:
         return self._count
@@ -82,12 +88,15 @@ class PriorityFifo:
             except ValueError:
                 return False
             self._forget(item)
+            if not self._count:
+                self.drain.emptied()
             return True
 
     def pop(self, n: int) -> list[WorkItem]:
         """Up to ``n`` items (not rows), highest level first, FIFO within a level."""
         out: list[WorkItem] = []
         with self.lock:
+            before = self.rows
             for level in self._levels:
                 while level and len(out) < n:
                     item = level.popleft()
@@ -100,6 +109,8 @@ class PriorityFifo:
                         out.append(item)
                 if len(out) == n:
                     break
+            if out:
+                self.drain.taken(before - self.rows, self.rows, monotonic())
         return out
 
     def pop_batch(self, limit: int) -> list[WorkItem]:
@@ -108,24 +119,31 @@ class PriorityFifo:
         with self.lock:
             if self.regular:
                 return self.pop(limit)
-            out: list[WorkItem] = []
-            rows = 0
-            key = None
-            for level in self._levels:
-                while level:
-                    item = level[0]
-                    if item.state is not ItemState.QUEUED:  # defensive, as in pop
-                        level.popleft()
-                        self._forget(item)
-                        continue
-                    if out and (item.shape_key != key or rows + item.rows > limit):
-                        return out
+            out = self._pop_run(limit)
+            if out:
+                self.drain.taken(sum(item.rows for item in out), self.rows, monotonic())
+            return out
+
+    def _pop_run(self, limit: int) -> list[WorkItem]:
+        """``pop_batch`` when the queue is not regular (multi-row or mixed-shape items)."""
+        out: list[WorkItem] = []
+        rows = 0
+        key = None
+        for level in self._levels:
+            while level:
+                item = level[0]
+                if item.state is not ItemState.QUEUED:  # defensive, as in pop
                     level.popleft()
                     self._forget(item)
-                    out.append(item)
-                    rows += item.rows
-                    key = item.shape_key
-            return out
+                    continue
+                if out and (item.shape_key != key or rows + item.rows > limit):
+                    return out
+                level.popleft()
+                self._forget(item)
+                out.append(item)
+                rows += item.rows
+                key = item.shape_key
+        return out
 
     def head(self, limit: int) -> Head:
         """What ``pop_batch(limit)`` would take now, without taking it."""

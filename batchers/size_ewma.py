@@ -1,7 +1,7 @@
 """A running mean per batch size: what the server has learned a batch of each size costs.
 
-One learner, two users: ``ServiceRate`` (seconds per size, for the queue's time bound) and
-``CostModel`` (the shape of seconds per size, and joules per size, for the adaptive policy).
+Used by ``CostModel`` (the shape of seconds per size, and joules per size): the one home of
+what a batch costs. (The queue's time bound measures the drain itself, ``DrainRate``.)
 """
 
 from __future__ import annotations

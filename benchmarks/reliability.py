@@ -1,13 +1,14 @@
 """Hostile-but-realistic traffic against real wattserve servers on loopback (issue 9).
 
     python -m benchmarks.reliability [--quick] [--probe NAME ...] [--repo PATH] [--label L]
-                                     [--soak-seconds S] [--json OUT]
+                                     [--soak-seconds S] [--soak-minutes M] [--json OUT]
 
 Each probe starts its own server exactly as a user would (``python -m wattserve serve`` with
 WATTSERVE_* env; ``--repo`` serves another checkout, e.g. an older main, with the same
 client), misbehaves in one way, prints a table and adds a row to
 ``results/reliability-<label>.json``. Probes: overload_identity, overload_mobilenet,
-slowloris, idle_connections, odd_bodies, disconnect_storm, fuzz_json, drain, soak.
+slowloris, idle_connections, odd_bodies, disconnect_storm, fuzz_json, drain, soak,
+queue_bound, mixed_soak (the last is a slow-lane command: not in the default run).
 Every loop is bounded in count and time; traffic stays on 127.0.0.1.
 """
 
@@ -56,6 +57,8 @@ class Run:
         self.quick: bool = args.quick
         self.repo: Path = Path(args.repo).resolve()
         self.soak_seconds: float = args.soak_seconds or (30.0 if args.quick else 300.0)
+        self.soak_minutes: float = args.soak_minutes or (3.0 if args.quick else 30.0)
+        self.hog: bool = not args.no_hog
 
     @contextlib.contextmanager
     def server(self, env: dict[str, str], nofile_soft: int | None = None) -> Iterator[ServerProcess]:
@@ -495,6 +498,208 @@ def probe_soak(run: Run) -> dict[str, Any]:
             "windows": windows, **logs}  # fmt: skip
 
 
+# ----------------------------------------------------------------------------- queue-time bound
+QUEUE_BOUND_S = 3.0  # WATTSERVE_MAX_QUEUE_WAIT_S the queue_bound probe serves with (the default)
+
+
+def binary_body_for(model: ModelShape) -> tuple[bytes, dict[str, str]]:
+    """The same one-row request with its tensor in KServe's binary extension."""
+    data = np.full((1, *model.item_shape), 0.5, dtype=np.float32).tobytes()
+    header = json.dumps({"inputs": [{"name": model.input_name, "shape": [1, *model.item_shape],
+                                     "datatype": "FP32", "parameters": {"binary_data_size": len(data)}}]},
+                        separators=(",", ":")).encode()  # fmt: skip
+    return header + data, {"Content-Type": "application/octet-stream",
+                           "Inference-Header-Content-Length": str(len(header))}  # fmt: skip
+
+
+@contextlib.contextmanager
+def cpu_hog(enabled: bool = True) -> Iterator[None]:
+    """One busy-looping process beside the server (other load on the machine)."""
+    import subprocess
+
+    if not enabled:
+        yield
+        return
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+def probe_queue_bound(run: Run) -> dict[str, Any]:
+    """Admitted requests' queue time (the server's X-Queue-Time-Ms) against
+    ``WATTSERVE_MAX_QUEUE_WAIT_S`` under 3x overload, JSON and binary bodies, identity with
+    a 20 ms compute time and mobilenet_v2, with a CPU hog beside the server: does the
+    bound hold (p99 within 1.2x)?"""
+    seconds = 10.0 if run.quick else 30.0
+    rows = []
+    for model, shape, env in (
+        ("identity", IDENTITY, IDENTITY_ENV),
+        ("mobilenet_v2", MOBILENET_V2, MOBILENET_ENV),
+    ):
+        for kind in ("JSON", "binary"):
+            body, headers = (body_for(shape), JSON) if kind == "JSON" else binary_body_for(shape)
+            with (
+                run.server({**env, "WATTSERVE_MAX_QUEUE_WAIT_S": str(QUEUE_BOUND_S)}) as proc,
+                cpu_hog(run.hog),
+            ):
+                url = infer_url(proc, model)
+                capacity = asyncio.run(hc.closed_loop_rate(url, body, headers, concurrency=16, seconds=4.0))
+                # at least ~150 arrivals, so a p99 means something at mobilenet_v2's few per second
+                length = max(seconds, 150 / max(3 * capacity, 0.1))
+                outcomes = asyncio.run(hc.open_loop(url, body, headers, 3 * capacity, length))
+                logs = hc.log_counts(proc.log())
+            summary = hc.summarize(outcomes)
+            queue_p99 = summary["queue_p99_ms"]
+            rows.append({
+                "model": model, "body": f"{kind} {len(body)} B", "capacity_rps": round(capacity, 1),
+                "rate_rps": round(3 * capacity, 1), "seconds": round(length), "ok": summary["ok"], "503": summary["503"],
+                "no_answer": summary["no_answer"], "queue_p99_ms": queue_p99,
+                "bound_ms": QUEUE_BOUND_S * 1e3,
+                "ratio": round(queue_p99 / (QUEUE_BOUND_S * 1e3), 2) if queue_p99 is not None else None,
+                "p99_ms": summary["p99_ms"], **logs,
+            })  # fmt: skip
+    return {"seconds": seconds, "cpu_hog": run.hog, "runs": rows}
+
+
+# ----------------------------------------------------------------------------- mixed soak
+MIXED_REPO_EXTRA = """
+backend: "wattserve"
+max_batch_size: 8
+dynamic_batching { }
+parameters { key: "builtin" value: { string_value: "mobilenet_v2" } }
+"""
+
+
+def probe_mixed_soak(run: Run) -> dict[str, Any]:
+    """A slow-lane soak (``--soak-minutes``, 30 by default; not in the default run):
+    identity (20 ms) and mobilenet_v2 from one model repository at half their measured
+    capacity, the repository's squeeze_onnx unloaded and reloaded every 30 s (and asked
+    meanwhile), clients that hang up mid-request (2 a second), and a 3x burst of both
+    every 5 minutes (a third of the run when shorter) for 20 s. Per minute: RSS, p99 by
+    model, errors by kind; at the end: answers missing, ERROR lines in the log."""
+    import tempfile
+
+    from support.model_repository import make_repository
+
+    seconds = run.soak_minutes * 60
+    burst_every = 300.0 if seconds >= 900 else seconds / 3
+    burst_s = 20.0 if seconds >= 900 else min(20.0, burst_every / 3)
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = make_repository(Path(tmp), broken=False, identity_delay_ms=20)
+        (repo / "mobilenet_v2").mkdir()
+        (repo / "mobilenet_v2" / "config.pbtxt").write_text(MIXED_REPO_EXTRA)
+        env = {"WATTSERVE_MODEL_REPOSITORY": str(repo), "WATTSERVE_MODEL_CONTROL_MODE": "explicit",
+               "WATTSERVE_LOAD_MODEL": "*", "WATTSERVE_MAX_QUEUE_DELAY_MS": "2"}  # fmt: skip
+        with run.server(env) as proc:
+            loads = {"identity": (body_for(IDENTITY), JSON), "mobilenet_v2": (body_for(MOBILENET_V2), JSON)}
+            capacity = {m: asyncio.run(hc.closed_loop_rate(infer_url(proc, m), b, h, 8, 4.0))
+                        for m, (b, h) in loads.items()}  # fmt: skip
+            sampler = hc.RssSampler(proc.proc.pid)
+            result = asyncio.run(_mixed(proc, loads, capacity, seconds, burst_every, burst_s, sampler))
+            logs = hc.log_counts(proc.log())
+    window = 60.0
+    minutes = []
+    outcomes, reloads, rss = result["outcomes"], result["reloads"], result["rss"]
+    for i in range(int(np.ceil(seconds / window))):
+        lo, hi = i * window, (i + 1) * window
+        row: dict[str, Any] = {"minute": i + 1}
+        for model in loads:
+            part = [o for m, o in outcomes if m == model and lo <= o.sent_at < hi]
+            ok = np.array([o.latency_s for o in part if o.status == 200]) * 1e3
+            row[f"{model}_sent"] = len(part)
+            row[f"{model}_p99_ms"] = round(float(np.percentile(ok, 99)), 1) if len(ok) else None
+        errors: dict[str, int] = {}
+        for _, o in outcomes:
+            if lo <= o.sent_at < hi and o.status != 200:
+                key = str(o.status) if o.status is not None else str(o.error)
+                errors[key] = errors.get(key, 0) + 1
+        row["errors"] = errors
+        row["reload_failures"] = sum(1 for t, ok in reloads if lo <= t < hi and not ok)
+        in_window = [m for t, m in rss if lo <= t < hi] or [float("nan")]
+        row["rss_mb"] = round(max(in_window))
+        minutes.append(row)
+    lost = sum(1 for _, o in outcomes if o.status is None)
+    return {"minutes_run": run.soak_minutes, "capacity_rps": {m: round(c, 1) for m, c in capacity.items()},
+            "burst_every_s": burst_every, "burst_s": burst_s, "sent": len(outcomes), "no_answer": lost,
+            "hung_up_mid_request": result["hung_up"], "reloads": len(reloads),
+            "reload_failures": sum(not ok for _, ok in reloads), "per_minute": minutes, **logs}  # fmt: skip
+
+
+async def _mixed(proc: ServerProcess, loads: dict[str, tuple[bytes, dict[str, str]]], capacity: dict[str, float],
+                 seconds: float, burst_every: float, burst_s: float, sampler: hc.RssSampler) -> dict[str, Any]:  # fmt: skip
+    """The soak's traffic: per model an open loop at half capacity (3x in bursts), plus
+    hang-ups and reloads, for ``seconds``."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    outcomes: list[tuple[str, hc.Outcome]] = []
+    reloads: list[tuple[float, bool]] = []
+    rss: list[tuple[float, float]] = []
+    hung_up = 0
+
+    def elapsed() -> float:
+        return loop.time() - start
+
+    def in_burst(t: float) -> bool:
+        return t >= burst_every and (t % burst_every) < burst_s
+
+    async def model_load(client: Any, model: str) -> None:
+        body, headers = loads[model]
+        url, base, tasks = infer_url(proc, model), max(capacity[model] / 2, 0.5), []
+        next_at = 0.0
+        while (t := elapsed()) < seconds:
+            if next_at > t:
+                await asyncio.sleep(next_at - t)
+            sent = elapsed()
+            tasks.append(asyncio.create_task(_tagged(model, hc.send(client, url, body, headers, 60.0, sent))))
+            next_at += 1.0 / (base * (3 if in_burst(sent) else 1))
+        outcomes.extend(await asyncio.gather(*tasks))
+
+    async def hang_ups() -> None:
+        nonlocal hung_up
+        body = body_for(MOBILENET_V2)
+        path = "/v2/models/mobilenet_v2/infer"
+        while elapsed() < seconds:
+            with contextlib.suppress(OSError, asyncio.TimeoutError):
+                _, writer = await asyncio.wait_for(asyncio.open_connection(HOST, proc.port), 5)
+                whole = hung_up % 2 == 0  # a whole request then gone, or gone mid-upload
+                writer.write(head(path, {**JSON, "Content-Length": str(len(body))}))
+                writer.write(body if whole else body[: len(body) // 3])
+                await writer.drain()
+                writer.close()
+                hung_up += 1
+            await asyncio.sleep(0.5)
+
+    async def reloader(client: Any) -> None:
+        base = proc.url + "/v2/repository/models/squeeze_onnx"
+        while elapsed() + 30 < seconds:
+            await asyncio.sleep(30)
+            ok = True
+            for action in ("unload", "load"):
+                try:
+                    async with client.post(f"{base}/{action}") as r:
+                        ok &= r.status == 200
+                except Exception:
+                    ok = False
+            reloads.append((elapsed(), ok))
+
+    async def watch() -> None:
+        while elapsed() < seconds + 1:
+            rss.append((elapsed(), sampler.now_mb()))
+            await asyncio.sleep(1.0)
+
+    async with hc.session() as client:
+        await asyncio.gather(model_load(client, "identity"), model_load(client, "mobilenet_v2"), hang_ups(),
+                             reloader(client), watch())  # fmt: skip
+    return {"outcomes": outcomes, "reloads": reloads, "rss": rss, "hung_up": hung_up}
+
+
+async def _tagged(model: str, sending: Any) -> tuple[str, hc.Outcome]:
+    return model, await sending
+
+
 # ----------------------------------------------------------------------------- driver
 PROBES: dict[str, Callable[[Run], dict[str, Any]]] = {
     "overload_identity": probe_overload_identity,
@@ -506,7 +711,10 @@ PROBES: dict[str, Callable[[Run], dict[str, Any]]] = {
     "fuzz_json": probe_fuzz_json,
     "drain": probe_drain,
     "soak": probe_soak,
+    "queue_bound": probe_queue_bound,
+    "mixed_soak": probe_mixed_soak,
 }
+SLOW_LANE = ("mixed_soak",)  # run only when named (--probe mixed_soak)
 
 
 def show(name: str, result: dict[str, Any]) -> None:
@@ -617,6 +825,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--soak-seconds", type=float, default=None, help="soak length (default 300; --quick 30)"
     )
+    parser.add_argument("--soak-minutes", type=float, default=None,
+                        help="mixed_soak length in minutes (default 30; --quick 3)")  # fmt: skip
+    parser.add_argument("--no-hog", action="store_true",
+                        help="queue_bound without the CPU hog beside the server")  # fmt: skip
     parser.add_argument("--json", default=None, help="also write the JSON here")
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
                         help="print a Markdown before/after table of two saved runs, run nothing")  # fmt: skip
@@ -631,7 +843,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe and previous.exists():  # a rerun of some probes updates the label's file
         doc = json.loads(previous.read_text())
     doc["started"] = time.strftime("%FT%TZ", time.gmtime())
-    for name in args.probe or list(PROBES):
+    for name in args.probe or [p for p in PROBES if p not in SLOW_LANE]:
         console.rule(f"{name} ({label})")
         start = time.monotonic()
         try:

@@ -111,11 +111,13 @@ def test_queue_bounded_by_time_refuses_at_admission():
     b = ContinuousBatcher(
         [engine], BatcherConfig(max_batch_size=1, max_queue_size=1000, max_queue_wait_s=1.0)
     )
-    b.service_rate.observe(1, 0.1)  # measured: 10 items/s
-    for i in range(9):  # 0.9 s of work queued: one more makes 1.0 s, within the bound
+    t = float(int(time.monotonic()) - 10)  # long ago, under backlog: a row every 0.125 s
+    b.queue.drain.taken(1, 5, now=t)
+    b.queue.drain.taken(1, 0, now=t + 0.125)  # measured: 8 rows/s; the backlog then ended
+    for i in range(7):  # 0.875 s of work queued: one more makes 1.0 s, within the bound
         b.queue.push(WorkItem(item_input(float(i))))
     b.check_admission()
-    b.queue.push(WorkItem(item_input(9.0)))  # now one more would make 1.1 s
+    b.queue.push(WorkItem(item_input(7.0)))  # now one more would make 1.125 s
     with pytest.raises(QueueFull, match="s of work"):
         b.check_admission()
     b.config.max_queue_wait_s = 0  # off: only the count bound
@@ -202,11 +204,17 @@ def test_slow_header_after_a_served_request_gets_408(server):
 
 
 def test_connection_cap_answers_503_and_keeps_serving(server):
+    """Every slot busy (inside a request header: an idle one would be closed to make room,
+    tests/test_reliability_second_pass.py): the connections past the cap get 503."""
     url, _, _ = server
     socks = []
     try:
-        for _ in range(60):  # cap is 40
-            socks.append(socket.create_connection(host_port(url), timeout=5))
+        for i in range(60):  # cap is 40
+            s = socket.create_connection(host_port(url), timeout=5)
+            s.sendall(b"POST /v2/models/gated/infer HTTP/1.1\r\nhost: x\r\n")
+            socks.append(s)
+            if i == 39:
+                time.sleep(0.1)  # the first 40 are seen busy before the rest arrive
         refused = 0
         for s in socks[40:]:
             s.settimeout(2)
@@ -425,15 +433,26 @@ def test_drain_grace_reports_not_ready_but_keeps_serving_then_drains():
         server.stop()
 
 
-def test_service_rate_is_optimistic_until_a_full_batch_is_measured():
-    from wattserve.batchers.service_rate import ServiceRate
+def test_drain_rate_is_measured_only_under_backlog():
+    """Light load (each take empties the queue) never makes the time bound pessimistic;
+    takes that leave work queued measure the pace; an emptied queue ends the backlog."""
+    from wattserve.batchers.service_rate import DrainRate
 
-    rate = ServiceRate(instances=1, max_batch_size=8)
-    rate.observe(1, 0.02)  # light load: batches of one, 20 ms each
-    assert rate.wait_s(240) == pytest.approx(240 / (8 / 0.02))  # a full batch assumed as fast
-    for _ in range(50):
-        rate.observe(8, 0.08)  # overload: full batches measured, 4x slower than assumed
-    assert rate.wait_s(240) == pytest.approx(240 / (8 / 0.08), rel=0.01)
+    drain = DrainRate()
+    for t in range(10):  # light load: one row a second, the queue empty after each take
+        drain.taken(1, 0, now=float(t))
+    assert drain.wait_s(240, now=10.0) == 0.0  # nothing measured: the count bound alone holds
+    for i in range(50):  # overload: batches of 8 every 0.1 s, work left queued
+        drain.taken(8, 100, now=20.0 + 0.1 * i)
+    assert drain.wait_s(240, now=24.95) == pytest.approx((4 + 240) / 80, rel=0.01)
+    # nothing taken for 5 s while work waits: the pace counts the open gap
+    assert drain.wait_s(240, now=30.0) > 240 / 80 * 5
+    # right after a take, the batch just taken is still ahead of the queued rows
+    assert drain.wait_s(240, now=24.9) == pytest.approx((8 + 240) / 80, rel=0.01)
+    drain.emptied()  # expiries emptied the queue; a long idle gap later is not drain time
+    drain.taken(8, 100, now=1000.0)
+    drain.taken(8, 0, now=1000.1)  # (and this one ended the backlog)
+    assert drain.wait_s(240, now=1010.0) == pytest.approx(240 / 80, rel=0.01)
 
 
 def test_refused_large_body_is_read_and_dropped_so_the_client_sees_its_answer(server):

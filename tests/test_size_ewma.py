@@ -1,10 +1,10 @@
-"""The per-size running mean that ServiceRate and CostModel share."""
+"""The per-size running mean of CostModel (the one home of batch cost; the queue's time
+bound measures the drain instead, batchers/service_rate.py)."""
 
 from __future__ import annotations
 
 import pytest
 from wattserve.batchers.cost_model import CostModel
-from wattserve.batchers.service_rate import ServiceRate
 from wattserve.batchers.size_ewma import SizeEwma
 
 
@@ -17,16 +17,11 @@ def test_first_observation_is_taken_then_averaged():
     assert ewma.get(4) == 0.010 and ewma.get(8) is None
 
 
-def test_both_learners_average_a_size_the_same_way():
-    """ServiceRate's seconds and CostModel's joules follow one EWMA rule."""
-    rate = ServiceRate(instances=1, max_batch_size=1, alpha=0.3)
+def test_cost_model_averages_joules_by_the_ewma_rule():
+    """CostModel's joules per size follow the one EWMA rule."""
     costs = CostModel(1, size_alpha=0.3)
-    ewma = SizeEwma(alpha=0.3)
     for seconds, joules in ((0.010, 2.0), (0.020, 4.0), (0.015, 3.0)):
-        rate.observe(1, seconds)
         costs.observe(1, seconds, joules)
-        ewma.update(1, seconds)
-    assert rate.best_items_per_s == pytest.approx(1 / ewma[1])
     expected_joules = SizeEwma(alpha=0.3)
     for joules in (2.0, 4.0, 3.0):
         expected_joules.update(1, joules)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
 import orjson
@@ -11,6 +12,7 @@ from starlette.responses import Response
 from starlette.types import Receive
 from wattserve.batchers.types import Result, WorkItem
 from wattserve.server.core.admission import TIMING_NAMES, Refused, timing_values
+from wattserve.server.http_protocol import CONNECTION_KEY
 from wattserve.server.http_status import HTTP_STATUS
 from wattserve.server.runtime import ModelRuntime
 
@@ -47,9 +49,19 @@ async def watching_submit(runtime: ModelRuntime, item: WorkItem, request: Reques
     cancels the request's item (never computed if still queued) when the client goes away
     first.
 
-    The watcher starts only after ``WATCH_AFTER_S``: most answers come sooner, and a
-    watcher task per request costs more than the identity model's whole budget.
+    On wattserve's own HTTP protocol (``server.http_protocol``) the connection itself calls
+    back when it is lost, from the moment the item is queued: a client gone before its batch
+    is formed is never computed. Elsewhere (h11) a watcher task starts after
+    ``WATCH_AFTER_S`` (a task per request costs more than the identity model's whole
+    budget), so a client that leaves in those first milliseconds may still be computed.
     """
+    connection = request.scope.get(CONNECTION_KEY)
+    if connection is not None:
+        connection.on_lost = partial(runtime.cancel, item)
+        try:
+            return await runtime.infer(item)
+        finally:
+            connection.on_lost = None
     loop = asyncio.get_running_loop()
     watcher: list[asyncio.Task[None]] = []
 

@@ -197,3 +197,20 @@ def test_live_server_meters_the_identity_model_on_the_simulated_gpu(tmp_path) ->
     assert re.search(r'wattserve_gpu_power_watts\{gpu="simulated0",source="simulated"\} [1-9]', metrics)
     assert 'wattserve_energy_joules_total{device="simulated-gpu0",source="simulated",state="busy"}' in metrics
     assert "wattserve_gpu_telemetry_available 1.0" in metrics
+
+
+def test_loadgen_report_opens_with_the_simulation_banner(tmp_path) -> None:
+    """A report of figures from the simulated GPU says so on its first line; a measured one does not."""
+    from wattserve.loadgen import htmlreport, report
+
+    from tests.test_loadgen_report import fake_run
+
+    measured = fake_run("m", 20, 0.010, 2.0)
+    simulated = fake_run("s", 20, 0.010, 2.0)
+    simulated.server["telemetry"][0]["labels"]["source"] = "simulated"  # type: ignore[index]
+    assert not htmlreport.is_simulated([measured]) and htmlreport.is_simulated([measured, simulated])
+    report.write_all(tmp_path / "sim", [simulated], "sim", per_request_csv=False)
+    body = (tmp_path / "sim" / "report.html").read_text().split("<body>", 1)[1]
+    assert body.lstrip().startswith('<p class="note"><b>SIMULATED GPU')
+    report.write_all(tmp_path / "real", [measured], "real", per_request_csv=False)
+    assert "SIMULATED" not in (tmp_path / "real" / "report.html").read_text()

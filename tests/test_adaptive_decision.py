@@ -277,3 +277,23 @@ def test_energy_arrives_late_and_the_mode_says_why():
     model.observe_energy(3, float("nan"))
     model.observe_energy(0, 1.0)
     assert model.metered == 8  # nonsense is not counted
+
+
+def test_joule_mode_spends_fewer_joules_per_inference_at_equal_attainment():
+    """The same Poisson traffic served by the decision in both modes on the "superlinear"
+    device (seconds per item favour big batches, joules per item a middling one): joule mode
+    uses fewer simulated joules per inference, idle energy included, and both meet the
+    objective."""
+    idle = 60.0
+    joules = superlinear_joules(GPU_LIKE, idle, k_w=2.5)
+    joule_view = CostView(GPU_LIKE, 0.002, joules, idle)
+    results = {}
+    for mode, view in (("seconds", VIEW), ("joules", joule_view)):
+        latencies, sizes = simulate(400, 20, view, OBJ, seed=3)
+        busy_s = sum(GPU_LIKE[b] for b in sizes)
+        total_j = sum(joules[b] for b in sizes) + idle * (20 - busy_s)  # busy + idle, 20 s
+        results[mode] = (total_j / len(latencies), np.percentile(latencies, 99), np.mean(sizes))
+    (j_s, p99_s, b_s), (j_j, p99_j, b_j) = results["seconds"], results["joules"]
+    assert p99_s <= OBJ.budget_s and p99_j <= OBJ.budget_s  # equal attainment: both meet it
+    assert b_j < b_s  # smaller batches...
+    assert j_j < 0.95 * j_s  # ...and fewer joules per inference

@@ -216,7 +216,8 @@ class SimulatedGpu:
 
     def _busy_parts(self, start: float, now: float) -> tuple[float, float]:
         """(joules above idle, busy seconds) over [start, now]."""
-        while self._recent and self._recent[0].end is not None and self._recent[0].end < now - 5.0:
+        keep_s = self.model.power_average_window_s + 0.5  # what averages and utilization read
+        while self._recent and self._recent[0].end is not None and self._recent[0].end < now - keep_s:
             self._recent.popleft()
         running = [b for b in self._open if b.end is None]
         extra, spans = 0.0, []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from time import monotonic
@@ -25,12 +26,15 @@ from typing import Any
 
 import numpy as np
 from prometheus_client.core import GaugeMetricFamily, Metric
-from wattserve.batchers.adaptive_decision import CostView, Decision, Objective, QueueState, decide, doomed
+from wattserve.batchers.adaptive_decision import CostView, Objective, QueueState, doomed
+from wattserve.batchers.adaptive_decision import Decision as AdaptiveDecision
+from wattserve.batchers.adaptive_decision import decide as decide_batch
 from wattserve.batchers.arrival_model import ArrivalModel
 from wattserve.batchers.base import BatchOutcome, padded_size
 from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.cost_model import CostModel
 from wattserve.batchers.observers import measured_joules
+from wattserve.batchers.policy import Decision, Dispatch, QueueView, Wait
 from wattserve.batchers.slo_policy import SloBatcher, SloConfig, slo_config
 from wattserve.batchers.types import QueueFull, WorkItem
 from wattserve.engines.base import Engine, WarmsItself, zeros_batch
@@ -73,9 +77,15 @@ class AdaptiveBatcher(SloBatcher):
         self.objective = Objective(config.slo_s, config.percentile, headroom)
         self.costs = CostModel(config.max_batch_size, percentile=config.percentile)
         self.arrivals = ArrivalModel()
-        self.last_decision: Decision | None = None
+        self.last_decision: AdaptiveDecision | None = None
+        self._full = AdaptiveDecision(config.max_batch_size, 0.0, config.max_batch_size, "full")
         self._engine_sizes = self.engine.batch_sizes
         self._view: CostView | None = None
+        # the decision runs on engine threads too (pipelining); the arrival windows are
+        # pruned by whoever reads them
+        self._arrivals_lock = threading.Lock()
+        self.pipeline = not config.reject_late  # shedding runs on the loop, before every decision
+        self.sheds = config.reject_late
 
     @classmethod
     def config_from(cls, spec: BatchingSpec, engine: Engine) -> AdaptiveConfig:
@@ -88,16 +98,9 @@ class AdaptiveBatcher(SloBatcher):
 
     # ------------------------------------------------------------------ the loop
     async def submit(self, item: WorkItem):
-        self.arrivals.arrived(item.arrival)  # offered load, whether or not it is accepted
+        with self._arrivals_lock:  # offered load, whether or not it is accepted
+            self.arrivals.arrived(item.arrival)
         return await super().submit(item)
-
-    def ready_size(self) -> int | None:
-        """Engine thread, between batches: a full batch goes at once (every other case needs
-        the decision, which runs on the event loop)."""
-        full = self.config.max_batch_size
-        if self.config.reject_late:  # shedding runs on the loop, before every batch
-            return None
-        return full if self.queue.head(full).rows >= full else None
 
     async def run(self) -> None:
         if self.config.calibrate and not isinstance(self.engine, WarmsItself):
@@ -107,26 +110,31 @@ class AdaptiveBatcher(SloBatcher):
                 log.exception("adaptive: timing the batch sizes failed; learning from traffic only")
         await super().run()
 
-    async def form_batch(self) -> list[WorkItem] | None:
-        while True:
-            if len(self.queue) == 0:
-                if self.closing:
-                    return None
-                await self.wait_for_change()
-                continue
-            if self.closing:
-                return self.take(self.config.max_batch_size)
-            now = monotonic()
-            if self.config.reject_late and self._reject_doomed(now):
-                continue
-            oldest = self.queue.oldest_arrival()
-            assert oldest is not None
-            state = QueueState(self.queue.head(self.config.max_batch_size).rows, now - oldest)
-            decision = decide(state, self.cost_view(), self.arrivals.rate(now), self.objective)
-            self.last_decision = decision
-            if decision.dispatch:
-                return self.take(decision.dispatch)
-            await self.wait_for_change(decision.wait_s)
+    def decide(self, view: QueueView, now: float) -> Decision:
+        """The pure decision (``adaptive_decision.decide``) over the queue, the cost model as
+        last seen and the arrival rate; a full batch, or a drain, goes at once."""
+        full = self.config.max_batch_size
+        queue = view.queue
+        queued = queue.head(full).rows
+        if queued >= full:
+            self.last_decision = self._full
+            return Dispatch(full)
+        if view.closing:
+            return Dispatch(full, complete=False)
+        oldest = queue.oldest_arrival()
+        assert oldest is not None  # asked only with something queued
+        with self._arrivals_lock:
+            rate = self.arrivals.rate(now)
+        decision = decide_batch(QueueState(queued, now - oldest), self.cost_view(), rate, self.objective)
+        self.last_decision = decision
+        if decision.dispatch:  # a trade-off against waiting: formed on the loop
+            return Dispatch(decision.dispatch, complete=False)
+        return Wait(decision.wait_s)
+
+    def shed(self, now: float) -> bool:
+        """With ``reject_late``, before every decision on the loop: refuse (503) the queued
+        requests that cannot meet the objective any more."""
+        return self._reject_doomed(now)
 
     # ------------------------------------------------------------------ learning
     def cost_view(self) -> CostView:
@@ -234,7 +242,8 @@ class AdaptiveBatcher(SloBatcher):
             "Arrival model: requests per second.",
             labels=[*names, "window"],
         )
-        short, long_ = self.arrivals.rates(monotonic())
+        with self._arrivals_lock:
+            short, long_ = self.arrivals.rates(monotonic())
         rate.add_metric([*labels, "short"], short)
         rate.add_metric([*labels, "long"], long_)
         yield rate

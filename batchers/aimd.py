@@ -18,8 +18,8 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 from wattserve.batchers.base import BatchOutcome
 from wattserve.batchers.config import BatchingSpec
+from wattserve.batchers.policy import Decision, Dispatch, QueueView
 from wattserve.batchers.slo_policy import SloBatcher, SloConfig, slo_config
-from wattserve.batchers.types import WorkItem
 from wattserve.engines.base import Engine
 
 
@@ -49,17 +49,9 @@ class AimdBatcher(SloBatcher):
     def config_from(cls, spec: BatchingSpec, engine: Engine) -> AimdConfig:
         return AimdConfig(**slo_config(spec))
 
-    def ready_size(self) -> int | None:
-        """Engine thread, between batches: like continuous, up to the current limit."""
-        return self.limit if len(self.queue) else None
-
-    async def form_batch(self) -> list[WorkItem] | None:
-        while True:
-            if len(self.queue):
-                return self.take(self.limit)
-            if self.closing:
-                return None
-            await self.wait_for_change()
+    def decide(self, view: QueueView, now: float) -> Decision:
+        """Like continuous (whatever is queued, at once), up to the current limit."""
+        return Dispatch(self.limit)
 
     def batch_finished(self, outcome: BatchOutcome) -> None:  # cannot raise
         self.limit = next_limit(self.limit, outcome.finished - outcome.started, self.config)

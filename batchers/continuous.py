@@ -8,20 +8,12 @@ step engines lives in ``batchers/iteration.py``.
 from __future__ import annotations
 
 from wattserve.batchers.base import RequestBatcher
-from wattserve.batchers.types import WorkItem
+from wattserve.batchers.policy import Decision, Dispatch, QueueView
 
 
 class ContinuousBatcher(RequestBatcher):
     name = "continuous"
     summary = "whatever is queued when an instance is free, no timer; iteration on a step engine"
 
-    def ready_size(self) -> int | None:
-        return self.config.max_batch_size if len(self.queue) else None
-
-    async def form_batch(self) -> list[WorkItem] | None:
-        while True:
-            if len(self.queue):
-                return self.take(self.config.max_batch_size)
-            if self.closing:
-                return None
-            await self.wait_for_change()
+    def decide(self, view: QueueView, now: float) -> Decision:
+        return Dispatch(self.config.max_batch_size)  # asked only with something queued

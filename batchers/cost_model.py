@@ -133,11 +133,6 @@ class CostModel:
         return "joules", JOULES
 
     # ------------------------------------------------------------------ predictions
-    @property
-    def ready(self) -> bool:
-        """True once there is anything to predict from."""
-        return bool(self._shape)
-
     def seconds(self, size: int) -> float:
         """Predicted engine seconds of one batch of ``size`` (0 when nothing is known)."""
         curve = self.curve()

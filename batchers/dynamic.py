@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from time import monotonic
 from typing import Any
 
 from wattserve.batchers.base import BatcherConfig, RequestBatcher, common_config
 from wattserve.batchers.config import BatchingSpec
-from wattserve.batchers.types import WorkItem
+from wattserve.batchers.policy import Decision, Dispatch, QueueView, Wait
+from wattserve.batchers.queue import PriorityFifo
 from wattserve.engines.base import Engine
 
 
@@ -66,54 +66,45 @@ class DynamicBatcher(RequestBatcher):
             allowed_sizes=tuple(engine_sizes) if spec.batch_sizes_only and engine_sizes else None,
         )
 
-    def ready_size(self) -> int | None:
-        return self.size_now()
+    def decide(self, view: QueueView, now: float) -> Decision:
+        queue = view.queue
+        size = self.size_now(queue)
+        if size is not None:
+            return Dispatch(size)
+        oldest = queue.oldest_arrival()
+        assert oldest is not None  # asked only with something queued
+        left = oldest + self.config.max_queue_delay_s - now
+        if left <= 0 or view.closing:
+            return Dispatch(self.size_on_timeout(queue), complete=False)
+        # Until the delay runs out, only reaching the next size that goes at once changes
+        # the decision: sleep through the arrivals before it.
+        return Wait(left, self.next_size_at_once(queue))
 
-    def size_now(self) -> int | None:
+    def size_now(self, queue: PriorityFifo) -> int | None:
         """Batch size (rows) to dispatch immediately, or None to keep waiting (Triton's
         ``GetDynamicBatch``: an exact preferred size first, then a batch that cannot grow)."""
-        head = self.queue.head(self._limit)
+        head = queue.head(self._limit)
         if not head.rows:
             return None
         best = [s for s in self._preferred if head.reachable(s)]
         if best:
             return best[-1]
-        if head.closed or head.rows >= self._limit or self.queue.rows > head.rows:
+        if head.closed or head.rows >= self._limit or queue.rows > head.rows:
             # it cannot grow: the next request has another shape, or would take the batch
             # past the largest preferred size (Triton sends the pending batch then)
             return self._limit
         return None
 
-    def next_size_at_once(self) -> int:
+    def next_size_at_once(self, queue: PriorityFifo) -> int:
         """The smallest queue depth (rows) above the current one that ``size_now``
         dispatches at once, for a queue of one-row requests."""
-        queued = self.queue.rows
+        queued = queue.rows
         return min([s for s in self._preferred if s > queued] + [self._limit])
 
-    def size_on_timeout(self) -> int:
+    def size_on_timeout(self, queue: PriorityFifo) -> int:
         """Batch size once the oldest request has waited max_queue_delay (or on drain)."""
-        n = self.queue.head(self._cap).rows
+        n = queue.head(self._cap).rows
         if self._allowed:
             fitting = [s for s in self._allowed if s <= n]
             return fitting[-1] if fitting else n
         return self._cap
-
-    async def form_batch(self) -> list[WorkItem] | None:
-        delay = self.config.max_queue_delay_s
-        while True:
-            if len(self.queue) == 0:
-                if self.closing:
-                    return None
-                await self.wait_for_change()
-                continue
-            size = self.size_now()
-            if size is not None:
-                return self.take(size)
-            oldest = self.queue.oldest_arrival()
-            assert oldest is not None
-            left = oldest + delay - monotonic()
-            if left <= 0 or self.closing:
-                return self.take(self.size_on_timeout())
-            # Until the delay runs out, only reaching the next size that goes at once
-            # changes the decision: sleep through the arrivals before it.
-            await self.wait_for_change(left, wake_at_depth=self.next_size_at_once())

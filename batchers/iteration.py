@@ -34,8 +34,10 @@ from time import monotonic
 from typing import Any
 
 import numpy as np
-from wattserve.batchers.base import Batcher, BatcherConfig, EngineInstance
+from wattserve.batchers.base import Batcher, BatcherConfig
+from wattserve.batchers.executor import EngineInstance
 from wattserve.batchers.observers import BatchReport
+from wattserve.batchers.scheduler import DispatchFailed, fail
 from wattserve.batchers.status import Status
 from wattserve.batchers.types import BatchFailed, Draining, ItemState, RequestError, Result, WorkItem
 from wattserve.engines.base import StepEngine
@@ -160,7 +162,11 @@ class IterationBatcher(Batcher[StepEngine]):
                     if not await self._wait_for_work():
                         return  # draining, nothing queued, nothing running
                     continue
-                admitted = self.take_items(len(plan.admit))  # the planned items: queued -> running
+                try:
+                    admitted = self.take_items(len(plan.admit))  # the planned items: queued -> running
+                except DispatchFailed as failed:  # the observer refused them: they fail alone
+                    fail(failed.items, failed.error)
+                    admitted = []
                 slot.admitting = admitted
                 if not slot.running and not admitted:
                     continue  # everything planned was answered meanwhile

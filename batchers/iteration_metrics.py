@@ -15,21 +15,21 @@
 The server makes one ``IterationMetrics`` per served step model and hands it to that
 model's one batch observer (``server/batch_observer.py``), its only writer: the engine's
 step reports arrive through the observer's ``on_step``, time to result through its
-``on_batch``. The families are declared once per registry (many models share one).
+``on_batch``. The families are declared once per registry (many models share one;
+``telemetry.families``).
 """
 
 from __future__ import annotations
 
-import weakref
-
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from wattserve.telemetry.buckets import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
+from wattserve.telemetry.families import families
 from wattserve.telemetry.histogram import BisectHistogram
 
 
 class _Families:
     """The iteration metric families of one registry, declared once however many step
-    models (or reloads of one) the registry serves."""
+    models (or reloads of one) the registry serves (``telemetry.families``)."""
 
     def __init__(self, r: CollectorRegistry) -> None:
         labels = ("model", "batcher")
@@ -65,16 +65,11 @@ class _Families:
         )
 
 
-_FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, _Families] = weakref.WeakKeyDictionary()
-
-
 class IterationMetrics:
     """Per-iteration occupancy, step rate and time to result of one model and batcher."""
 
     def __init__(self, model: str, batcher: str, registry: CollectorRegistry) -> None:
-        f = _FAMILIES.get(registry)
-        if f is None:
-            f = _FAMILIES[registry] = _Families(registry)
+        f = families(registry, _Families)
         lv = (model, batcher)
         self.occupancy = f._occupancy.labels(*lv)
         self.duration = f._duration.labels(*lv)

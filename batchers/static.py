@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from wattserve.batchers.base import RequestBatcher
-from wattserve.batchers.types import WorkItem
+from wattserve.batchers.policy import Decision, Dispatch, QueueView, Wait
 
 
 class StaticBatcher(RequestBatcher):
@@ -14,19 +14,16 @@ class StaticBatcher(RequestBatcher):
     name = "static"
     summary = "only full batches of max_batch_size rows, the partial one flushed on drain"
 
-    def ready_size(self) -> int | None:
+    def decide(self, view: QueueView, now: float) -> Decision:
         n = self.config.max_batch_size
-        queue = self.queue
+        queue = view.queue
         if queue.regular:
-            return n if queue.rows >= n else None
-        head = queue.head(n)
-        return n if head.closed or queue.rows > head.rows or head.rows >= n else None
-
-    async def form_batch(self) -> list[WorkItem] | None:
-        n = self.config.max_batch_size
-        while True:
-            if self.ready_size() is not None:
-                return self.take(n)
-            if self.closing:
-                return self.take(n) if len(self.queue) else None
-            await self.wait_for_change(wake_at_depth=n)  # a full batch, or drain
+            full = queue.rows >= n
+        else:
+            head = queue.head(n)
+            full = head.closed or queue.rows > head.rows or head.rows >= n
+        if full:
+            return Dispatch(n)
+        if view.closing:  # the partial batch, flushed
+            return Dispatch(n, complete=False)
+        return Wait(wake_at_depth=n)  # a full batch, or drain

@@ -47,9 +47,6 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     datatype: str = "FP32"
-    # Set by engines and repository plans, read by nothing: no check enforces it. NaN/Inf
-    # inputs are refused only where a model asks (check_values, server/codec.py check_finite).
-    allow_nonfinite: bool = False
     # Triton's ``optional`` input: a request may leave it out (the engine's ``prepare``
     # fills it in before the request is queued, so batches still hold every input).
     optional: bool = False

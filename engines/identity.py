@@ -30,8 +30,8 @@ class IdentityEngine:
         self.name = name
         self.delay_s = delay_s  # a batch's fixed compute time, like Triton's execute_delay_ms
         self.delay_per_item_s = delay_per_item_s  # plus this much per request in the batch
-        self.inputs = [TensorSpec("INPUT0", (elements,), "FP32", allow_nonfinite=True)]
-        self.outputs = [TensorSpec("OUTPUT0", (elements,), "FP32", allow_nonfinite=True)]
+        self.inputs = [TensorSpec("INPUT0", (elements,), "FP32")]
+        self.outputs = [TensorSpec("OUTPUT0", (elements,), "FP32")]
         self.max_batch_size = max_batch_size
 
     def infer(self, batch: Batch) -> dict[str, np.ndarray]:

@@ -139,8 +139,7 @@ class OnnxRuntimeEngine:
         # batches (of one, from a runtime that does not batch) are run row by row.
         self.batched = batched
         self.inputs = [_spec(i, batched=batched) for i in self._session.get_inputs()]
-        # Outputs are whatever the model computes; only inputs are screened for NaN/Inf.
-        self.outputs = [_spec(o, allow_nonfinite=True, batched=batched) for o in self._session.get_outputs()]
+        self.outputs = [_spec(o, batched=batched) for o in self._session.get_outputs()]
         self._output_names = [o.name for o in self.outputs]
         self._dtypes = {s.name: s.dtype for s in self.inputs}
         self._string_inputs = [s.name for s in self.inputs if s.datatype == "BYTES"]
@@ -227,7 +226,7 @@ def _bf16_array(value) -> np.ndarray:
     return np.frombuffer(raw, dtype=BF16).reshape(value.shape())
 
 
-def _spec(node, allow_nonfinite: bool = False, batched: bool = True) -> TensorSpec:
+def _spec(node, batched: bool = True) -> TensorSpec:
     """TensorSpec (shape without the batch axis, unless not ``batched``) from a NodeArg."""
     try:
         datatype = _ORT_TYPES[node.type]
@@ -236,7 +235,7 @@ def _spec(node, allow_nonfinite: bool = False, batched: bool = True) -> TensorSp
     dims = node.shape[1:] if batched else node.shape
     # A symbolic or unknown dimension is a variable one (-1): each request gives its size.
     shape = tuple(d if isinstance(d, int) and d >= 0 else VARIABLE for d in dims)
-    return TensorSpec(node.name, shape, datatype, allow_nonfinite=allow_nonfinite)
+    return TensorSpec(node.name, shape, datatype)
 
 
 def _to_ort_strings(array: np.ndarray) -> np.ndarray:

@@ -414,15 +414,15 @@ class TensorRTEngine:
         # What each profile was tuned for: good preferred_batch_sizes for a dynamic batcher.
         self.preferred_batch_sizes = profiles_opt_sizes(self.profiles)
 
-        def spec(n: str, allow_nonfinite: bool = False) -> TensorSpec:
+        def spec(n: str) -> TensorSpec:
             dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(n)))
             shape = dims(engine.get_tensor_shape(n))
             if any(d < 0 for d in shape[1:]):
                 raise EngineUnavailable(f"tensor {n} has dynamic non-batch dims {shape}")
-            return TensorSpec(n, shape[1:], NUMPY_TO_DATATYPE[dtype], allow_nonfinite=allow_nonfinite)
+            return TensorSpec(n, shape[1:], NUMPY_TO_DATATYPE[dtype])
 
         self.inputs = [spec(n) for n in in_names]
-        self.outputs = [spec(n, allow_nonfinite=True) for n in out_names]
+        self.outputs = [spec(n) for n in out_names]
 
         # One device buffer per tensor, sized for the largest batch, shared by every context:
         # contexts run one at a time on one stream, so sharing is safe. Pinned host staging

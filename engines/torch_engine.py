@@ -20,7 +20,7 @@ from wattserve.engines.catalog import TORCHVISION_MODELS
 log = logging.getLogger("wattserve.engines.torch")
 
 IMAGE_SPEC = TensorSpec("input", (3, 224, 224), "FP32")
-LOGITS_SPEC = TensorSpec("logits", (1000,), "FP32", allow_nonfinite=True)
+LOGITS_SPEC = TensorSpec("logits", (1000,), "FP32")
 
 
 def resolve_device(requested: str) -> torch.device:

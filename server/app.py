@@ -103,7 +103,7 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
                       mode=settings.model_control_mode, startup=settings.load_model,
                       poll_s=settings.repository_poll_secs)  # fmt: skip
     registry.register(TritonMetrics(models, telemetry))  # Triton's nv_* names, read at scrape time
-    trimmer = IdleTrimmer(ModelSetActivity(models), settings.idle_trim_s) if settings.tune_malloc else None  # type: ignore[arg-type]
+    trimmer = IdleTrimmer(ModelSetActivity(models), settings.idle_trim_s) if settings.tune_malloc else None
     # Triton's shared-memory, trace and logging extensions (one of each per app)
     shm = SharedMemoryRegistry(settings.allow_client_shm, cuda=CudaRuntimeIpc())
     trace, log_settings = TraceSettings(), LogSettings(settings.log_level)

@@ -112,8 +112,8 @@ class EnsembleRuntime(ModelRuntime):
         self._models = models
         self.graph = parse_graph(plan.config, plan.name, plan.name)  # checked when planned; cheap to redo
         self.max_batch = plan.config.max_batch_size
-        self._inputs, _ = config_tensors(plan.config.input, plan.name, "input", outputs=False)
-        self._outputs, _ = config_tensors(plan.config.output, plan.name, "output", outputs=True)
+        self._inputs, _ = config_tensors(plan.config.input, plan.name, "input")
+        self._outputs, _ = config_tensors(plan.config.output, plan.name, "output")
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:

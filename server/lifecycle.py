@@ -14,7 +14,6 @@ from types import FrameType
 from typing import Any, Protocol
 
 import uvicorn
-from wattserve.server.runtime import ModelRuntime
 from wattserve.server.settings import Settings
 
 log = logging.getLogger("wattserve.lifecycle")
@@ -91,6 +90,17 @@ def malloc_trim() -> bool:
         return False
 
 
+class BatchActivity(Protocol):
+    """What the idle trimmer reads: requests accepted and not answered, and when the last
+    batch ended (``time.monotonic()``); the model set's ``ModelSetActivity`` sums them."""
+
+    @property
+    def inflight(self) -> int: ...
+
+    @property
+    def last_batch_at(self) -> float: ...
+
+
 class IdleTrimmer:
     """After ``idle_s`` without a batch, give freed memory back once (``malloc_trim``).
 
@@ -98,8 +108,8 @@ class IdleTrimmer:
     working set again; without this, the memory of an overload spike is kept for good.
     Trimming only when idle keeps both: no faults under load, memory back after it."""
 
-    def __init__(self, runtime: ModelRuntime, idle_s: float, poll_s: float = 1.0) -> None:
-        self.runtime = runtime
+    def __init__(self, activity: BatchActivity, idle_s: float, poll_s: float = 1.0) -> None:
+        self.activity = activity
         self.idle_s = idle_s
         self.poll_s = min(poll_s, idle_s) if idle_s > 0 else poll_s
         self.trims = 0
@@ -118,10 +128,10 @@ class IdleTrimmer:
         trimmed_after = -1.0  # the last batch time that a trim already followed
         while True:
             await asyncio.sleep(self.poll_s)
-            batcher = self.runtime.batcher
-            if batcher is None or batcher.inflight:
+            activity = self.activity
+            if activity.inflight:
                 continue
-            last = batcher.last_batch_at
+            last = activity.last_batch_at
             if last != trimmed_after and time.monotonic() - last >= self.idle_s:
                 trimmed_after = last
                 if await asyncio.to_thread(malloc_trim):

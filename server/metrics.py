@@ -7,13 +7,13 @@ lock and an add, not a label lookup.
 
 from __future__ import annotations
 
-import weakref
 from contextvars import ContextVar
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from wattserve.server.statistics import ModelStatistics
 from wattserve.telemetry.buckets import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
+from wattserve.telemetry.families import families
 from wattserve.telemetry.histogram import BisectHistogram
 
 OUTCOMES = (
@@ -35,7 +35,8 @@ request_protocol: ContextVar[str] = ContextVar("wattserve_request_protocol", def
 
 
 class _Families:
-    """The metric families of one registry, declared once however many models it serves."""
+    """The metric families of one registry, declared once however many models it serves
+    (``telemetry.families``)."""
 
     def __init__(self, r: CollectorRegistry) -> None:
         labels = ("model", "batcher")
@@ -89,19 +90,9 @@ class _Families:
         )
 
 
-_FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, _Families] = weakref.WeakKeyDictionary()
-
-
-def _families(registry: CollectorRegistry) -> _Families:
-    families = _FAMILIES.get(registry)
-    if families is None:
-        families = _FAMILIES[registry] = _Families(registry)
-    return families
-
-
 def server_metrics(registry: CollectorRegistry) -> dict[str, Any]:
     """The server-wide (not per-model) metrics of a registry."""
-    return {"connections_refused": _families(registry).connections_refused}
+    return {"connections_refused": families(registry, _Families).connections_refused}
 
 
 class ServingMetrics:
@@ -113,7 +104,7 @@ class ServingMetrics:
 
     def __init__(self, model: str, batcher: str, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
-        f = _families(self.registry)
+        f = families(self.registry, _Families)
         self._requests = f.requests
         self.connections_refused = f.connections_refused
         self.statistics = ModelStatistics()

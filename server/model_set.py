@@ -349,16 +349,11 @@ class ModelSet:
 
 
 class ModelSetActivity:
-    """Every model's batching activity seen as one batcher (what ``IdleTrimmer`` reads:
-    ``runtime.batcher.inflight`` and ``.last_batch_at``), so memory is trimmed only when
-    the whole server is idle."""
+    """Every model's batching activity summed (``lifecycle.BatchActivity``, what the
+    ``IdleTrimmer`` reads), so memory is trimmed only when the whole server is idle."""
 
     def __init__(self, models: ModelSet) -> None:
         self.models = models
-
-    @property
-    def batcher(self) -> ModelSetActivity:
-        return self
 
     def _batchers(self) -> list[Any]:
         return [r.batcher for r in self.models.runtimes() if r.batcher is not None]

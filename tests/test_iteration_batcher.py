@@ -20,7 +20,15 @@ from wattserve.batchers.iteration import InvalidRequest, IterationBatcher
 from wattserve.batchers.iteration_metrics import IterationMetrics
 from wattserve.batchers.observers import NullObserver
 from wattserve.batchers.registry import ON_STEP_ENGINES, build_batcher, policy_for
-from wattserve.batchers.types import ClientGone, DeadlineExceeded, Draining, QueueFull, Result, WorkItem
+from wattserve.batchers.types import (
+    BatchFailed,
+    ClientGone,
+    DeadlineExceeded,
+    Draining,
+    QueueFull,
+    Result,
+    WorkItem,
+)
 from wattserve.engines.diffusion import DiffusionEngine
 from wattserve.engines.identity import IdentityEngine
 from wattserve.server.batch_observer import ServingObserver
@@ -298,6 +306,27 @@ async def test_a_failing_state_fails_alone(engine, solo_cache):
     np.testing.assert_allclose((await good).outputs["image"][0], solo_cache(7, 6), atol=TOL, rtol=0)
     after = await batcher.submit(work(8, 2))  # and the batcher keeps serving
     assert after.outputs["image"].shape == (1, 3, 32, 32)  # its one row, batch axis kept
+    await finish(batcher, task)
+
+
+async def test_an_observer_that_refuses_an_admission_fails_those_requests_and_the_loop_goes_on(engine):
+    """Issue 26 point 5 on the iteration-level batcher: ``on_dispatch`` raising while the
+    scheduler admits requests fails them (500 with the message), not the loop."""
+
+    class RefusesOnce(NullObserver):
+        refused = 0
+
+        def on_dispatch(self, items, now):
+            if not self.refused:
+                self.refused += 1
+                raise RuntimeError("observer bug at admission")
+
+    batcher = make(engine, observer=RefusesOnce())
+    task = await started(batcher)
+    with pytest.raises(BatchFailed, match="observer bug at admission"):
+        await asyncio.wait_for(batcher.submit(work(5, 2)), 30)
+    after = await asyncio.wait_for(batcher.submit(work(6, 2)), 30)
+    assert after.outputs["image"].shape == (1, 3, 32, 32)
     await finish(batcher, task)
 
 

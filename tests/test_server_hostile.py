@@ -393,12 +393,11 @@ def test_cross_origin_simple_content_types_are_not_computed(server, media):
 
 # ---------------------------------------------------------------- memory back after a spike
 async def test_idle_trimmer_trims_once_per_idle_period():
-    class Runtime:
-        class batcher:  # a stand-in with the two fields the trimmer reads
-            inflight = 0
-            last_batch_at = time.monotonic() - 10
+    class Activity:  # a stand-in with the two fields the trimmer reads (lifecycle.BatchActivity)
+        inflight = 0
+        last_batch_at = time.monotonic() - 10
 
-    trimmer = IdleTrimmer(Runtime(), idle_s=0.05, poll_s=0.02)  # type: ignore[arg-type]
+    trimmer = IdleTrimmer(Activity(), idle_s=0.05, poll_s=0.02)
     trimmer.start()
     await asyncio.sleep(0.3)
     trimmer.stop()

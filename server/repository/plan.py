@@ -343,9 +343,7 @@ def config_datatype(datatype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
 
 
-def config_tensors(
-    tensors: Any, source: str, what: str, outputs: bool
-) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def config_tensors(tensors: Any, source: str, what: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """(client-side specs, model-side specs): they differ only where ``reshape`` is set."""
     outer, inner = [], []
     for i, t in enumerate(tensors):
@@ -359,16 +357,16 @@ def config_tensors(
             raise ConfigError(f"{source}: {what}[{i}] ({t.name}) dims {list(dims)}: a dimension is a "
                               "size >= 0 or -1 (variable)")  # fmt: skip
         shape = tuple(int(d) for d in t.reshape.shape) if t.HasField("reshape") else dims
-        outer.append(TensorSpec(t.name, dims, datatype, allow_nonfinite=outputs))
-        inner.append(TensorSpec(t.name, shape, datatype, allow_nonfinite=outputs))
+        outer.append(TensorSpec(t.name, dims, datatype))
+        inner.append(TensorSpec(t.name, shape, datatype))
     return outer, inner
 
 
 def _engine_factory(
     kind: str, path: Path, name: str, config: pb.ModelConfig, batching: bool, source: str
 ) -> EngineFactory:
-    in_outer, in_inner = config_tensors(config.input, source, "input", outputs=False)
-    out_outer, out_inner = config_tensors(config.output, source, "output", outputs=True)
+    in_outer, in_inner = config_tensors(config.input, source, "input")
+    out_outer, out_inner = config_tensors(config.output, source, "output")
     if kind == "python":
         return python_models.python_factory(path, name, config, in_outer, out_outer)
     if kind == "torchscript" and (not in_inner or not out_inner):

@@ -3,8 +3,12 @@
 Two learned models and one pure decision (``batchers.adaptive_decision.decide``):
 
 - ``CostModel``: engine seconds per batch size, seeded by timing one batch of each size
-  right after warm-up, then updated from every executed batch (and joules per batch where
-  the energy meter measures, which the decision then optimizes instead of seconds);
+  right after warm-up, then updated from every executed batch; and joules per batch where
+  the energy meter measures, taken when the batch's counter window closes (one counter step
+  after it ran: the batch's energy record is kept until then), with the device's idle power.
+  Once ``MIN_METERED`` batches were metered the decision optimizes joules per request
+  (idle energy included, see ``adaptive_decision``) instead of seconds;
+  ``wattserve_adaptive_mode`` says which, and why (no meter, meter warming up, joules);
 - ``ArrivalModel``: the arrival rate over a short and a long window.
 
 Each time an engine instance is free, the loop asks ``decide`` whether to dispatch now or
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from time import monotonic
@@ -40,6 +45,9 @@ from wattserve.batchers.types import QueueFull, WorkItem
 from wattserve.engines.base import Engine, WarmsItself, zeros_batch
 
 log = logging.getLogger("wattserve.batcher.adaptive")
+
+
+MAX_PENDING_ENERGY = 4096  # batches awaiting their counter window (~1 s of 1 ms batches x 4)
 
 
 class SloUnreachable(QueueFull):
@@ -76,6 +84,9 @@ class AdaptiveBatcher(SloBatcher):
         headroom = config.headroom_s if config.headroom_s is not None else 0.1 * config.slo_s
         self.objective = Objective(config.slo_s, config.percentile, headroom)
         self.costs = CostModel(config.max_batch_size, percentile=config.percentile)
+        # (batch size, energy record) of batches whose joules are not final yet
+        self._energy_pending: deque[tuple[int, Any]] = deque(maxlen=MAX_PENDING_ENERGY)
+        self.energy_source: str | None = None  # the meter's source label, once a figure came
         self.arrivals = ArrivalModel()
         self.last_decision: AdaptiveDecision | None = None
         self._full = AdaptiveDecision(config.max_batch_size, 0.0, config.max_batch_size, "full")
@@ -142,7 +153,8 @@ class AdaptiveBatcher(SloBatcher):
         if self._view is None:
             n = self.config.max_batch_size
             curve = self.costs.curve()
-            joules = self.costs.joule_curve()
+            mode, _ = self.costs.energy_mode()
+            joules = self.costs.joule_curve() if mode == "joules" else None
             sizes = [padded_size(b, self._engine_sizes) for b in range(n + 1)]
             sizes = [min(s, n) for s in sizes]
             seconds = np.maximum.accumulate(curve[sizes])
@@ -150,6 +162,7 @@ class AdaptiveBatcher(SloBatcher):
                 seconds=seconds.tolist(),
                 margin_s=self.costs.margin(),
                 joules=None if joules is None else np.maximum.accumulate(joules[sizes]).tolist(),
+                idle_w=self.costs.idle_watts,
             )
         return self._view
 
@@ -166,12 +179,30 @@ class AdaptiveBatcher(SloBatcher):
             joules = measured_joules(outcome.energy)
             size = len(batch) + outcome.padded
             self.costs.observe(size, outcome.finished - outcome.started, joules)
+            if joules is None and outcome.energy is not None and hasattr(outcome.energy, "final"):
+                self._energy_pending.append((size, outcome.energy))
+            self._take_energy()
             # taken from the queue -> engine start, and engine end -> answers: every
             # request in the batch waits through both, so they belong in the margin
             dispatched = batch[0].dispatched_at or outcome.started
             self.costs.observe_overhead(max((outcome.started - dispatched) + (now - outcome.finished), 0.0))
             self._view = None
         self.count_slo(batch, now)
+
+    def _take_energy(self) -> None:
+        """Fold in the joules of earlier batches whose counter windows have closed since
+        (telemetry's ``BatchSpan``: ``final``, ``attributed_joules``, ``idle_power_w``)."""
+        pending = self._energy_pending
+        for _ in range(len(pending)):
+            size, span = pending.popleft()
+            if not span.final:
+                pending.append((size, span))
+                continue
+            joules = span.attributed_joules
+            if joules is not None:  # None: a device failed to answer; no figure, not zero
+                self.costs.observe_energy(size, joules, span.idle_power_w)
+                self.energy_source = getattr(span, "source", None)
+                self._view = None
 
     async def _calibrate(self) -> None:
         """Seed the cost model: one timed batch of each probed size on each instance."""
@@ -214,16 +245,35 @@ class AdaptiveBatcher(SloBatcher):
         for b in range(1, len(view.seconds)):
             seconds.add_metric([*labels, str(b)], view.seconds[b])
         yield seconds
+        source = self.energy_source or "none"
         joules = GaugeMetricFamily(
             "wattserve_adaptive_batch_joules",
-            "Cost model: measured joules of one batch (EWMA), by batch size; only sizes metered.",
-            labels=[*names, "batch_size"],
+            "Cost model: busy joules of one batch (EWMA of its counter windows' share), by batch "
+            'size; only sizes metered; source="simulated" on a simulated GPU.',
+            labels=[*names, "batch_size", "source"],
         )
         for b in range(1, self.config.max_batch_size + 1):
             j = self.costs.joules(b)
             if j is not None:
-                joules.add_metric([*labels, str(b)], j)
+                joules.add_metric([*labels, str(b), source], j)
         yield joules
+        mode, why = self.costs.energy_mode()
+        mode_metric = GaugeMetricFamily(
+            "wattserve_adaptive_mode",
+            "1 for the unit the decision minimizes per request (mode=seconds|joules) and why "
+            "(reason=no meter|meter warming up|joules).",
+            labels=[*names, "mode", "reason", "source"],
+        )
+        mode_metric.add_metric([*labels, mode, why, source], 1.0)
+        yield mode_metric
+        if self.costs.idle_watts is not None:
+            idle = GaugeMetricFamily(
+                "wattserve_adaptive_idle_watts",
+                "Cost model: the metered device's idle power (what waiting draws anyway).",
+                labels=[*names, "source"],
+            )
+            idle.add_metric([*labels, source], self.costs.idle_watts)
+            yield idle
         snap = self.costs.snapshot()
         for name, value, doc in (
             ("wattserve_adaptive_cost_intercept_seconds", snap["intercept_s"], "Cost model fit a + c*b: a."),

@@ -9,7 +9,8 @@ Each time an engine instance is free and requests are queued: dispatch ``n`` now
    queue refills during each batch, so batches come out full: work-conserving is what
    maximizes throughput there.
 3. Otherwise, if some bigger batch (up to ``cap``) would serve more requests per
-   engine-second (per joule where measured) and still fits the oldest request's slack,
+   engine-second (per joule where measured: see "Joules" below) and still fits the oldest
+   request's slack,
    wait: at most until the last moment the batch expected by then could still go
    (age + wait + predicted compute of ``queued + rate * wait`` + margin = budget, and
    never past the moment for ``queued + 1``). Waiting costs no engine time, only latency
@@ -27,6 +28,17 @@ the error of the model itself. The margin used is capped at a quarter of the bud
 larger one says the machine cannot hold the objective anyway (stalls longer than the
 compute), and planning for it would only shrink batches, cut throughput and lengthen the
 queue, which makes every request later.
+
+Joules: where a meter measures (``CostView.joules``, busy joules per batch from window
+attribution, and ``idle_w``, the device's idle power), the decision minimizes joules per
+request including idle energy. Waiting for a bigger batch spends idle power over the wait;
+dispatching now spends the same idle power after the batch, until the next one. At arrival
+rate r with batches of b, one cycle lasts b/r and costs J(b) + P_idle * (b/r - t(b)), so a
+request costs (J(b) - P_idle * t(b)) / b + P_idle / r: the second term is the same for
+every b, and the first, the batch's joules above what the device draws anyway, is what
+batching changes. So ``value[b] = J(b) - P_idle * t(b)`` (floored at a millionth of J(b):
+where batching saves nothing above idle, the busy joules decide) and the batch with the
+most requests per ``value`` wins; without ``idle_w``, ``value = J(b)``.
 """
 
 from __future__ import annotations
@@ -59,7 +71,17 @@ class CostView:
 
     seconds: Sequence[float]
     margin_s: float = 0.0
-    joules: Sequence[float] | None = None
+    joules: Sequence[float] | None = None  # busy joules per batch (its windows' share)
+    idle_w: float | None = None  # the metered device's idle power
+
+    def values(self) -> Sequence[float]:
+        """What one batch of each size costs in the unit the decision minimizes per request:
+        joules above idle where metered (module docstring), else engine seconds."""
+        if self.joules is None:
+            return self.seconds
+        if self.idle_w is None:
+            return self.joules
+        return [max(j - self.idle_w * t, 1e-6 * j) for j, t in zip(self.joules, self.seconds, strict=True)]
 
     @property
     def max_batch_size(self) -> int:
@@ -118,7 +140,7 @@ def decide(queue: QueueState, cost: CostView, arrival_rate: float, objective: Ob
         return Decision(now_n, 0.0, now_n, "deadline")  # later batch makes the next one late too)
     if now_n >= cap:
         return Decision(now_n, 0.0, now_n, "cap")
-    value = cost.joules if cost.joules is not None else seconds
+    value = cost.values()
     here = now_n / value[now_n] if value[now_n] > 0 else math.inf
     bigger = [k for k in range(now_n + 1, cap + 1) if seconds[k] <= slack]
     if not bigger or max(k / value[k] if value[k] > 0 else math.inf for k in bigger) <= here * (1 + 1e-9):

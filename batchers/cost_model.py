@@ -16,6 +16,10 @@ Learned, and kept current from every executed batch:
 - Predictions are made non-decreasing in ``b`` (a running maximum): a smaller batch never
   costs more than a larger one, which the policy relies on when it dispatches fewer
   requests than it waited for.
+- Joules arrive late: a batch's energy is final only when the counter window it ran in
+  closes (telemetry/windows.py), one counter step after the batch. ``observe_energy`` takes
+  it then, per batch size, with the device's idle power; ``energy_mode`` says whether there
+  is enough of it to decide by (``MIN_METERED`` batches), and why not.
 """
 
 from __future__ import annotations
@@ -29,6 +33,12 @@ import numpy as np
 from wattserve.batchers.size_ewma import SizeEwma
 
 RATIO_CLIP = 3.0
+MIN_METERED = 8  # metered batches before the decision trusts joules over seconds
+
+# energy_mode() reasons, also the adaptive batcher's metric label values
+NO_METER = "no meter"
+WARMING_UP = "meter warming up"
+JOULES = "joules"
 
 
 class CostSnapshot(TypedDict):
@@ -66,6 +76,8 @@ class CostModel:
         self._seen: dict[int, int] = {}  # size -> self.observations when last updated
         self.memory = memory
         self._joules = SizeEwma(size_alpha)  # size -> joules per batch, measured sizes only
+        self.metered = 0  # batches whose joules were observed
+        self.idle_watts: float | None = None  # the metered device's idle power, last known
         self._errors: deque[float] = deque(maxlen=error_window)  # observed - predicted + hand-off
         self._curve: np.ndarray | None = None  # cached predictions, index = size
         self._margin: float | None = None  # cached
@@ -99,7 +111,26 @@ class CostModel:
         self._seen[size] = self.observations
         if joules is not None and joules >= 0 and math.isfinite(joules):
             self._joules.update(size, joules)
+            self.metered += 1
         self._curve = None
+
+    def observe_energy(self, size: int, joules: float | None, idle_watts: float | None = None) -> None:
+        """A batch's busy joules (its share of the counter windows it ran in), once they are
+        final, and its device's idle power then: what the device draws when nothing runs."""
+        if size < 1 or joules is None or joules < 0 or not math.isfinite(joules):
+            return
+        self._joules.update(size, joules)
+        self.metered += 1
+        if idle_watts is not None and idle_watts >= 0 and math.isfinite(idle_watts):
+            self.idle_watts = idle_watts
+
+    def energy_mode(self) -> tuple[str, str]:
+        """("joules" | "seconds", why): joules once MIN_METERED batches were metered."""
+        if self.metered == 0:
+            return "seconds", NO_METER
+        if self.metered < MIN_METERED:
+            return "seconds", WARMING_UP
+        return "joules", JOULES
 
     # ------------------------------------------------------------------ predictions
     def seconds(self, size: int) -> float:
@@ -170,13 +201,24 @@ class CostModel:
         """Joules for sizes 0..max, or None when no batch was ever metered.
 
         Measured sizes use their own EWMA; the others are their predicted seconds times the
-        mean joules per busy second of the measured sizes (power roughly constant while busy).
+        busy power (joules per busy second) of the measured sizes: a straight-line fit of
+        power against size where two or more sizes were measured (a bigger batch may draw
+        more), their mean where one was.
         """
         if not self._joules:
             return None
         seconds = self.curve()
-        rates = [j / seconds[b] for b, j in self._joules.items() if seconds[b] > 0]
-        watts = float(np.mean(rates)) if rates else 0.0
+        rates = {
+            b: j / seconds[b]
+            for b, j in self._joules.items()
+            if 1 <= b <= self.max_batch_size and seconds[b] > 0
+        }
+        watts = np.full(len(seconds), float(np.mean(list(rates.values()))) if rates else 0.0)
+        if len(rates) >= 2:
+            sizes = np.array(list(rates), dtype=float)
+            slope, intercept = np.polyfit(sizes, np.array(list(rates.values())), 1)
+            fitted = intercept + slope * np.arange(len(seconds))
+            watts = np.clip(fitted, min(rates.values()) if slope < 0 else 0.0, None)
         out = seconds * watts
         for b, j in self._joules.items():
             if 1 <= b <= self.max_batch_size:

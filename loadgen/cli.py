@@ -426,6 +426,10 @@ def _search_html(search: dict[str, Any] | None) -> str:
 def _print_table(console: Console, runs: Sequence[Any], search: dict[str, Any] | None) -> None:
     from rich.table import Table
 
+    from .htmlreport import SIMULATED_BANNER, is_simulated
+
+    if is_simulated(runs):
+        console.print(f"[bold yellow]{SIMULATED_BANNER}[/bold yellow]")
     table = Table(title="loadgen results (latency ms from intended send time)")
     for col in (
         "run",

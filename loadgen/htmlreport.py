@@ -146,6 +146,23 @@ def server_table(runs: Sequence[RunResult]) -> str:
     return note + table(headers, rows)
 
 
+SIMULATED_BANNER = (
+    "SIMULATED GPU: every energy, power and utilization figure here comes from wattserve's "
+    "simulated GPU (WATTSERVE_SIMULATED_GPU, a power model driven by real busy time), not a measurement."
+)
+
+
+def is_simulated(runs: Sequence[Any]) -> bool:
+    """True when any run's server figures carry source="simulated" (telemetry/simulated_gpu.py)."""
+    for run in runs:
+        server = run.server or {}
+        if "simulated" in str(server.get("energy_source") or ""):
+            return True
+        if any(t.get("labels", {}).get("source") == "simulated" for t in server.get("telemetry", [])):
+            return True
+    return False
+
+
 def telemetry_table(runs: Sequence[RunResult]) -> str:
     """Every telemetry series the server exported, per run (empty when there were none)."""
     rows = []
@@ -266,7 +283,9 @@ def write_report(
         where = f"{len(targets)} server configurations; models {', '.join(models)}."
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-        f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
+        f"<style>{_STYLE}</style></head><body>",
+        f'<p class="note"><b>{html.escape(SIMULATED_BANNER)}</b></p>' if is_simulated(runs) else "",
+        f"<h1>{html.escape(title)}</h1>",
         headline_html,
         f"<p>Generated {created} by wattserve loadgen. {where}</p>",
         intro_html,

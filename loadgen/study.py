@@ -464,6 +464,10 @@ def verdict_html(result: dict[str, Any], configs: Sequence[dict[str, Any]]) -> s
 def _print_run(console: Console, run: RunResult) -> None:
     s, lat = run.summary, run.summary["latency_ms"]
     server = run.server or {}
+    from .htmlreport import SIMULATED_BANNER, is_simulated
+
+    if is_simulated([run]):
+        console.print(f"[bold yellow]{SIMULATED_BANNER}[/bold yellow]")
     table = Table(show_header=True, box=None)
     for col in ("run", "achieved/s", "p50", "p95", "p99", "avg batch", "J/inf", "valid"):
         table.add_column(col, justify="right")

@@ -314,6 +314,22 @@ class Settings(BaseSettings):
     telemetry_interval_ms: float = Field(100.0, gt=0, description="Sampling interval.")
     gpus: Annotated[list[int] | None, NoDecode] = Field(None, description="GPU indices to sample.")
     rapl_root: Path = Field(Path("/sys/class/powercap"), description="Linux powercap tree.")
+    simulated_gpu: str | None = Field(
+        None,
+        description="Simulate a GPU instead of reading NVML: 'default', 'superlinear' or a .toml/.json "
+        "power model (docs/telemetry.md). Every engine is metered on it; every figure says "
+        "source=simulated.",
+    )
+
+    @field_validator("simulated_gpu")
+    @classmethod
+    def _check_power_model(cls, value: str | None) -> str | None:
+        """A bad power model fails at start, naming what is wrong."""
+        if value:
+            from wattserve.telemetry.simulated_gpu import load_power_model
+
+            load_power_model(value)
+        return value or None
 
     _split_lists = field_validator("preferred_batch_sizes", "engine_batch_sizes", "gpus", mode="before")(
         _int_list

@@ -23,12 +23,13 @@ Clock = Callable[[], float]
 NVML_COUNTER = "nvml_counter"
 NVML_POWER_INTEGRATED = "nvml_power_integrated"
 RAPL = "rapl"
+SIMULATED = "simulated"  # telemetry/simulated_gpu.py: a power model, never a measurement
 
 
 class CumulativeEnergy(Protocol):
     device: str  # e.g. "gpu0", "package-0"
     label: str  # the exporter's gpu/domain label value, e.g. "0", "package-0"
-    source: str  # NVML_COUNTER | NVML_POWER_INTEGRATED | RAPL
+    source: str  # NVML_COUNTER | NVML_POWER_INTEGRATED | RAPL | SIMULATED
 
     def read_joules(self) -> float: ...
 

@@ -21,7 +21,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from wattserve.telemetry.cumulative import NVML_COUNTER, NVML_POWER_INTEGRATED, RAPL, Clock, CumulativeEnergy
+from wattserve.telemetry.cumulative import (
+    NVML_COUNTER,
+    NVML_POWER_INTEGRATED,
+    RAPL,
+    SIMULATED,
+    Clock,
+    CumulativeEnergy,
+)
 from wattserve.telemetry.windows import BatchSpan, DeviceWindows
 
 log = logging.getLogger(__name__)
@@ -158,6 +165,8 @@ def combined_source(sources: Sequence[str]) -> str:
         return NVML_COUNTER
     if all(s == RAPL for s in sources):
         return RAPL
+    if all(s == SIMULATED for s in sources):
+        return SIMULATED
     return NVML_POWER_INTEGRATED
 
 

@@ -66,7 +66,8 @@ class TelemetryMetrics:
         self.gpu_power = Gauge(
             "wattserve_gpu_power_watts",
             "GPU power: source=nvml_average (nvmlDeviceGetPowerUsage, a 1 s average on Ampere "
-            "and newer) or nvml_instant (NVML_FI_DEV_POWER_INSTANT field).",
+            "and newer) or nvml_instant (NVML_FI_DEV_POWER_INSTANT field); source=simulated on a "
+            "simulated GPU (WATTSERVE_SIMULATED_GPU, gpu=simulatedN): a power model, not a reading.",
             ("gpu", "source"),
             registry=r,
         )
@@ -76,7 +77,7 @@ class TelemetryMetrics:
         self.gpu_energy = Counter(
             "wattserve_gpu_energy_joules",
             "GPU energy since the server started: source=nvml_counter (the GPU's own counter) "
-            "or nvml_power_integrated (sampled power, trapezoid rule).",
+            "or nvml_power_integrated (sampled power, trapezoid rule) or simulated (a power model).",
             ("gpu", "source"),
             registry=r,
         )

@@ -51,6 +51,8 @@ class GpuStatus:
 class NvmlGpu:
     """A GPU by NVML index, with its capabilities probed once at open."""
 
+    power_sources = ("nvml_average", "nvml_instant")  # source labels of its power series
+
     def __init__(self, nvml: ModuleType | Any, index: int):
         self.nvml = nvml
         self.index = index
@@ -144,8 +146,10 @@ class NvmlOpenResult:
     reason: str | None  # why there are no GPUs, when there are none
 
 
-def open_gpus(nvml: ModuleType | Any | None, indices: list[int] | None) -> NvmlOpenResult:
-    """Initialise NVML and open the GPUs named (all when ``indices`` is None).
+def open_gpus(
+    nvml: ModuleType | Any | None, indices: list[int] | None, gpu_type: type[NvmlGpu] = NvmlGpu
+) -> NvmlOpenResult:
+    """Initialise NVML and open the GPUs named (all when ``indices`` is None) as ``gpu_type``.
 
     Never raises: a machine without NVML simply gets no GPUs and a reason.
     """
@@ -165,7 +169,7 @@ def open_gpus(nvml: ModuleType | Any | None, indices: list[int] | None) -> NvmlO
         missing = [i for i in wanted if not 0 <= i < count]
         if missing:
             log.warning("GPUs %s requested but NVML sees %d GPU(s); skipping them", missing, count)
-        gpus = [NvmlGpu(nvml, i) for i in wanted if 0 <= i < count]
+        gpus = [gpu_type(nvml, i) for i in wanted if 0 <= i < count]
     except nvml.NVMLError as exc:
         _shutdown(nvml)
         return NvmlOpenResult([], f"NVML device query failed: {type(exc).__name__}: {exc}")

@@ -113,7 +113,7 @@ class Sampler:
             m.gpu_sample_errors.labels(label).inc()
             if self._status_ok[label]:
                 log.warning("GPU %s sample failed, marking it stale: %s", label, exc)
-                self._withdraw_gpu(label)
+                self._withdraw_gpu(label, gpu.power_sources)
             self._status_ok[label] = False
             self._update_stale(label)
             return
@@ -121,8 +121,8 @@ class Sampler:
             log.warning("GPU %s answers again", label)
         self._status_ok[label] = True
         for gauge, value, labels in (
-            (m.gpu_power, status.power_average_w, (label, "nvml_average")),
-            (m.gpu_power, status.power_instant_w, (label, "nvml_instant")),
+            (m.gpu_power, status.power_average_w, (label, gpu.power_sources[0])),
+            (m.gpu_power, status.power_instant_w, (label, gpu.power_sources[1])),
             (m.gpu_power_limit, status.power_limit_w, (label,)),
             (m.gpu_utilization, status.utilization, (label,)),
             (m.gpu_memory_utilization, status.memory_utilization, (label,)),
@@ -135,10 +135,10 @@ class Sampler:
                 gauge.labels(*labels).set(value)
         self._update_stale(label)
 
-    def _withdraw_gpu(self, label: str) -> None:
+    def _withdraw_gpu(self, label: str, sources: Sequence[str] = POWER_SOURCES) -> None:
         """Remove the GPU's gauge series so no old value is scraped as if it were current."""
         m = self.metrics
-        for source in POWER_SOURCES:
+        for source in set(sources):
             _remove(m.gpu_power, label, source)
         for gauge in (
             m.gpu_power_limit,

@@ -31,6 +31,13 @@ from wattserve.telemetry.nvml_gpu import NvmlGpu, open_gpus
 from wattserve.telemetry.poller import EnergyPoller, poll_interval
 from wattserve.telemetry.rapl import find_packages
 from wattserve.telemetry.sampler import Sampler
+from wattserve.telemetry.simulated_gpu import (
+    SimulatedCounterEnergy,
+    SimulatedEnergyMeter,
+    SimulatedNvml,
+    SimulatedNvmlGpu,
+    load_power_model,
+)
 from wattserve.telemetry.windows import BatchSpan
 
 log = logging.getLogger("wattserve.telemetry")
@@ -51,6 +58,7 @@ class TelemetryConfig:
     telemetry_interval_ms: float = 100.0
     gpus: Sequence[int] | None = None  # NVML indices; None: every GPU
     rapl_root: Path = Path("/sys/class/powercap")
+    simulated_gpu: str | None = None  # a power model (telemetry/simulated_gpu.py): NVML simulated
 
 
 def observe_many(histogram: Any, value: float, count: int) -> None:
@@ -160,6 +168,7 @@ class TelemetryService:
         self._ledger: EnergyLedger | None = None
         self._meter: EnergyMeter | None = None
         self._meters: dict[tuple[str, ...], EnergyMeter] = {}
+        self._simulated: SimulatedEnergyMeter | None = None  # every engine's meter when simulated
         self._sampler: Sampler | None = None
         self._poller: EnergyPoller | None = None
         self.poll_s: float | None = None
@@ -179,7 +188,10 @@ class TelemetryService:
 
         CUDA devices: that GPU's NVML counter (matched by UUID when torch can tell it, else by
         index). Anything else runs on the CPU: the RAPL packages, or None (not measured). A
-        CPU engine is never charged GPU energy."""
+        CPU engine is never charged GPU energy. With a simulated GPU, every engine is metered
+        as if it ran on it."""
+        if self._simulated is not None:
+            return self._simulated
         if self._ledger is None:
             return None
         if device.startswith("cuda"):
@@ -216,6 +228,11 @@ class TelemetryService:
     def gpu_available(self) -> bool:
         return bool(self.gpus)
 
+    @property
+    def simulated(self) -> bool:
+        """True when the GPU is simulated (``WATTSERVE_SIMULATED_GPU``): no figure is measured."""
+        return self._simulated is not None
+
     # --- lifecycle ---
     def start(self) -> None:
         """Discover devices, measure read costs, start the sampler. Blocking; idempotent."""
@@ -226,24 +243,38 @@ class TelemetryService:
             self.gpu_reason = self.rapl_reason = "disabled by settings (WATTSERVE_TELEMETRY=false)"
             log.info("telemetry: %s; no power or energy figures are exported", self.gpu_reason)
             return
-        opened = open_gpus(self._nvml_module, None if self.config.gpus is None else list(self.config.gpus))
-        self.gpus, self.gpu_reason = opened.gpus, opened.reason
+        if self.config.simulated_gpu:
+            self._start_simulated(self.config.simulated_gpu)
+        else:
+            opened = open_gpus(
+                self._nvml_module, None if self.config.gpus is None else list(self.config.gpus)
+            )
+            self.gpus, self.gpu_reason = opened.gpus, opened.reason
+            domains, self.rapl_reason = find_packages(self.config.rapl_root)
+            self.rapl = [RaplEnergy(d) for d in domains]
         if self.gpus:
             self._nvml = self.gpus[0].nvml
-        domains, self.rapl_reason = find_packages(self.config.rapl_root)
-        self.rapl = [RaplEnergy(d) for d in domains]
         self.metrics.gpu_available.set(1 if self.gpus else 0)
         self.metrics.rapl_available.set(1 if self.rapl else 0)
 
         metered: list[CumulativeEnergy] = [
-            CounterEnergy(g) if g.has_energy_counter else IntegratedPowerEnergy.for_gpu(g, self._clock)
+            SimulatedCounterEnergy(g)
+            if isinstance(g, SimulatedNvmlGpu)
+            else CounterEnergy(g)
+            if g.has_energy_counter
+            else IntegratedPowerEnergy.for_gpu(g, self._clock)
             for g in self.gpus
         ]
         metered += self.rapl
         if metered:
             self._ledger = EnergyLedger(metered, self._clock)
-            default = [f"gpu{g.index}" for g in self.gpus] or [r.device for r in self.rapl]
-            self._meter = EnergyMeter(self._ledger, default)
+            default = [m.device for m in metered]
+            if self.config.simulated_gpu:
+                sims = [g.device for g in self.gpus if isinstance(g, SimulatedNvmlGpu)]
+                self._meter = self._simulated = SimulatedEnergyMeter(self._ledger, default, sims)
+            else:
+                default = [f"gpu{g.index}" for g in self.gpus] or [r.device for r in self.rapl]
+                self._meter = EnergyMeter(self._ledger, default)
         if not self.gpus and not self.rapl:
             log.warning(
                 "telemetry unavailable: GPU: %s; RAPL: %s; no power or energy figures are "
@@ -270,6 +301,22 @@ class TelemetryService:
             if self._poller is not None:
                 self._poller.start()
         log.info("telemetry: %s", self.describe())
+
+    def _start_simulated(self, spec: str) -> None:
+        """NVML answered by a power model driven by the engines' busy time; RAPL is not
+        metered beside it (its real joules would mix with simulated ones)."""
+        nvml = self._nvml_module or SimulatedNvml(load_power_model(spec), clock=self._clock)
+        model = nvml.model  # a test passes its own SimulatedNvml
+        opened = open_gpus(nvml, None, SimulatedNvmlGpu)
+        self.gpus, self.gpu_reason = opened.gpus, opened.reason
+        self.rapl, self.rapl_reason = [], "not metered beside the simulated GPU"
+        log.warning(
+            "telemetry: SIMULATED GPU (power model %r: idle %.0f W, counter every %.0f ms); every "
+            'energy and power figure is simulated (source="simulated", gpu="simulated0")',
+            model.name,
+            model.idle_watts,
+            model.counter_update_period_s * 1e3,
+        )
 
     def _measure_cadence(self) -> None:
         """Read the counters until each has stepped CADENCE_STEPS times (or time is up).
@@ -327,6 +374,8 @@ class TelemetryService:
             for g in self.gpus
         )
         parts = [f"GPUs [{gpus}]" if self.gpus else f"GPU unavailable ({self.gpu_reason})"]
+        if self.simulated:
+            parts.insert(0, "SIMULATED")
         parts.append(
             f"RAPL [{', '.join(r.device for r in self.rapl)}]"
             if self.rapl
@@ -375,6 +424,8 @@ class TelemetryService:
         with self._lock:
             self._counts.inferences += batch_size
             self._counts.batches += 1
+        if self._simulated is not None:  # the simulated device draws power by the batch's size
+            self._simulated.set_size(energy, batch_size)
         if energy is None or batch_size <= 0:
             return
         energy.when_done(batch_size, (model, batcher), self._observe_span)
@@ -428,6 +479,7 @@ class TelemetryService:
         """
         report: dict[str, Any] = {
             "available": self.available,
+            "simulated": self.simulated,
             "requested_start": t0,
             "requested_end": t1,
             "start": None,

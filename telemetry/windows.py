@@ -51,6 +51,7 @@ class BatchSpan:
         "_done",
         "_event",
         "_failed",
+        "_idle_w",
         "_lock",
         "_on_done",
         "_open",
@@ -70,6 +71,7 @@ class BatchSpan:
         self.size: int | None = None
         self.labels: tuple[str, ...] = ()
         self._shares = dict.fromkeys(devices, 0.0)
+        self._idle_w: dict[str, float] = {}  # device -> its idle baseline when the batch closed
         self._open = set(devices)
         self._failed = False
         self._lock = threading.Lock()
@@ -92,6 +94,15 @@ class BatchSpan:
         if not self._done or self._failed:
             return None
         return sum(self._shares.values())
+
+    @property
+    def idle_power_w(self) -> float | None:
+        """Idle power of the batch's devices (their baselines when its last window closed),
+        or None while any is unknown: what the device draws anyway, for the batcher's cost
+        model (busy joules less this over the batch's time are what batching can save)."""
+        if not self._done or self._failed or len(self._idle_w) < len(self._shares):
+            return None
+        return sum(self._idle_w.values())
 
     def share(self, device: str) -> float:
         return self._shares[device]
@@ -252,6 +263,9 @@ class DeviceWindows:
         finished = [s for s in self._spans if s.end is not None and s.end <= t1]
         if finished:
             self._spans = [s for s in self._spans if not (s.end is not None and s.end <= t1)]
+            idle_w = self.idle_power_w
             for span in finished:
+                if idle_w is not None:
+                    span._idle_w[self.device] = idle_w
                 span._finish(self.device)
         return finished

@@ -221,3 +221,79 @@ def test_arrival_model_memory_is_bounded():
     for i in range(10_000):
         m.arrived(i * 1e-6)
     assert len(m._long.times) <= 100
+
+
+# ---------------------------------------------------------------------------- joule mode
+def superlinear_joules(seconds: list[float], idle_w: float, k_w: float, extra_w: float = 40.0) -> list[float]:
+    """Busy joules of a batch on a device drawing idle + extra + k * b^2 watts while it runs
+    (telemetry/simulated_gpu.py's "superlinear" shape)."""
+    return [0.0] + [(idle_w + extra_w + k_w * b * b) * seconds[b] for b in range(1, len(seconds))]
+
+
+def test_choice_moves_with_the_mode_when_joules_and_seconds_disagree():
+    """Seconds per item fall all the way to the cap; joules per item (above idle) are least
+    near sqrt((40 + 10 ms-worth) / k): the decision waits for a big batch in seconds mode and
+    stops near the energy sweet spot in joule mode."""
+    idle = 60.0
+    joules = superlinear_joules(GPU_LIKE, idle, k_w=2.5)
+    seconds_mode = decide(QueueState(3, 0.0), VIEW, 1000, OBJ)
+    joule_mode = decide(QueueState(3, 0.0), CostView(GPU_LIKE, 0.002, joules, idle), 1000, OBJ)
+    assert seconds_mode.dispatch == 0 and seconds_mode.target > 8  # waits for a big batch
+    per_item = [v / b for b, v in enumerate(CostView(GPU_LIKE, 0.002, joules, idle).values()) if b]
+    best = 1 + int(np.argmin(per_item))
+    assert 3 <= best <= 8
+    assert joule_mode.target <= best + 1  # waits at most for the energy sweet spot
+    # past the sweet spot, joule mode goes at once; seconds mode would still wait
+    past = decide(QueueState(best, 0.0), CostView(GPU_LIKE, 0.002, joules, idle), 1000, OBJ)
+    assert past.dispatch == best and past.reason == "efficient now"
+    assert decide(QueueState(best, 0.0), VIEW, 1000, OBJ).dispatch == 0
+
+
+def test_idle_power_is_what_the_device_draws_anyway():
+    """Busy joules include the idle baseline over the batch's time; without subtracting it,
+    a flat-power device looks like it favours no size, with it the fixed cost shows."""
+    idle = 100.0
+    joules = [0.0] + [idle * t for t in GPU_LIKE[1:]]  # a device that draws nothing above idle
+    view = CostView(GPU_LIKE, 0.002, joules, idle)
+    assert all(v == pytest.approx(1e-6 * j) for v, j in zip(view.values()[1:], joules[1:], strict=True))
+    assert CostView(GPU_LIKE, 0.002, joules).values() == joules  # no idle figure: busy joules
+
+
+def test_energy_arrives_late_and_the_mode_says_why():
+    model = CostModel(8)
+    model.seed({1: 0.010, 8: 0.020})
+    assert model.energy_mode() == ("seconds", "no meter")
+    for _ in range(3):
+        model.observe(2, 0.012)  # the batch's seconds now; its joules a counter step later
+        model.observe_energy(2, 2.4, idle_watts=60.0)
+    assert model.energy_mode() == ("seconds", "meter warming up")
+    for _ in range(5):
+        model.observe_energy(8, 6.0, idle_watts=61.0)
+    assert model.energy_mode() == ("joules", "joules") and model.idle_watts == 61.0
+    curve = model.joule_curve()
+    assert curve is not None and curve[2] == pytest.approx(2.4) and curve[8] == pytest.approx(6.0)
+    # sizes between: predicted seconds times power fitted along size (power rises with b)
+    assert 2.4 < curve[4] < 6.0
+    model.observe_energy(3, float("nan"))
+    model.observe_energy(0, 1.0)
+    assert model.metered == 8  # nonsense is not counted
+
+
+def test_joule_mode_spends_fewer_joules_per_inference_at_equal_attainment():
+    """The same Poisson traffic served by the decision in both modes on the "superlinear"
+    device (seconds per item favour big batches, joules per item a middling one): joule mode
+    uses fewer simulated joules per inference, idle energy included, and both meet the
+    objective."""
+    idle = 60.0
+    joules = superlinear_joules(GPU_LIKE, idle, k_w=2.5)
+    joule_view = CostView(GPU_LIKE, 0.002, joules, idle)
+    results = {}
+    for mode, view in (("seconds", VIEW), ("joules", joule_view)):
+        latencies, sizes = simulate(400, 20, view, OBJ, seed=3)
+        busy_s = sum(GPU_LIKE[b] for b in sizes)
+        total_j = sum(joules[b] for b in sizes) + idle * (20 - busy_s)  # busy + idle, 20 s
+        results[mode] = (total_j / len(latencies), np.percentile(latencies, 99), np.mean(sizes))
+    (j_s, p99_s, b_s), (j_j, p99_j, b_j) = results["seconds"], results["joules"]
+    assert p99_s <= OBJ.budget_s and p99_j <= OBJ.budget_s  # equal attainment: both meet it
+    assert b_j < b_s  # smaller batches...
+    assert j_j < 0.95 * j_s  # ...and fewer joules per inference

@@ -13,9 +13,10 @@ nothing:
 - ``nvmlDeviceGetPowerUsage`` is the 1 s moving average of true power (Ampere and newer);
 - ``NVML_FI_DEV_POWER_INSTANT`` is the instantaneous power.
 
-It reuses nvidia-ml-py's own pure-Python pieces (constants, ``NVMLError`` classes, the ctypes
-field-value struct) so error handling and field parsing run the real code paths; only the
-calls into libnvidia-ml.so are simulated. It is never used outside tests.
+The pynvml surface (``telemetry/nvml_double.py``) reuses nvidia-ml-py's own pure-Python
+pieces (constants, ``NVMLError`` classes, the ctypes field-value struct) so error handling and
+field parsing run the real code paths; only the calls into libnvidia-ml.so are simulated. The
+server's simulated GPU shares that surface; this double is never used outside tests.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import pynvml as _real
+from wattserve.telemetry.nvml_double import NvmlSurface
 
 NVMLError = _real.NVMLError
 NVML_SUCCESS = _real.NVML_SUCCESS
@@ -120,26 +121,19 @@ class FakeGpu:
                 self.history.pop(0)
 
 
-class FakeNvml:
-    """Drop-in for ``import pynvml``: pass an instance where the code takes ``nvml=``."""
+class FakeNvml(NvmlSurface):
+    """Drop-in for ``import pynvml``: pass an instance where the code takes ``nvml=``.
 
-    NVMLError = NVMLError
-    NVML_SUCCESS = NVML_SUCCESS
-    NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
-    NVML_FI_DEV_POWER_INSTANT = NVML_FI_DEV_POWER_INSTANT
-    NVML_CLOCK_SM = NVML_CLOCK_SM
-    NVML_TEMPERATURE_GPU = NVML_TEMPERATURE_GPU
+    The pynvml surface itself is ``telemetry/nvml_double.py``'s (shared with the server's
+    simulated GPU); this class adds the simulated clock tests advance."""
 
     def __init__(
         self, gpus: list[FakeGpu] | None = None, init_error: int | None = None, realtime: bool = False
     ):
-        self.gpus = gpus if gpus is not None else [FakeGpu()]
-        self.init_error = init_error
+        super().__init__(gpus if gpus is not None else [FakeGpu()], init_error)
         self.now = 0.0  # simulated seconds, advanced by advance() (or by real time, below)
         self.realtime = realtime  # every device call first lets the real time since then pass
         self._started_at = time.monotonic()
-        self.initialized = False
-        self.shutdowns = 0
         self._lock = threading.Lock()
 
     # --- test controls ---
@@ -158,95 +152,9 @@ class FakeNvml:
         """A ``time.sleep`` stand-in on the simulated clock (pass as ``sleep=``)."""
         self.advance(seconds)
 
-    # --- the pynvml API surface ---
-    def _gpu(self, handle: object, call: str) -> FakeGpu:
+    def _before_call(self) -> None:
         if self.realtime:
             with self._lock:
                 elapsed = time.monotonic() - self._started_at - self.now
             if elapsed > 0:
                 self.advance(elapsed)
-        if not self.initialized:
-            raise NVMLError(NVML_ERROR_UNINITIALIZED)
-        gpu = handle.gpu  # type: ignore[attr-defined]
-        gpu.calls[call] = gpu.calls.get(call, 0) + 1
-        if gpu.failing is not None:
-            raise NVMLError(gpu.failing)
-        if call in gpu.unsupported:
-            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        return gpu
-
-    def nvmlInit(self) -> None:
-        if self.init_error is not None:
-            raise NVMLError(self.init_error)
-        self.initialized = True
-
-    def nvmlShutdown(self) -> None:
-        self.initialized = False
-        self.shutdowns += 1
-
-    def nvmlDeviceGetCount(self) -> int:
-        if not self.initialized:
-            raise NVMLError(NVML_ERROR_UNINITIALIZED)
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> object:
-        if not self.initialized:
-            raise NVMLError(NVML_ERROR_UNINITIALIZED)
-        return SimpleNamespace(gpu=self.gpus[index], index=index)
-
-    def nvmlDeviceGetName(self, handle: object) -> str:
-        return self._gpu(handle, "name").name
-
-    def nvmlDeviceGetUUID(self, handle: object) -> str:
-        return self._gpu(handle, "uuid").uuid
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, handle: object) -> int:
-        gpu = self._gpu(handle, "energy")
-        if not gpu.has_energy_counter:
-            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        return gpu.counter_reading_mj()
-
-    def nvmlDeviceGetPowerUsage(self, handle: object) -> int:
-        gpu = self._gpu(handle, "power_usage")
-        if gpu.average_power_w is not None:
-            return round(gpu.average_power_w * 1000)
-        return round(gpu.moving_average_w(self.now) * 1000)
-
-    def nvmlDeviceGetFieldValues(self, handle: object, field_ids: list[int]):
-        gpu = self._gpu(handle, "field_values")
-        values = (_real.c_nvmlFieldValue_t * len(field_ids))()
-        for i, field_id in enumerate(field_ids):
-            values[i].fieldId = field_id
-            if field_id == NVML_FI_DEV_POWER_INSTANT and gpu.has_instant_power:
-                values[i].nvmlReturn = NVML_SUCCESS
-                values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_INT
-                values[i].value.uiVal = round(gpu.current_power_w * 1000)
-            else:
-                values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED
-        return values
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, handle: object) -> int:
-        return int(self._gpu(handle, "power_limit").power_limit_w * 1000)
-
-    def nvmlDeviceGetUtilizationRates(self, handle: object):
-        gpu = self._gpu(handle, "utilization")
-        util = _real.c_nvmlUtilization_t()
-        util.gpu, util.memory = gpu.utilization, gpu.memory_utilization
-        return util
-
-    def nvmlDeviceGetMemoryInfo(self, handle: object, version=None):
-        gpu = self._gpu(handle, "memory")
-        mem = _real.c_nvmlMemory_t()
-        mem.total, mem.used = gpu.memory_total, gpu.memory_used
-        mem.free = gpu.memory_total - gpu.memory_used
-        return mem
-
-    def nvmlDeviceGetClockInfo(self, handle: object, clock_type: int) -> int:
-        gpu = self._gpu(handle, "clock")
-        assert clock_type == NVML_CLOCK_SM
-        return gpu.sm_clock_mhz
-
-    def nvmlDeviceGetTemperature(self, handle: object, sensor: int) -> int:
-        gpu = self._gpu(handle, "temperature")
-        assert sensor == NVML_TEMPERATURE_GPU
-        return gpu.temperature_c

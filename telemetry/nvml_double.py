@@ -15,6 +15,7 @@ attributes ``FakeGpu`` has (``NvmlDevice``).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from types import SimpleNamespace
 from typing import Any, Protocol
 
@@ -57,7 +58,7 @@ class NvmlDevice(Protocol):
     def moving_average_w(self, now: float, window_s: float = 1.0) -> float: ...
 
 
-class NvmlSurface:
+class NvmlSurface(ABC):
     """Drop-in for ``import pynvml`` over ``self.gpus``; subclasses give ``clock`` and may
     run something before every device call (``_before_call``)."""
 
@@ -74,11 +75,13 @@ class NvmlSurface:
         self.initialized = False
         self.shutdowns = 0
 
+    @abstractmethod
     def clock(self) -> float:
-        raise NotImplementedError
+        """Seconds on the GPU's clock (a test's manual clock, or the simulator's)."""
 
     def _before_call(self) -> None:
         """Hook: e.g. let real time pass on a simulated clock."""
+        return None
 
     def _gpu(self, handle: object, call: str) -> Any:
         self._before_call()

@@ -245,15 +245,11 @@ class EnsembleRuntime(ModelRuntime):
             outcome = "error"
             raise
         finally:
-            self.metrics.outcome[outcome].inc()
-            elapsed = monotonic() - started
-            stats = self.metrics.statistics
-            if result is not None:
-                self.metrics.request_latency.observe(elapsed)
-                stats.record_success(elapsed, result)
-                stats.record_batch(item.rows, result.compute_time_s, None, result.input_s, result.output_s)
-            elif outcome != "cancelled":
-                stats.record_failure(elapsed)
+            self.record_outcome(outcome, started, result)
+            if result is not None:  # an ensemble's own execution: its rows, its steps' times
+                self.metrics.statistics.record_batch(
+                    item.rows, result.compute_time_s, None, result.input_s, result.output_s
+                )
             gate.inflight -= 1
             gate.last_batch_at = monotonic()
             if not gate.inflight:

@@ -266,14 +266,19 @@ class ModelRuntime:
             outcome = "error"
             raise
         finally:
-            self.metrics.outcome[outcome].inc()
-            elapsed = monotonic() - started
-            stats = self.metrics.statistics
-            if result is not None:
-                self.metrics.request_latency.observe(elapsed)
-                stats.record_success(elapsed, result)
-            elif outcome != "cancelled":
-                stats.record_failure(elapsed)
+            self.record_outcome(outcome, started, result)
+
+    def record_outcome(self, outcome: str, started: float, result: Result | None) -> None:
+        """One request's one outcome: counted, its latency and Triton's statistics recorded
+        (an ensemble's runtime counts through here too)."""
+        self.metrics.outcome[outcome].inc()
+        elapsed = monotonic() - started
+        stats = self.metrics.statistics
+        if result is not None:
+            self.metrics.request_latency.observe(elapsed)
+            stats.record_success(elapsed, result)
+        elif outcome != "cancelled":
+            stats.record_failure(elapsed)
 
 
 def bind_models(engines: Sequence[Engine], make_caller: Any, loop: asyncio.AbstractEventLoop) -> None:

@@ -27,18 +27,35 @@ import time
 from dataclasses import dataclass, field
 
 import pynvml as _real
-from wattserve.telemetry.nvml_double import NvmlSurface
+from wattserve.telemetry.nvml_double import (  # the surface's constants, re-exported for tests
+    NVML_CLOCK_SM,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_UNINITIALIZED,
+    NVML_FI_DEV_POWER_INSTANT,
+    NVML_SUCCESS,
+    NVML_TEMPERATURE_GPU,
+    NVML_VALUE_TYPE_UNSIGNED_INT,
+    NVMLError,
+    NvmlSurface,
+)
 
-NVMLError = _real.NVMLError
-NVML_SUCCESS = _real.NVML_SUCCESS
-NVML_ERROR_NOT_SUPPORTED = _real.NVML_ERROR_NOT_SUPPORTED
 NVML_ERROR_GPU_IS_LOST = _real.NVML_ERROR_GPU_IS_LOST
 NVML_ERROR_LIBRARY_NOT_FOUND = _real.NVML_ERROR_LIBRARY_NOT_FOUND
-NVML_ERROR_UNINITIALIZED = _real.NVML_ERROR_UNINITIALIZED
-NVML_FI_DEV_POWER_INSTANT = _real.NVML_FI_DEV_POWER_INSTANT
-NVML_CLOCK_SM = _real.NVML_CLOCK_SM
-NVML_TEMPERATURE_GPU = _real.NVML_TEMPERATURE_GPU
-NVML_VALUE_TYPE_UNSIGNED_INT = _real.NVML_VALUE_TYPE_UNSIGNED_INT
+
+__all__ = [
+    "NVML_CLOCK_SM",
+    "NVML_ERROR_GPU_IS_LOST",
+    "NVML_ERROR_LIBRARY_NOT_FOUND",
+    "NVML_ERROR_NOT_SUPPORTED",
+    "NVML_ERROR_UNINITIALIZED",
+    "NVML_FI_DEV_POWER_INSTANT",
+    "NVML_SUCCESS",
+    "NVML_TEMPERATURE_GPU",
+    "NVML_VALUE_TYPE_UNSIGNED_INT",
+    "FakeGpu",
+    "FakeNvml",
+    "NVMLError",
+]
 
 
 @dataclass

@@ -85,7 +85,7 @@ def summary_lines(
         + (" -- and does adaptive in joules beat adaptive in seconds?**" if len(adaptive) > 1 else "?**")
     )
     lines.append("")
-    head = ["load", "winner", f"J/inf{sim}", *adaptive, "best fixed", "missed the objective"]
+    head = ["load", "winner", f"J/inf{sim}", *adaptive, "best fixed", "not meeting it"]
     lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     models = list(dict.fromkeys(r["model"] for r in rows))
     order = {w: i for i, w in enumerate(workload_order)}
@@ -156,7 +156,8 @@ def _comparisons(
                 pct = _pct(a["energy_per_inference_j"], fixed["energy_per_inference_j"])
                 diffs.append(f"{where.split(' (')[0]} {pct}")
             elif a and not a["meets"]:
-                diffs.append(f"{where.split(' (')[0]} missed" + (" (a fixed one met it)" if fixed else ""))
+                what = "missed" if a["valid"] else "invalid run"
+                diffs.append(f"{where.split(' (')[0]} {what}" + (" (a fixed one met it)" if fixed else ""))
         if diffs:
             out.append(f"**{name} vs the best fixed configuration**: {'; '.join(diffs)}.")
     modes = []
@@ -187,7 +188,12 @@ def _versus(cells: Sequence[tuple[str, dict[str, dict[str, Any]]]], a: str, b: s
             parts.append(f"{load} {_pct(ea, eb)}")
         else:
             parts.append(
-                f"{load}: " + ", ".join(n for n, r in ((a, ra), (b, rb)) if not r["meets"]) + " missed"
+                f"{load}: "
+                + ", ".join(
+                    f"{n} {'missed' if r['valid'] else 'invalid run'}"
+                    for n, r in ((a, ra), (b, rb))
+                    if not r["meets"]
+                )
             )
     verdict = (
         f"{a} lower at {wins} of {both} loads where both met the objective"

@@ -139,8 +139,10 @@ def test_short_thesis_study_runs_and_its_first_screen_answers(tmp_path: Path) ->
         assert "simulated" in server["energy_source"], r["label"]
     rows = doc["verdict"]["runs"]
     assert doc["verdict"]["ranked_by"] == "energy_per_inference"
-    # Joule mode switches on after 8 metered batches: by the end of the first window it has.
-    assert all(r["adaptive_mode"] == "joules" for r in rows if r["batching"] == "adaptive-joules")
+    # Joule mode switches on after 8 metered batches: by the end of the second window at the
+    # latest (the first, at 15/s, holds about a dozen batches, some still in open windows).
+    joules = {r["workload"]: r["adaptive_mode"] for r in rows if r["batching"] == "adaptive-joules"}
+    assert joules.pop("low") in ("joules", "seconds") and set(joules.values()) == {"joules"}, joules
     assert all(
         r["adaptive_mode"] in ("seconds", "joules") for r in rows if r["batching"] == "adaptive-seconds"
     )

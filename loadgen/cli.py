@@ -250,6 +250,11 @@ def add_study_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="output folder (overrides the file's [study].out)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--dry-run", action="store_true", help="print the grid and exit")
+    p.add_argument(
+        "--short",
+        action="store_true",
+        help="the CI variant: every configuration and workload with [study.short]'s shorter windows",
+    )
 
 
 def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -490,6 +495,8 @@ def run_study_command(args: argparse.Namespace) -> int:
     from .study import load_study, run_study
 
     study = load_study(args.study)
+    if args.short:
+        study = study.shortened()
     if args.out:
         study.study.out = str(args.out)
     if args.dry_run:

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 from wattserve.batchers.registry import BatcherName
 
-from . import client, report, stats
+from . import client, report, stats, study_summary
 from .arrivals import BurstSpec
 from .progress import RichProgress, make_console
 from .runner import LoadSpec, RunResult, prepare_target, run_load
@@ -39,6 +39,27 @@ TIE = 0.02  # achieved rates within 2% of each other count as equal throughput
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class ShortVariant(_Strict):
+    """``--short``: the same grid with shorter windows (the CI variant of a study)."""
+
+    warmup_s: float = Field(0.5, ge=0)
+    duration_s: float = Field(2.0, gt=0)
+    pause_s: float = Field(0.2, ge=0)
+
+
+class RealGpu(_Strict):
+    """What ``scripts/gpu_study.py --real-gpu`` changes to run a simulated study on a lent GPU:
+    these models (rates from their measured capacity), this objective, this environment
+    (WATTSERVE_SIMULATED_GPU and the identity delays dropped)."""
+
+    models: list[str] = Field(default_factory=lambda: ["resnet50"])
+    slo_ms: float | None = Field(None, gt=0)
+    warmup_s: float | None = Field(None, ge=0)
+    duration_s: float | None = Field(None, gt=0)
+    pause_s: float | None = Field(None, ge=0)
+    env: dict[str, str] = Field(default_factory=dict)
 
 
 class StudySection(_Strict):
@@ -57,6 +78,8 @@ class StudySection(_Strict):
     pause_s: float = Field(1.0, ge=0, description="idle time between workloads")
     command: list[str] = Field(default_factory=lambda: list(DEFAULT_COMMAND))
     env: dict[str, str] = Field(default_factory=dict, description="extra server environment")
+    short: ShortVariant | None = None
+    real_gpu: RealGpu | None = None
 
 
 class ModelEntry(_Strict):
@@ -117,6 +140,16 @@ class Study(_Strict):
                 if w.level is not None and w.level not in m.rates:
                     raise ValueError(f"model {m.name!r} has no rate for level {w.level!r}")
         return self
+
+    def shortened(self) -> Study:
+        """The ``--short`` variant: every configuration and workload, ``[study.short]``'s
+        windows (defaults when the file has none); per-workload windows give way to them."""
+        short = self.study.short or ShortVariant()
+        section = self.study.model_copy(
+            update={"warmup_s": short.warmup_s, "duration_s": short.duration_s, "pause_s": short.pause_s}
+        )
+        workloads = [w.model_copy(update={"warmup_s": None, "duration_s": None}) for w in self.workload]
+        return self.model_copy(update={"study": section, "workload": workloads})
 
     def server_configs(self) -> list[ServerConfig]:
         return [ServerConfig(m, b) for m in self.model for b in self.batching]
@@ -203,10 +236,28 @@ async def run_study(study: Study, progress: bool = True, console: Console | None
     )
     for line in result["lines"]:
         console.print(line)
-    console.print(f"wrote {paths['results']} and {paths['report']}")
+    lines = first_screen(study, result, runs)
+    summary = study_summary.write_summary(out, lines)
+    console.print("\n".join(lines[: lines.index("## Every run")] if "## Every run" in lines else lines))
+    console.print(f"wrote {paths['results']}, {paths['report']} and {summary}")
     if interrupted:
         return 130
     return 1 if any(c["error"] for c in configs) else 0
+
+
+def first_screen(study: Study, result: dict[str, Any], runs: Sequence[RunResult]) -> list[str]:
+    """summary.md's lines: the answer per load first (study_summary.py), every run after."""
+    from .htmlreport import is_simulated
+
+    power_model = study.study.env.get("WATTSERVE_SIMULATED_GPU") or os.environ.get("WATTSERVE_SIMULATED_GPU")
+    return study_summary.summary_lines(
+        f"wattserve study: {study.study.name}",
+        result,
+        [b.model_dump() for b in study.batching],
+        [w.name for w in study.workload],
+        is_simulated(runs),
+        power_model,
+    )
 
 
 def _cancel_on_signals() -> None:
@@ -258,6 +309,8 @@ async def _run_grid(
                         "workload": workload.name,
                         "server_config": cfg.label,
                     }
+                    if cfg.batching.batcher == "adaptive":
+                        run.extra["adaptive"] = await adaptive_state(session, proc.url)
                     runs.append(run)
                     _print_run(console, run)
                     await asyncio.sleep(s.pause_s)
@@ -268,6 +321,31 @@ async def _run_grid(
             info["exit_code"] = await proc.astop(s.stop_timeout_s)
             info["killed"] = proc.killed
             configs.append(info)
+
+
+async def adaptive_state(session: Any, url: str) -> dict[str, Any]:
+    """The adaptive batcher's unit at the end of a run, from ``wattserve_adaptive_mode``
+    (mode=seconds|joules, reason, source), and its target batch size: which unit it really
+    decided in, whatever the study asked for."""
+    try:
+        async with session.get(f"{url}/metrics") as reply:
+            text = await reply.text()
+    except Exception as exc:  # a report without the mode beats a lost run
+        return {"mode": None, "error": f"{type(exc).__name__}: {exc}"}
+    return parse_adaptive_state(text)
+
+
+def parse_adaptive_state(text: str) -> dict[str, Any]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    state: dict[str, Any] = {"mode": None, "reason": None, "source": None, "target_batch_size": None}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "wattserve_adaptive_mode" and sample.value == 1:
+                state.update({k: sample.labels.get(k) for k in ("mode", "reason", "source")})
+            elif sample.name == "wattserve_adaptive_target_batch_size":
+                state["target_batch_size"] = sample.value
+    return state
 
 
 def verdict(runs: Sequence[RunResult], percentile: float, slo_ms: float) -> dict[str, Any]:
@@ -320,6 +398,7 @@ def _verdict_row(run: RunResult, percentile: float, slo_ms: float) -> dict[str, 
         "meets": bool(run.summary["valid"] and value <= slo_ms),
         "energy_per_inference_j": (run.server or {}).get("energy_per_inference_j"),
         "avg_batch_size": (run.server or {}).get("avg_batch_size"),
+        "adaptive_mode": (run.extra.get("adaptive") or {}).get("mode"),
     }
 
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The one prepared GPU check: run it in one call on a lent GPU machine (H200: < 10 minutes).
+# The one prepared GPU check: run it in one call on a lent GPU machine (H200: < 10 minutes
+# without step 5a, about 15 with it: GPU_STUDY=0 or GPU_THESIS=0 when the budget is tighter).
 #
 #   scripts/gpu_check.sh                       # every engine; fails loudly where one is absent
 #   GPU_ENGINES=torch,cuda-graphs scripts/gpu_check.sh   # only what that machine has
@@ -12,6 +13,11 @@
 #   4. energy: NVML counter vs integrated power, J/inference (scripts/gpu_energy_check.py)
 #   5. live server with NVML telemetry + the study studies/gpu-thesis.toml, rates scaled to the
 #      capacity the SLO search measures (scripts/gpu_study.py; needs the wheel kit's packages)
+#   5a. the thesis study studies/thesis.toml (the same file CI runs on the simulated GPU with
+#      --short): adaptive in joules / in seconds vs static, dynamic at 3 delays, continuous, at
+#      low / medium / high / bursty load, J/inference from the real NVML counter; run with
+#      scripts/gpu_study.py --real-gpu (its [study.real_gpu]: resnet50, fp16, p95 <= 25 ms, rates
+#      from the measured capacity; about 5 minutes); GPU_THESIS=0 skips it
 #   5b. text-to-image: a tiny Stable Diffusion pipeline (scripts/build_tiny_sd.py) served on the GPU,
 #      iteration-level vs dynamic vs static at Poisson rates (benchmarks/diffusion_batching.py
 #      --pipeline text_to_image; J/image where NVML meters it); GPU_T2I=0 skips it
@@ -92,6 +98,20 @@ if [ "${GPU_STUDY:-1}" = 1 ]; then
   fi
 else
   echo "NOT RUN (GPU_STUDY=0): live server and study" | tee -a "$LOG"
+fi
+
+if [ "${GPU_THESIS:-1}" = 1 ]; then
+  if "$PY" -c "import fastapi, uvicorn, pydantic_settings, orjson, hdrh, aiohttp" 2>/dev/null; then
+    "$PY" scripts/gpu_study.py --study studies/thesis.toml --real-gpu --results "$RESULTS/thesis" \
+      "${STUDY_ARGS[@]}" 2>&1 | tee "$RESULTS/thesis_study.log" | tee -a "$LOG"
+    record "${PIPESTATUS[0]}" thesis_study
+    cp "$RESULTS/thesis/study/summary.md" "$SUMMARY/thesis_summary.md" 2>/dev/null || true
+  else
+    echo "NOT CHECKED: thesis study: server packages missing (install the wheel kit: scripts/gpu_kit.sh)" | tee -a "$LOG"
+    record 3 thesis_study
+  fi
+else
+  echo "NOT RUN (GPU_THESIS=0): thesis study" | tee -a "$LOG"
 fi
 
 if [ "${GPU_T2I:-1}" = 1 ]; then

@@ -169,12 +169,52 @@ def quick_study(study: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+SIMULATION_ONLY = (
+    "WATTSERVE_SIMULATED_GPU",
+    "WATTSERVE_IDENTITY_DELAY_MS",
+    "WATTSERVE_IDENTITY_DELAY_PER_ITEM_MS",
+)
+
+
+def real_gpu_study(study: dict[str, Any]) -> dict[str, Any]:
+    """A study written for the simulated GPU (studies/thesis.toml), as it runs on a lent one:
+    [study.real_gpu]'s models (placeholder rates until the capacity search rescales them),
+    objective, windows and environment; the simulator and the identity delays dropped from
+    every environment. Configurations and workloads unchanged."""
+    s = dict(study["study"])
+    real = s.pop("real_gpu", None) or {}
+    s.pop("short", None)
+    env = {k: v for k, v in s.get("env", {}).items() if k not in SIMULATION_ONLY}
+    env.update(real.get("env", {}))
+    if real.get("slo_ms"):
+        s["slo_ms"] = real["slo_ms"]
+        if "WATTSERVE_SLO_MS" in env:  # the adaptive batcher's objective is the study's
+            env["WATTSERVE_SLO_MS"] = str(real["slo_ms"])
+    for key in ("warmup_s", "duration_s", "pause_s"):
+        if real.get(key) is not None:
+            s[key] = real[key]
+    s["env"] = env
+    s["name"] = f"{s.get('name', 'study')} (real GPU)"
+    rates = study["model"][0].get("rates", {})
+    batching = []
+    for b in study["batching"]:
+        b = dict(b)
+        if "env" in b:
+            b["env"] = {k: v for k, v in b["env"].items() if k not in SIMULATION_ONLY}
+        batching.append(b)
+    models = [{"name": m, "rates": dict(rates)} for m in real.get("models", ["resnet50"])]
+    return {**study, "study": s, "model": models, "batching": batching}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--study", type=Path, default=ROOT / "studies" / "gpu-thesis.toml")
     parser.add_argument("--results", type=Path, default=ROOT / "results" / "gpu")
     parser.add_argument("--quick", action="store_true", help="a smaller grid (a rerun in the budget)")
     parser.add_argument("--smoke", action="store_true", help="identity on CPU: the plumbing only")
+    parser.add_argument("--real-gpu", action="store_true",
+                        help="a study written for the simulated GPU (studies/thesis.toml) with its "
+                        "[study.real_gpu] models, objective and environment")  # fmt: skip
     parser.add_argument("--search-start", type=float, default=200.0)
     parser.add_argument("--search-max", type=float, default=4000.0,
                         help="the generator's own ceiling on one host process (docs/loadgen.md)")  # fmt: skip
@@ -184,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.results.mkdir(parents=True, exist_ok=True)
     study = tomllib.loads(args.study.read_text())
+    if args.real_gpu:
+        study = real_gpu_study(study)
     if args.smoke:
         study = smoke_study(study)
         args.search_start, args.search_max, args.search_steps, args.search_duration = 20.0, 200.0, 3, 1.0
@@ -191,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.quick:
         study = quick_study(study)
     report: dict[str, Any] = {"study_file": str(args.study), "smoke": args.smoke, "quick": args.quick,
+                              "real_gpu": args.real_gpu,
                               "levels": LEVELS, "capacity": {}}  # fmt: skip
     telemetry_ok = True
     for model in study["model"]:
@@ -212,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                 "the study file's placeholder rates were used"
             )
     study["study"]["out"] = str(args.results / "study")
-    scaled = args.results / "gpu-thesis-scaled.toml"
+    scaled = args.results / f"{args.study.stem}-scaled.toml"
     scaled.write_text(to_toml(study))
     report["scaled_study"] = str(scaled)
     command = [sys.executable, "-m", "wattserve.loadgen", "study", str(scaled), "--no-progress"]

@@ -12,7 +12,9 @@ Two differences, both forced by the exposition library: the cumulative families 
 as ``untyped``, not ``counter``, because prometheus_client names every counter ``*_total``
 and Triton's names have no suffix (queries such as ``rate(nv_inference_count[1m])`` work
 the same); and the GPU families appear only where NVML answered: without a GPU there is no
-``nv_gpu_*`` or ``nv_energy_consumption`` series at all, never a made-up figure.
+``nv_gpu_*`` or ``nv_energy_consumption`` series at all, never a made-up figure. On the
+simulated GPU (``WATTSERVE_SIMULATED_GPU``) they are exported with one label more,
+``source="simulated"`` (and its ``gpu_uuid`` is ``GPU-simulated-NNNN``).
 """
 
 from __future__ import annotations
@@ -114,6 +116,9 @@ class TritonMetrics(Collector):
         if metrics is None or not getattr(self.telemetry, "gpu_available", False):
             return
         uuids = {s.labels["gpu"]: s.labels["uuid"] for s in _samples(metrics.gpu_info)}
+        # The simulated GPU (WATTSERVE_SIMULATED_GPU): Triton's names, plus source="simulated"
+        # on every series, so no dashboard can read a power model's figure as a measurement.
+        extra = {"source": "simulated"} if getattr(self.telemetry, "simulated", False) else {}
         families = [
             ("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", metrics.gpu_utilization, None),
             ("nv_gpu_power_usage", "GPU power usage in watts", metrics.gpu_power, "nvml_average"),
@@ -122,15 +127,15 @@ class TritonMetrics(Collector):
             ("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", metrics.gpu_memory_used, None),
         ]
         for name, doc, source, prefer in families:
-            family = GaugeMetricFamily(name, doc, labels=["gpu_uuid"])
+            family = GaugeMetricFamily(name, doc, labels=["gpu_uuid", *extra])
             for gpu, value in _per_gpu(source, prefer, "").items():
-                family.add_metric([uuids.get(gpu, gpu)], value)
+                family.add_metric([uuids.get(gpu, gpu), *extra.values()], value)
             yield family
         energy = _cumulative(
             "nv_energy_consumption", "GPU energy consumption in joules since the Triton Server started"
         )
         for gpu, value in _per_gpu(metrics.gpu_energy, "nvml_counter", "_total").items():
-            energy.add_sample("nv_energy_consumption", {"gpu_uuid": uuids.get(gpu, gpu)}, value)
+            energy.add_sample("nv_energy_consumption", {"gpu_uuid": uuids.get(gpu, gpu), **extra}, value)
         yield energy
 
     # ------------------------------------------------------------------ CPU (Linux /proc)

@@ -389,12 +389,10 @@ class AdaptiveBatcher(SloBatcher):
 
 
 def miss_ceiling(objective: Objective) -> float:
-    """Latency past which the back-off counts a request as missed: the objective less half
-    its headroom. The plan aims at the budget (objective less headroom) and lets the
-    percentile's share of requests pass it by its own error; counting from the budget would
-    cut on that designed-in tail, counting from the objective would spend all the headroom
-    kept for what the server does not see (HTTP, the network)."""
-    return objective.slo_s - objective.headroom_s / 2
+    """Latency past which the back-off counts a request as missed: the budget (objective
+    less headroom). The client sees the headroom's time too (HTTP, the network, its own
+    lag), so a request that spent it inside the server is a miss where it counts."""
+    return objective.slo_s - objective.headroom_s
 
 
 CALIBRATION_ROUNDS = 2  # per size; the fastest counts (on a shared CPU one call can stall 5x)

@@ -9,7 +9,12 @@ Two learned models and one pure decision (``batchers.adaptive_decision.decide``)
   Once ``MIN_METERED`` batches were metered the decision optimizes joules per request
   (idle energy included, see ``adaptive_decision``) instead of seconds;
   ``wattserve_adaptive_mode`` says which, and why (no meter, meter warming up, joules);
-- ``ArrivalModel``: the arrival rate over a short and a long window.
+- ``ArrivalModel``: the arrival rate over a short and a long window;
+- feedback from request latency itself (``slo_feedback``): the margin held back is the
+  larger of the cost model's (compute error and hand-off) and ``LatencyMargin``'s (arrival
+  to answer against what the plan expected for each request), and ``MissBackoff`` cuts the
+  budget the plan uses when more requests missed lately than the percentile allows, then
+  gives it back slowly (``wattserve_adaptive_planned_budget_seconds``).
 
 Each time an engine instance is free, the loop asks ``decide`` whether to dispatch now or
 wait for a bigger batch, and for how long at most; any arrival wakes it to ask again. With
@@ -30,7 +35,7 @@ from time import monotonic
 from typing import Any
 
 import numpy as np
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from wattserve.batchers.adaptive_decision import CostView, Objective, QueueState, doomed
 from wattserve.batchers.adaptive_decision import Decision as AdaptiveDecision
 from wattserve.batchers.adaptive_decision import decide as decide_batch
@@ -40,14 +45,16 @@ from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.cost_model import CostModel
 from wattserve.batchers.observers import measured_joules
 from wattserve.batchers.policy import Decision, Dispatch, QueueView, Wait
+from wattserve.batchers.slo_feedback import LatencyMargin, MissBackoff
 from wattserve.batchers.slo_policy import SloBatcher, SloConfig, slo_config
-from wattserve.batchers.types import QueueFull, WorkItem
+from wattserve.batchers.types import ItemState, QueueFull, WorkItem
 from wattserve.engines.base import Engine, WarmsItself, zeros_batch
 
 log = logging.getLogger("wattserve.batcher.adaptive")
 
 
 MAX_PENDING_ENERGY = 4096  # batches awaiting their counter window (~1 s of 1 ms batches x 4)
+MAX_LATE_KEPT = 256  # late-started waits awaiting their batch's answer
 
 
 class SloUnreachable(QueueFull):
@@ -82,7 +89,13 @@ class AdaptiveBatcher(SloBatcher):
     def __init__(self, engines: Sequence[Engine], config: AdaptiveConfig, **kwargs: Any) -> None:
         super().__init__(engines, config, **kwargs)
         headroom = config.headroom_s if config.headroom_s is not None else 0.1 * config.slo_s
-        self.objective = Objective(config.slo_s, config.percentile, headroom)
+        # the objective as configured, and as planned for now (its budget cut by the back-off)
+        self.target = Objective(config.slo_s, config.percentile, headroom)
+        self.objective = self.target
+        self.latency = LatencyMargin(config.percentile)
+        self.backoff = MissBackoff(config.percentile)
+        self._wait_until: float | None = None  # when the last planned wait was to end
+        self._late: dict[float, float] = {}  # oldest arrival of a batch -> its wait's late start
         self.costs = CostModel(config.max_batch_size, percentile=config.percentile)
         # (batch size, energy record) of batches whose joules are not final yet
         self._energy_pending: deque[tuple[int, Any]] = deque(maxlen=MAX_PENDING_ENERGY)
@@ -138,8 +151,14 @@ class AdaptiveBatcher(SloBatcher):
             rate = self.arrivals.rate(now)
         decision = decide_batch(QueueState(queued, now - oldest), self.cost_view(), rate, self.objective)
         self.last_decision = decision
+        wait_until, self._wait_until = self._wait_until, None
         if decision.dispatch:  # a trade-off against waiting: formed on the loop
+            if wait_until is not None and now > wait_until:  # the planned wait ended late
+                if len(self._late) >= MAX_LATE_KEPT:
+                    self._late.clear()
+                self._late[oldest] = now - wait_until
             return Dispatch(decision.dispatch, complete=False)
+        self._wait_until = now + decision.wait_s
         return Wait(decision.wait_s)
 
     def shed(self, now: float) -> bool:
@@ -160,7 +179,7 @@ class AdaptiveBatcher(SloBatcher):
             seconds = np.maximum.accumulate(curve[sizes])
             self._view = CostView(
                 seconds=seconds.tolist(),
-                margin_s=self.costs.margin(),
+                margin_s=max(self.costs.margin(), self.latency.margin()),
                 joules=None if joules is None else np.maximum.accumulate(joules[sizes]).tolist(),
                 idle_w=self.costs.idle_watts,
             )
@@ -178,6 +197,7 @@ class AdaptiveBatcher(SloBatcher):
         if not any(isinstance(out, BaseException) for out in outcome.per_item):
             joules = measured_joules(outcome.energy)
             size = len(batch) + outcome.padded
+            self._learn_latency(batch, size, outcome, now)
             self.costs.observe(size, outcome.finished - outcome.started, joules)
             if joules is None and outcome.energy is not None and hasattr(outcome.energy, "final"):
                 self._energy_pending.append((size, outcome.energy))
@@ -188,6 +208,42 @@ class AdaptiveBatcher(SloBatcher):
             self.costs.observe_overhead(max((outcome.started - dispatched) + (now - outcome.finished), 0.0))
             self._view = None
         self.count_slo(batch, now)
+
+    def _learn_latency(self, batch: Sequence[WorkItem], size: int, outcome: BatchOutcome, now: float) -> None:
+        """Before the cost model moves: each request's arrival -> answer (``now``) against
+        the plan (its age at dispatch, less a planned wait's late start, plus the compute
+        predicted for this size), and its outcome against the planned ceiling."""
+        oldest = min(item.arrival for item in batch)
+        late = self._late.pop(oldest, 0.0)
+        dispatched = batch[0].dispatched_at or outcome.started
+        view = self.cost_view()
+        predicted = view.seconds[min(size, len(view.seconds) - 1)]
+        self.latency.observe(now - oldest, (dispatched - oldest) - late + predicted, len(batch))
+        met, missed = self._plan_outcomes(batch, dispatched, predicted, now)
+        before = self.backoff.scale
+        self.backoff.record(met, missed)
+        if self.backoff.scale != before:
+            target = self.target
+            cut = (1.0 - self.backoff.scale) * target.budget_s
+            self.objective = Objective(target.slo_s, target.percentile, target.headroom_s + cut)
+
+    def _plan_outcomes(
+        self, batch: Sequence[WorkItem], dispatched: float, predicted: float, now: float
+    ) -> tuple[int, int]:
+        """(met, missed) against ``miss_ceiling`` among the requests the plan could still
+        serve in time when it dispatched them: one already past it then (a backlog after a
+        burst or in overload) says nothing about the budget the plan uses, and cutting that
+        budget would only shrink the batches that drain the backlog."""
+        ceiling = miss_ceiling(self.target)
+        met = missed = 0
+        for item in batch:
+            if item.state is not ItemState.RUNNING or dispatched - item.arrival + predicted > ceiling:
+                continue
+            if now - item.arrival > ceiling:
+                missed += 1
+            else:
+                met += 1
+        return met, missed
 
     def _take_energy(self) -> None:
         """Fold in the joules of earlier batches whose counter windows have closed since
@@ -280,13 +336,40 @@ class AdaptiveBatcher(SloBatcher):
             ("wattserve_adaptive_cost_per_item_seconds", snap["per_item_s"], "Cost model fit a + c*b: c."),
             (
                 "wattserve_adaptive_margin_seconds",
+                view.margin_s,
+                "Held back: the larger of the compute-error margin and the latency margin.",
+            ),
+            (
+                "wattserve_adaptive_compute_margin_seconds",
                 snap["margin_s"],
-                "Held back for prediction error and hand-off.",
+                "Cost model: percentile of compute prediction error plus hand-off.",
+            ),
+            (
+                "wattserve_adaptive_latency_margin_seconds",
+                self.latency.margin(),
+                "Percentile of request latency (arrival to answer) minus what the plan expected.",
+            ),
+            (
+                "wattserve_adaptive_planned_budget_seconds",
+                self.objective.budget_s,
+                "Budget the plan uses now: the objective less headroom, cut by the miss back-off.",
+            ),
+            (
+                "wattserve_adaptive_window_miss_ratio",
+                self.backoff.miss_ratio(),
+                "Share of the recent requests (back-off window) past the objective less headroom.",
             ),
         ):
             g = GaugeMetricFamily(name, doc, labels=names)
             g.add_metric(list(labels), float(value))
             yield g
+        backoffs = CounterMetricFamily(
+            "wattserve_adaptive_backoffs",
+            "Times the planned budget was cut because recent misses exceeded the percentile's allowance.",
+            labels=names,
+        )
+        backoffs.add_metric(list(labels), self.backoff.backoffs)
+        yield backoffs
         rate = GaugeMetricFamily(
             "wattserve_adaptive_arrival_rate",
             "Arrival model: requests per second.",
@@ -305,12 +388,26 @@ class AdaptiveBatcher(SloBatcher):
         yield target
 
 
+def miss_ceiling(objective: Objective) -> float:
+    """Latency past which the back-off counts a request as missed: the budget (objective
+    less headroom). The client sees the headroom's time too (HTTP, the network, its own
+    lag), so a request that spent it inside the server is a miss where it counts."""
+    return objective.slo_s - objective.headroom_s
+
+
+CALIBRATION_ROUNDS = 2  # per size; the fastest counts (on a shared CPU one call can stall 5x)
+
+
 def _time_sizes(engine, sizes: Sequence[int]) -> dict[int, float]:
-    """Engine thread: seconds of one call per size (the engine is warm already)."""
-    out = {}
-    for size in sizes:
-        batch = zeros_batch(engine.inputs, size)
-        started = monotonic()
-        engine.infer(batch)
-        out[size] = monotonic() - started
+    """Engine thread: seconds of a call per size, the fastest of ``CALIBRATION_ROUNDS``
+    (the engine is warm already). Rounds go over all sizes in turn, so one stall of the
+    machine lands on one size's one call, not on every call of one size."""
+    out: dict[int, float] = {}
+    batches = {size: zeros_batch(engine.inputs, size) for size in sizes}
+    for _ in range(CALIBRATION_ROUNDS):
+        for size in sizes:
+            started = monotonic()
+            engine.infer(batches[size])
+            seconds = monotonic() - started
+            out[size] = min(seconds, out.get(size, seconds))
     return out

@@ -24,11 +24,12 @@ from collections import deque
 from collections.abc import Callable
 
 import numpy as np
-from wattserve.batchers.adaptive import calibration_sizes
+from wattserve.batchers.adaptive import calibration_sizes, miss_ceiling
 from wattserve.batchers.adaptive_decision import CostView, Objective, QueueState, decide
 from wattserve.batchers.aimd import AimdConfig, next_limit
 from wattserve.batchers.arrival_model import ArrivalModel
 from wattserve.batchers.cost_model import CostModel
+from wattserve.batchers.slo_feedback import LatencyMargin, MissBackoff
 from wattserve.loadgen import stats
 from wattserve.loadgen.arrivals import make_schedule
 
@@ -52,6 +53,10 @@ class Policy(ABC):
     def decide(self, t: float, queue: deque[float]) -> tuple[int, float]: ...
 
     def finished(self, n: int, seconds: float) -> None:
+        return None
+
+    def answered(self, t: float, arrivals: list[float]) -> None:
+        """The batch just finished answered requests that arrived at ``arrivals`` at ``t``."""
         return None
 
 
@@ -92,20 +97,38 @@ class Aimd(Policy):
 
 class Adaptive(Policy):
     def __init__(self, objective: Objective, cost: Callable[[int], float]) -> None:
-        self.objective = objective
+        self.target = self.objective = objective
         self.costs = CostModel(self.max_batch, percentile=objective.percentile)
         self.costs.seed({b: cost(b) for b in calibration_sizes(self.max_batch, None)})
         self.arrivals = ArrivalModel()
+        self.latency = LatencyMargin(objective.percentile)  # as batchers/adaptive.py feeds them
+        self.backoff = MissBackoff(objective.percentile)
         self._view: CostView | None = None
+        self._plan = (0.0, 0.0)  # last dispatch: (when, predicted seconds)
 
     def arrived(self, t):
         self.arrivals.arrived(t)
 
     def decide(self, t, queue):
         if self._view is None:
-            self._view = CostView(self.costs.curve().tolist(), self.costs.margin())
+            margin = max(self.costs.margin(), self.latency.margin())
+            self._view = CostView(self.costs.curve().tolist(), margin)
         d = decide(QueueState(len(queue), t - queue[0]), self._view, self.arrivals.rate(t), self.objective)
+        if d.dispatch:
+            self._plan = (t, self._view.seconds[min(d.dispatch, len(queue))])
         return (d.dispatch, t) if d.dispatch else (0, t + d.wait_s)
+
+    def answered(self, t, arrivals):
+        dispatched, predicted = self._plan
+        oldest = min(arrivals)
+        self.latency.observe(t - oldest, dispatched - oldest + predicted, len(arrivals))
+        ceiling = miss_ceiling(self.target)  # counted as batchers/adaptive.py counts them
+        planned = [a for a in arrivals if dispatched - a + predicted <= ceiling]
+        missed = sum(1 for a in planned if t - a > ceiling)
+        self.backoff.record(len(planned) - missed, missed)
+        cut = (1.0 - self.backoff.scale) * self.target.budget_s
+        self.objective = Objective(self.target.slo_s, self.target.percentile, self.target.headroom_s + cut)
+        self._view = None
 
     def finished(self, n, seconds):
         self.costs.observe(n, seconds - HANDOFF_S)
@@ -154,10 +177,12 @@ def simulate(
             n = min(n, len(queue))
             seconds = cost(n) * float(rng.lognormal(0.0, noise)) + HANDOFF_S
             t += seconds
+            answered = []
             for _ in range(n):
-                queue.popleft()
+                answered.append(queue.popleft())
                 finish[index.popleft()] = t + RESPONSE_S
             batches.append((n, seconds, t))
+            policy.answered(t, answered)  # before the cost model learns: the plan it made
             policy.finished(n, seconds)
         else:
             upcoming = arrivals[nxt] if nxt < len(arrivals) else math.inf

@@ -1,0 +1,100 @@
+"""Feedback from the latency the objective is about: arrival to answer, per request.
+
+The cost model's margin learns how wrong the *compute* prediction was. A request's latency
+has more in it on a shared host: the event loop answering late, a wait timer firing late,
+HTTP and torch threads competing for the same cores. Two loops close that gap:
+
+- ``LatencyMargin``: for each answered request, ``actual - planned`` where actual is its
+  arrival to the moment its answer is set and planned is what the plan expected when it
+  was dispatched (its age then, plus the late start of a planned wait, plus the predicted
+  compute). The margin is the objective's percentile of that over the last ``window``
+  requests (request-weighted, as the objective is), so it covers whatever the plan does not
+  see, not only compute error.
+- ``MissBackoff``: AIMD on the budget the plan uses. Over the last ``window`` requests, if
+  more of them missed than the percentile allows (p99: 1%), plan with ``decrease`` x the
+  budget (more headroom) and start counting afresh; while misses stay under half the
+  allowance, give back ``recover`` of the budget per ``window`` requests, up to all of it.
+  Misses are counted against the planned budget's ceiling (the objective less the headroom
+  kept for HTTP), since the client sees that time too.
+
+Both are plain data updated on the event loop once per answered batch; deterministic, no
+clock of their own (tests drive them with fake outcomes).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+
+class LatencyMargin:
+    """The ``percentile``-th quantile of (actual - planned) request latency."""
+
+    def __init__(self, percentile: float = 99.0, window: int = 2048, min_samples: int = 32) -> None:
+        self.percentile = percentile
+        self.min_samples = min_samples
+        self._errors: deque[float] = deque(maxlen=window)
+        self._cached: float | None = None
+
+    def observe(self, actual_s: float, planned_s: float, requests: int = 1) -> None:
+        """``requests`` answered ``actual_s`` after arrival where the plan said ``planned_s``."""
+        error = actual_s - planned_s
+        if requests <= 0 or error != error:  # NaN
+            return
+        self._errors.extend([error] * min(requests, self._errors.maxlen or requests))
+        self._cached = None
+
+    def margin(self) -> float:
+        """Seconds to hold back (0 until ``min_samples`` requests were seen; never negative)."""
+        if self._cached is None:
+            value = 0.0
+            if len(self._errors) >= self.min_samples:
+                value = max(float(np.percentile(np.fromiter(self._errors, float), self.percentile)), 0.0)
+            self._cached = value
+        return self._cached
+
+    def __len__(self) -> int:
+        return len(self._errors)
+
+
+class MissBackoff:
+    """AIMD on the share of the budget the plan uses (``scale``, in [floor, 1])."""
+
+    def __init__(
+        self,
+        percentile: float = 99.0,
+        window: int = 500,
+        decrease: float = 0.8,
+        recover: float = 0.05,
+        floor: float = 0.2,
+    ) -> None:
+        self.allowed = max((100.0 - percentile) / 100.0, 1e-4)  # share that may miss
+        self.window = window
+        self.decrease = decrease
+        self.recover = recover
+        self.floor = floor
+        self.scale = 1.0
+        self.backoffs = 0  # times the budget was cut
+        self._recent: deque[bool] = deque(maxlen=window)  # True: missed
+        self._missed = 0  # misses in _recent
+
+    def record(self, met: int, missed: int) -> None:
+        """One answered batch: ``met`` within the planned ceiling, ``missed`` past it."""
+        recent = self._recent
+        for late in (True,) * missed + (False,) * met:
+            if len(recent) == recent.maxlen and recent[0]:
+                self._missed -= 1
+            recent.append(late)
+            self._missed += late
+        if self._missed > self.allowed * self.window:
+            self.scale = max(self.scale * self.decrease, self.floor)
+            self.backoffs += 1
+            recent.clear()  # judge the new budget on new evidence
+            self._missed = 0
+        elif met and self.miss_ratio() <= self.allowed / 2:
+            self.scale = min(self.scale + self.recover * met / self.window, 1.0)
+
+    def miss_ratio(self) -> float:
+        """Misses over the requests in the window (0 when empty)."""
+        return self._missed / len(self._recent) if self._recent else 0.0

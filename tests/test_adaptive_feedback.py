@@ -1,0 +1,169 @@
+"""The adaptive batcher learns from the latency its objective is about (arrival to answer):
+its margin grows when answers come later than the plan expected, and its planned budget
+backs off when more requests miss than the percentile allows, then recovers.
+
+Deterministic: fake outcomes, and the batcher's learning hook driven with times placed
+relative to the clock it reads (no server, no load)."""
+
+from __future__ import annotations
+
+from time import monotonic
+
+import pytest
+from wattserve.batchers.adaptive import AdaptiveBatcher, AdaptiveConfig
+from wattserve.batchers.executor import BatchOutcome
+from wattserve.batchers.slo_feedback import LatencyMargin, MissBackoff
+from wattserve.batchers.types import ItemState, WorkItem
+from wattserve.engines.identity import IdentityEngine
+
+
+def test_latency_margin_is_zero_until_enough_requests_then_the_percentile_of_lateness() -> None:
+    margin = LatencyMargin(percentile=99, window=1000, min_samples=32)
+    margin.observe(actual_s=0.050, planned_s=0.040, requests=31)
+    assert margin.margin() == 0.0  # too few to mean anything
+    margin.observe(actual_s=0.050, planned_s=0.040, requests=1)
+    assert margin.margin() == pytest.approx(0.010)
+    margin.observe(actual_s=0.100, planned_s=0.040, requests=100)  # answers 60 ms later than planned
+    assert margin.margin() == pytest.approx(0.060)
+
+
+def test_latency_margin_never_negative_and_forgets_old_requests() -> None:
+    margin = LatencyMargin(percentile=99, window=100, min_samples=10)
+    margin.observe(0.010, 0.030, requests=50)  # earlier than planned
+    assert margin.margin() == 0.0
+    margin.observe(0.090, 0.030, requests=100)
+    assert margin.margin() == pytest.approx(0.060)
+    margin.observe(0.035, 0.030, requests=100)  # the slow ones fall out of the window
+    assert margin.margin() == pytest.approx(0.005)
+
+
+def test_backoff_engages_when_misses_exceed_the_budget_and_recovers_slowly() -> None:
+    backoff = MissBackoff(percentile=99, window=500, decrease=0.8, recover=0.05, floor=0.2)
+    for _ in range(50):  # 1000 requests, 0.5% missed: within p99's 1%
+        backoff.record(met=199, missed=1) if _ % 10 == 0 else backoff.record(met=20, missed=0)
+    assert backoff.scale == 1.0 and backoff.backoffs == 0
+    # 2% missed: more than the 5 of 500 allowed
+    for _ in range(6):
+        backoff.record(met=49, missed=1)
+    assert backoff.backoffs == 1 and backoff.scale == pytest.approx(0.8)
+    # still missing: cut again, multiplicatively, never below the floor
+    for _ in range(200):
+        backoff.record(met=8, missed=2)
+    assert backoff.scale == pytest.approx(0.2) and backoff.backoffs > 5
+    # all answers on time again: it gives the budget back, 5% per 500 requests
+    low = backoff.scale
+    backoff.record(met=500, missed=0)
+    assert backoff.scale == pytest.approx(low + 0.05)
+    for _ in range(40):
+        backoff.record(met=500, missed=0)
+    assert backoff.scale == 1.0
+    assert backoff.miss_ratio() == 0.0
+
+
+def test_backoff_does_not_recover_while_misses_sit_near_the_budget() -> None:
+    backoff = MissBackoff(percentile=99, window=500)
+    backoff.scale = 0.5
+    for _ in range(100):  # 0.8% missed: under the budget (no cut) but over half of it
+        backoff.record(met=124, missed=1)
+    assert backoff.scale == 0.5 and backoff.backoffs == 0
+
+
+# ------------------------------------------------------------------ in the batcher
+
+
+def _batcher(slo_ms: float = 100.0) -> AdaptiveBatcher:
+    engine = IdentityEngine(elements=4, max_batch_size=8)
+    config = AdaptiveConfig(max_batch_size=8, slo_s=slo_ms / 1000, percentile=99.0, calibrate=False)
+    batcher = AdaptiveBatcher([engine], config)
+    batcher.costs.seed({b: 0.010 + 0.001 * b for b in (1, 2, 4, 8)})  # 11-18 ms
+    return batcher
+
+
+def _answer(batcher: AdaptiveBatcher, size: int, age_at_dispatch: float, after_dispatch: float) -> None:
+    """A batch of ``size`` dispatched ``age_at_dispatch`` after its requests arrived, answered
+    ``after_dispatch`` later (now)."""
+    now = monotonic()
+    dispatched = now - after_dispatch
+    items = [WorkItem({}, arrival=dispatched - age_at_dispatch, state=ItemState.RUNNING) for _ in range(size)]
+    for item in items:
+        item.dispatched_at = dispatched
+    compute = batcher.costs.seconds(size)  # compute exactly as predicted: any lateness is outside it
+    outcome = BatchOutcome(items, [{}] * size, started=dispatched, finished=dispatched + compute,
+                           energy=None, padded=0, rows=size)  # fmt: skip
+    batcher.batch_finished(outcome)
+
+
+def test_the_batchers_margin_grows_when_answers_come_later_than_planned() -> None:
+    batcher = _batcher()
+    for _ in range(8):  # answered as planned
+        _answer(batcher, 4, age_at_dispatch=0.005, after_dispatch=batcher.costs.seconds(4))
+    before = batcher.cost_view().margin_s
+    assert before < 0.005
+    for _ in range(16):  # compute as predicted, but each answer set 20 ms later (the loop was busy)
+        _answer(batcher, 4, age_at_dispatch=0.005, after_dispatch=batcher.costs.seconds(4) + 0.020)
+    assert batcher.latency.margin() >= 0.019
+    assert batcher.cost_view().margin_s >= 0.019  # the decision plans with it
+    assert batcher.backoff.scale == 1.0  # 25-35 ms: nobody missed the 90 ms budget
+
+
+def test_the_batchers_planned_budget_backs_off_on_misses_and_recovers() -> None:
+    batcher = _batcher()
+    budget = batcher.target.budget_s  # 90 ms: 100 less 10% headroom
+    assert batcher.objective.budget_s == pytest.approx(budget)
+    for _ in range(4):  # 32 requests dispatched in time (10 ms old) but answered 110 ms after arrival
+        _answer(batcher, 8, age_at_dispatch=0.010, after_dispatch=0.100)
+    assert batcher.backoff.backoffs >= 1
+    cut = batcher.objective.budget_s
+    assert cut < budget * 0.85
+    assert batcher.objective.slo_s == batcher.target.slo_s  # the objective itself does not move
+    assert batcher.slo.missed == 32  # and the misses are counted against it
+    for _ in range(1000):  # 8000 requests on time: the budget comes back (5% per 500)
+        _answer(batcher, 8, age_at_dispatch=0.005, after_dispatch=0.020)
+    assert batcher.objective.budget_s == pytest.approx(budget)
+    metrics = {m.name: m for m in batcher.collector("m").collect()}
+    planned = metrics["wattserve_adaptive_planned_budget_seconds"].samples[0].value
+    assert planned == pytest.approx(budget)
+    assert metrics["wattserve_adaptive_backoffs"].samples[0].value >= 1
+    assert "wattserve_adaptive_latency_margin_seconds" in metrics
+
+
+def test_a_late_planned_wait_counts_against_the_plan() -> None:
+    """A wait the decision planned to end at T that the loop ended at T + 30 ms: the 30 ms is
+    lateness the plan did not expect, so it reaches the margin."""
+    batcher = _batcher()
+    arrival = monotonic() - 0.050
+    batcher._wait_until = arrival + 0.010
+    batcher._late[arrival] = 0.030  # what decide() records when it dispatches past the wait's end
+    item = WorkItem({}, arrival=arrival, state=ItemState.RUNNING)
+    item.dispatched_at = arrival + 0.040
+    compute = batcher.costs.seconds(1)
+    for _ in range(40):
+        batcher._late[arrival] = 0.030
+        now = monotonic()
+        item.dispatched_at = now - compute
+        outcome = BatchOutcome(
+            [item], [{}], started=now - compute, finished=now, energy=None, padded=0, rows=1
+        )
+        batcher.batch_finished(outcome)
+    assert batcher.latency.margin() >= 0.029
+
+
+def test_a_backlog_already_late_when_dispatched_does_not_cut_the_budget() -> None:
+    """Requests past the ceiling before their batch started (a burst's backlog, overload):
+    a smaller budget could not have saved them, and would only shrink the batches that
+    drain the backlog. They are still counted as missed in the objective's metrics."""
+    batcher = _batcher()
+    for _ in range(20):
+        _answer(batcher, 8, age_at_dispatch=0.150, after_dispatch=0.020)
+    assert batcher.backoff.backoffs == 0
+    assert batcher.objective.budget_s == pytest.approx(batcher.target.budget_s)
+    assert batcher.slo.missed == 160
+
+
+def test_misses_count_past_the_budget_the_client_needs_the_headroom() -> None:
+    batcher = _batcher()  # 100 ms objective, 10 ms headroom: the back-off counts past 90 ms
+    for _ in range(20):  # 88 ms: within the budget
+        _answer(batcher, 8, age_at_dispatch=0.010, after_dispatch=0.078)
+    assert batcher.backoff.backoffs == 0
+    _answer(batcher, 8, age_at_dispatch=0.010, after_dispatch=0.083)  # 93 ms: 8 past it, 5 allowed
+    assert batcher.backoff.backoffs == 1

@@ -65,6 +65,7 @@ class SloUnreachable(QueueFull):
 class AdaptiveConfig(SloConfig):
     headroom_s: float | None = None  # None: 10% of slo_s
     reject_late: bool = False
+    unit: str = "auto"  # "seconds": never decide in joules, whatever is metered
     calibrate: bool = True  # time one batch of each probed size before serving
 
 
@@ -118,6 +119,7 @@ class AdaptiveBatcher(SloBatcher):
             **slo_config(spec),
             headroom_s=None if headroom is None else headroom / 1000.0,
             reject_late=spec.slo_reject,
+            unit=spec.adaptive_unit,
         )
 
     # ------------------------------------------------------------------ the loop
@@ -166,13 +168,19 @@ class AdaptiveBatcher(SloBatcher):
         requests that cannot meet the objective any more."""
         return self._reject_doomed(now)
 
+    def energy_mode(self) -> tuple[str, str]:
+        """The cost model's mode, unless the configuration asks for seconds."""
+        if self.config.unit == "seconds":
+            return "seconds", "configured"
+        return self.costs.energy_mode()
+
     # ------------------------------------------------------------------ learning
     def cost_view(self) -> CostView:
         """The cost model as the decision sees it: by batch size, engine buckets applied."""
         if self._view is None:
             n = self.config.max_batch_size
             curve = self.costs.curve()
-            mode, _ = self.costs.energy_mode()
+            mode, _ = self.energy_mode()
             joules = self.costs.joule_curve() if mode == "joules" else None
             sizes = [padded_size(b, self._engine_sizes) for b in range(n + 1)]
             sizes = [min(s, n) for s in sizes]
@@ -313,11 +321,11 @@ class AdaptiveBatcher(SloBatcher):
             if j is not None:
                 joules.add_metric([*labels, str(b), source], j)
         yield joules
-        mode, why = self.costs.energy_mode()
+        mode, why = self.energy_mode()
         mode_metric = GaugeMetricFamily(
             "wattserve_adaptive_mode",
             "1 for the unit the decision minimizes per request (mode=seconds|joules) and why "
-            "(reason=no meter|meter warming up|joules).",
+            "(reason=no meter|meter warming up|joules|configured).",
             labels=[*names, "mode", "reason", "source"],
         )
         mode_metric.add_metric([*labels, mode, why, source], 1.0)

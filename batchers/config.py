@@ -30,3 +30,4 @@ class BatchingSpec:
     slo_percentile: float = 99.0
     slo_headroom_ms: float | None = None
     slo_reject: bool = False
+    adaptive_unit: str = "auto"  # adaptive: "seconds" never decides in joules; "auto"/"joules" once metered

@@ -218,6 +218,13 @@ class Settings(BaseSettings):
         "slo_ms anyway (default: serve them late and count the miss).",
         json_schema_extra=PER_MODEL,
     )
+    adaptive_unit: Literal["auto", "joules", "seconds"] = Field(
+        "auto",
+        description="adaptive: the unit each batch minimizes per request. auto/joules: joules "
+        "(idle included) once the energy meter measured 8 batches, engine-seconds before; "
+        "seconds: engine-seconds always (the thesis study's baseline).",
+        json_schema_extra=PER_MODEL,
+    )
     max_queue_size: int = Field(
         256, ge=1, description="Queued requests at most; beyond it 503 + Retry-After."
     )

@@ -68,3 +68,25 @@ def test_joules_reach_the_adaptive_cost_model_labelled_simulated(tmp_path) -> No
     # here batch times stretch with the shared machine's load)
     assert all(j >= 0 and np.isfinite(j) for j in joules.values())
     assert view.joules is not None and view.idle_w is not None and np.isfinite(view.values()).all()
+
+
+def test_adaptive_unit_seconds_never_decides_in_joules_though_metered(tmp_path) -> None:
+    """WATTSERVE_ADAPTIVE_UNIT=seconds (the thesis study's baseline): the meter measures and
+    its joules are exported, but the decision stays in engine-seconds, and says why."""
+    settings = Settings(model="identity", identity_elements=4, identity_delay_ms=3.0, batcher="adaptive",
+                        max_batch_size=8, slo_ms=200, simulated_gpu="superlinear", adaptive_unit="seconds",
+                        rapl_root=tmp_path / "none", telemetry_interval_ms=50)  # fmt: skip
+    with threaded_server(settings) as (url, app):
+        batcher = app.state.runtime.batcher
+        _burst(url, 120)
+        time.sleep(0.2)
+        _burst(url, 12)
+        metrics = httpx.get(url + "/metrics").text
+        view = batcher.cost_view()
+    assert batcher.costs.metered >= 8  # metered: auto would be in joule mode by now
+    assert batcher.costs.energy_mode() == ("joules", "joules")
+    assert batcher.energy_mode() == ("seconds", "configured")
+    assert view.joules is None
+    assert re.search(r'wattserve_adaptive_mode\{[^}]*mode="seconds",[^}]*reason="configured"', metrics), (
+        metrics
+    )

@@ -97,6 +97,7 @@ class AdaptiveBatcher(SloBatcher):
         self.backoff = MissBackoff(config.percentile)
         self._wait_until: float | None = None  # when the last planned wait was to end
         self._late: dict[float, float] = {}  # oldest arrival of a batch -> its wait's late start
+        self._prepared = False  # batch sizes timed (``prepare``), before ready or at ``run``
         self.costs = CostModel(config.max_batch_size, percentile=config.percentile)
         # (batch size, energy record) of batches whose joules are not final yet
         self._energy_pending: deque[tuple[int, Any]] = deque(maxlen=MAX_PENDING_ENERGY)
@@ -128,12 +129,19 @@ class AdaptiveBatcher(SloBatcher):
             self.arrivals.arrived(item.arrival)
         return await super().submit(item)
 
-    async def run(self) -> None:
+    async def prepare(self) -> None:
+        """Time each probed batch size before the model reports ready (once)."""
+        if self._prepared:
+            return
+        self._prepared = True
         if self.config.calibrate and not isinstance(self.engine, WarmsItself):
             try:  # engines with their own warm-up have no zeros request: they learn online
                 await self._calibrate()
             except Exception:
                 log.exception("adaptive: timing the batch sizes failed; learning from traffic only")
+
+    async def run(self) -> None:
+        await self.prepare()  # a no-op where the runtime prepared it before reporting ready
         await super().run()
 
     def decide(self, view: QueueView, now: float) -> Decision:

@@ -168,6 +168,11 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
             if wait > bound:
                 raise QueueFull(f"queue holds about {wait:.1f} s of work (bound {bound:g} s)")
 
+    async def prepare(self) -> None:
+        """What the policy does before its model reports ready (the runtime awaits it before
+        ``run``): the adaptive policy times its batch sizes here, so the first requests do
+        not queue behind that timing. Nothing by default."""
+
     @abstractmethod
     async def run(self) -> None:
         """The batching loop; started by the server's lifespan, ends after ``drain``.

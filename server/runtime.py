@@ -111,6 +111,7 @@ class ModelRuntime:
             observer = self._observer(engines[0])
             # e.g. iteration needs a step engine
             batcher = build_batcher(self.serving.batching, engines, observer, threads)
+            await batcher.prepare()  # e.g. adaptive times its batch sizes: before ready, not after
         except BaseException:
             for thread, engine in zip(threads, engines, strict=False):  # a failed load frees what it built
                 await loop.run_in_executor(thread, engine.close)

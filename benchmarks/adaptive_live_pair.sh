@@ -20,7 +20,7 @@ trap 'kill "$a" "$d" 2>/dev/null; wait "$a" "$d" 2>/dev/null || true' EXIT
 for p in 18478 18479; do
   for _ in $(seq 240); do curl -sf "http://127.0.0.1:$p/v2/health/ready" >/dev/null && break; sleep 0.5; done
 done
-sleep 3  # the adaptive batcher times its batch sizes after the server reports ready
+sleep 1  # (the adaptive batcher now times its batch sizes before it reports ready)
 for rate in ${rates//,/ }; do
   for cfg in adaptive dynamic-5ms; do
     echo "$cfg $rate/s: $(uptime)" | tee -a "$out/uptime.txt"

@@ -599,6 +599,12 @@ def probe_mixed_soak(run: Run) -> dict[str, Any]:
                         for m, (b, h) in loads.items()}  # fmt: skip
             sampler = hc.RssSampler(proc.proc.pid)
             result = asyncio.run(_mixed(proc, loads, capacity, seconds, burst_every, burst_s, sampler))
+            try:  # the server's own word on the connections it closed (header timeout, cap)
+                server_closes = {k.split("reason=")[1].rstrip("}"): v
+                                 for k, v in asyncio.run(hc.scrape(proc.url)).items()
+                                 if k.startswith("wattserve_connections_refused_total")}  # fmt: skip
+            except Exception as exc:  # an older server: no such counter, or no /metrics
+                server_closes = {"unknown": type(exc).__name__}
             logs = hc.log_counts(proc.log())
     window = 60.0
     minutes = []
@@ -614,7 +620,13 @@ def probe_mixed_soak(run: Run) -> dict[str, Any]:
         errors: dict[str, int] = {}
         for _, o in outcomes:
             if lo <= o.sent_at < hi and o.status != 200:
-                key = str(o.status) if o.status is not None else str(o.error)
+                key = (
+                    str(o.status)
+                    if o.status is not None
+                    else f"{o.error}: {o.detail}"
+                    if o.detail
+                    else str(o.error)
+                )
                 errors[key] = errors.get(key, 0) + 1
         row["errors"] = errors
         row["reload_failures"] = sum(1 for t, ok in reloads if lo <= t < hi and not ok)
@@ -622,10 +634,12 @@ def probe_mixed_soak(run: Run) -> dict[str, Any]:
         row["rss_mb"] = round(max(in_window))
         minutes.append(row)
     lost = sum(1 for _, o in outcomes if o.status is None)
+    lost_at = [f"{o.sent_at:.1f}s {o.error}: {o.detail}" for _, o in outcomes if o.status is None][:40]
     return {"minutes_run": run.soak_minutes, "capacity_rps": {m: round(c, 1) for m, c in capacity.items()},
             "burst_every_s": burst_every, "burst_s": burst_s, "sent": len(outcomes), "no_answer": lost,
             "hung_up_mid_request": result["hung_up"], "reloads": len(reloads),
-            "reload_failures": sum(not ok for _, ok in reloads), "per_minute": minutes, **logs}  # fmt: skip
+            "reload_failures": sum(not ok for _, ok in reloads), "server_closed_connections": server_closes,
+            "lost_at": lost_at, "per_minute": minutes, **logs}  # fmt: skip
 
 
 async def _mixed(proc: ServerProcess, loads: dict[str, tuple[bytes, dict[str, str]]], capacity: dict[str, float],

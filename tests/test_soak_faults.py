@@ -1,0 +1,175 @@
+"""Faults seen during the mixed soak (issue 26, point 6), each reproduced on a real server on
+loopback whose event loop the test stalls, as a burst on a 2-core machine stalled it:
+
+- a new connection whose whole request already sits in the socket when the header deadline
+  fires (the loop was busy past it) is answered, not closed with the bytes unread (the
+  close resets the connection: the soak's client saw "reset" with no answer);
+- the same for a kept-alive connection whose next request arrived while the loop was busy
+  past the keep-alive deadline (fixed in the second pass; it had no deterministic test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import uvicorn
+from wattserve.loadgen.server_process import free_port
+from wattserve.server.app import create_app
+from wattserve.server.lifecycle import uvicorn_config
+from wattserve.server.settings import Settings
+
+from tests.gated_engine import GatedEngine
+
+GOOD = b'{"inputs":[{"name":"x","shape":[1,2],"datatype":"FP32","data":[1.0,2.0]}]}'
+REQUEST = (
+    b"POST /v2/models/gated/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(GOOD), GOOD)
+)
+
+
+class LoopServer:
+    """A server in a thread whose event loop the test can stall (``stall``)."""
+
+    def __init__(self, port: int, loop: asyncio.AbstractEventLoop, limits: object) -> None:
+        self.port = port
+        self.loop = loop
+        self.limits = limits
+
+    def stall(self, seconds: float) -> None:
+        """Block the server's event loop for ``seconds`` (returns once the stall began)."""
+        began = threading.Event()
+
+        def block() -> None:
+            began.set()
+            time.sleep(seconds)
+
+        self.loop.call_soon_threadsafe(block)
+        assert began.wait(10), "the server's loop did not run the stall"
+
+
+@contextlib.contextmanager
+def loop_server(**overrides: object) -> Iterator[LoopServer]:
+    defaults = dict(model="gated", batcher="dynamic", max_batch_size=4, max_queue_delay_ms=0,
+                    warmup=False, telemetry=False, grpc_port=0)  # fmt: skip
+    settings = Settings(**{**defaults, **overrides})
+    app = create_app(settings, engine_factory=lambda s: GatedEngine())
+    port = free_port()
+    config = uvicorn_config(app, settings, host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    loop = config.get_loop_factory()()  # uvloop where installed, as the CLI runs it
+    thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "test server did not start"
+        time.sleep(0.01)
+    try:
+        yield LoopServer(port, loop, config.http.limits)  # type: ignore[union-attr]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+
+
+def read_answer(s: socket.socket) -> bytes:
+    """The status line and headers, b'' when the server closed (or reset) first."""
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+    except ConnectionResetError:
+        return data
+    return data
+
+
+def wait_for(predicate, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_request_waiting_when_the_header_deadline_fires_is_answered():
+    """Connection accepted, then the loop is busy for 3x the header timeout while the client
+    sends its whole request: when the loop comes back, the request is answered (main at
+    37bf74d closed the connection with the request unread: the client saw a reset)."""
+    with loop_server(header_timeout_s=0.5) as server:
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        try:
+            wait_for(lambda: len(server.limits.idle) == 1, "connection accepted")  # deadline armed
+            server.stall(1.5)
+            s.sendall(REQUEST)
+            answer = read_answer(s)
+        finally:
+            s.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+def test_silent_connection_is_still_closed_at_the_header_deadline():
+    """The guard reads first only when bytes are waiting: a connection that sent nothing is
+    closed at the deadline as before."""
+    with loop_server(header_timeout_s=0.5) as server:
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        try:
+            started = time.monotonic()
+            assert read_answer(s) == b""
+            assert time.monotonic() - started < 3.0
+        finally:
+            s.close()
+
+
+def test_slow_header_gains_at_most_one_more_deadline():
+    """A header that never ends is still refused (408), bytes waiting or not: the deadline
+    is extended once per header, not every time a byte happens to be waiting."""
+    with loop_server(header_timeout_s=0.5) as server:
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        try:
+            started = time.monotonic()
+            s.sendall(b"POST /v2/models/gated/infer HTTP/1.1\r\n")
+            answer = b""
+            for _ in range(40):  # a header byte every 0.1 s, for up to 4 s
+                try:
+                    s.sendall(b"x")
+                except OSError:
+                    break
+                time.sleep(0.1)
+                s.setblocking(False)
+                try:
+                    answer += s.recv(65536)
+                except BlockingIOError:
+                    pass
+                except ConnectionResetError:
+                    break
+                finally:
+                    s.setblocking(True)
+                if answer:
+                    break
+        finally:
+            s.close()
+    assert time.monotonic() - started < 3.0
+    assert not answer or answer.startswith(b"HTTP/1.1 408"), answer[:200]
+
+
+def test_next_request_waiting_when_the_keep_alive_deadline_fires_is_answered():
+    """One request answered on a kept-alive connection, then the loop is busy past the
+    keep-alive timeout while the client sends its next request: it is answered."""
+    with loop_server(keep_alive_s=1) as server:
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        try:
+            s.sendall(REQUEST)
+            first = read_answer(s)
+            assert first.startswith(b"HTTP/1.1 200"), first[:200]
+            time.sleep(0.2)  # the body's bytes (if any came separately) are read
+            server.stall(2.0)
+            s.sendall(REQUEST)
+            second = read_answer(s)
+        finally:
+            s.close()
+    assert b"HTTP/1.1 200" in second, second[:300]

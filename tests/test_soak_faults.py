@@ -173,3 +173,26 @@ def test_next_request_waiting_when_the_keep_alive_deadline_fires_is_answered():
         finally:
             s.close()
     assert b"HTTP/1.1 200" in second, second[:300]
+
+
+def test_connection_kept_idle_as_long_as_a_pooling_client_keeps_it_is_still_open():
+    """A pooling client reuses a connection it has kept idle (aiohttp keeps one 15 s and
+    ignores the Keep-Alive hint; tritonclient's and urllib3's pools keep theirs with no
+    limit). When the server's idle close (5 s on main at 37bf74d) meets that reuse, the
+    client writes its request into a closing connection and gets no answer: the soak's
+    "ServerDisconnectedError reused before status". Here the client has not yet seen the
+    close when it sends (like a busy client): 6 s idle, then the next request."""
+    with loop_server() as server:  # the default keep-alive
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        try:
+            s.sendall(REQUEST)
+            assert read_answer(s).startswith(b"HTTP/1.1 200")
+            time.sleep(6.0)
+            try:
+                s.sendall(REQUEST)
+                second = read_answer(s)
+            except (BrokenPipeError, ConnectionResetError):
+                second = b""
+        finally:
+            s.close()
+    assert b"HTTP/1.1 200" in second, second[:300]

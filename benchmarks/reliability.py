@@ -8,7 +8,7 @@ WATTSERVE_* env; ``--repo`` serves another checkout, e.g. an older main, with th
 client), misbehaves in one way, prints a table and adds a row to
 ``results/reliability-<label>.json``. Probes: overload_identity, overload_mobilenet,
 slowloris, idle_connections, odd_bodies, disconnect_storm, fuzz_json, drain, soak,
-queue_bound, mixed_soak (the last is a slow-lane command: not in the default run).
+queue_bound, keepalive_race, mixed_soak (the last is a slow-lane command: not in the default run).
 Every loop is bounded in count and time; traffic stays on 127.0.0.1.
 """
 
@@ -564,6 +564,44 @@ def probe_queue_bound(run: Run) -> dict[str, Any]:
     return {"seconds": seconds, "cpu_hog": run.hog, "runs": rows}
 
 
+# ----------------------------------------------------------------------------- keep-alive race
+def probe_keepalive_race(run: Run) -> dict[str, Any]:
+    """A pooling client (aiohttp: FIFO pool, 15 s idle, the Keep-Alive hint ignored) whose
+    loop is busy half the time, reusing a pool of 400 connections at a rate that leaves each
+    idle ~5.05 s: the server's idle close meets the client's reuse (what the 30-minute mixed
+    soak's big burst left behind: 18 answers lost, "reused before status")."""
+    pool, idle_s, seconds = 400, 5.05, 10.0 if run.quick else 20.0
+    with run.server({"WATTSERVE_MODEL": "identity"}) as proc:
+        outcomes = asyncio.run(_pool_reuse(infer_url(proc, "identity"), pool, idle_s, seconds))
+        logs = hc.log_counts(proc.log())
+    lost = [o for o in outcomes if o.status is None]
+    return {"pool": pool, "idle_s": idle_s, "rate_rps": round(pool / idle_s, 1), "sent": len(outcomes),
+            "ok": sum(o.status == 200 for o in outcomes), "no_answer": len(lost),
+            "lost_by": _count(f"{o.error}: {o.detail}" for o in lost), **logs}  # fmt: skip
+
+
+async def _pool_reuse(url: str, pool: int, idle_s: float, seconds: float) -> list[hc.Outcome]:
+    body = body_for(IDENTITY)
+
+    async def busy() -> None:  # a client whose loop is busy (the soak's sends big JSON bodies)
+        while True:
+            time.sleep(0.05)  # noqa: ASYNC251 (blocking on purpose)
+            await asyncio.sleep(0.05)
+
+    async with hc.session() as client:
+        await asyncio.gather(*(hc.send(client, url, body, JSON, 30.0, 0.0) for _ in range(pool)))
+        hog = asyncio.create_task(busy())
+        loop = asyncio.get_running_loop()
+        start, rate, tasks = loop.time(), pool / idle_s, []
+        for i in range(int(rate * seconds)):
+            if (delay := start + i / rate - loop.time()) > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(hc.send(client, url, body, JSON, 30.0, loop.time() - start)))
+        outcomes = list(await asyncio.gather(*tasks))
+        hog.cancel()
+    return outcomes
+
+
 # ----------------------------------------------------------------------------- mixed soak
 MIXED_REPO_EXTRA = """
 backend: "wattserve"
@@ -726,6 +764,7 @@ PROBES: dict[str, Callable[[Run], dict[str, Any]]] = {
     "drain": probe_drain,
     "soak": probe_soak,
     "queue_bound": probe_queue_bound,
+    "keepalive_race": probe_keepalive_race,
     "mixed_soak": probe_mixed_soak,
 }
 SLOW_LANE = ("mixed_soak",)  # run only when named (--probe mixed_soak)
@@ -807,6 +846,9 @@ def key_figures(doc: dict[str, Any]) -> dict[tuple[str, str], str]:
         put("soak", f"p99 per {r['window_s']:.0f} s window (ms)", " ".join(str(w["p99_ms"]) for w in windows))
         put("soak", "RSS per window (MB)", " ".join(str(w["rss_mb"]) for w in windows))
         put("soak", "no answer / errors", f"{r['no_answer']} / {r['5xx_other']}")
+    if (r := probes.get("keepalive_race")) and "failed" not in r:
+        put("keepalive_race", f"no answer of {r['sent']} (pool {r['pool']}, idle {r['idle_s']} s)",
+            f"{r['no_answer']} {json.dumps(r['lost_by'])}")  # fmt: skip
     for name, r in probes.items():
         if "failed" in r:
             put(name, "probe failed", r["failed"][:120])

@@ -111,7 +111,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _header_timer: asyncio.TimerHandle | None = None
     _header_bytes = 0
     _in_header = True  # from connection start (and after each response) to headers complete
-    _header_extended = False  # this header's deadline was extended once (bytes were waiting)
     _lingering = False
     _lingered = 0
     _linger_read_at = 0.0
@@ -194,7 +193,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.limits.count("header_too_large")
             self._refuse(431)
         self._header_bytes = 0
-        self._header_extended = False
         self._cancel_header_timer()
         if self.transport.is_closing():
             return
@@ -299,14 +297,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         if self.cycle is not None and not self.cycle.response_complete:
             return  # a request is being answered (pipelined next header may wait for it)
-        if not self._header_extended and _bytes_waiting(self.transport):
-            # With uvloop (libuv runs due timers before it polls sockets) an event loop busy
-            # past the deadline closed a connection whose request sat whole in the socket,
-            # and the close with unread bytes reset it. Read first; once per header, so a
-            # slow sender gains at most one more deadline.
-            self._header_extended = True
-            self._arm_header_timer()
-            return
         self.limits.count("header_timeout")
         log.debug("no complete request header within %.1fs; closing", self.limits.header_timeout_s)
         # An idle keep-alive connection gets uvicorn's own keep-alive timeout; a

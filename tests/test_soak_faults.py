@@ -1,11 +1,13 @@
-"""Faults seen during the mixed soak (issue 26, point 6), each reproduced on a real server on
-loopback whose event loop the test stalls, as a burst on a 2-core machine stalled it:
+"""Faults behind the mixed soak's lost answers (issue 26, point 6), each tried on a real
+server on loopback.
 
-- a new connection whose whole request already sits in the socket when the header deadline
-  fires (the loop was busy past it) is answered, not closed with the bytes unread (the
-  close resets the connection: the soak's client saw "reset" with no answer);
-- the same for a kept-alive connection whose next request arrived while the loop was busy
-  past the keep-alive deadline (fixed in the second pass; it had no deterministic test).
+- Found and fixed: a pooling client reusing a connection it kept idle while the server's
+  idle close (5 s) met that reuse lost its answer (the soak's lost answers after its big
+  burst, classified "ServerDisconnectedError reused before status"): the server now keeps
+  idle connections 75 s, longer than clients' pools keep them (aiohttp: 15 s).
+- Checked, not a cause: an event loop stalled past the header or the keep-alive deadline
+  while a request sits in the socket: with uvloop 0.23 the request is read before the due
+  timer closes the connection (these tests pass on main at 37bf74d too); they keep it so.
 """
 
 from __future__ import annotations
@@ -98,8 +100,8 @@ def wait_for(predicate, what: str, timeout: float = 10.0) -> None:
 
 def test_request_waiting_when_the_header_deadline_fires_is_answered():
     """Connection accepted, then the loop is busy for 3x the header timeout while the client
-    sends its whole request: when the loop comes back, the request is answered (main at
-    37bf74d closed the connection with the request unread: the client saw a reset)."""
+    sends its whole request: when the loop comes back, the request is answered (a close with
+    the request unread would reset the connection)."""
     with loop_server(header_timeout_s=0.5) as server:
         s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
         try:
@@ -113,8 +115,7 @@ def test_request_waiting_when_the_header_deadline_fires_is_answered():
 
 
 def test_silent_connection_is_still_closed_at_the_header_deadline():
-    """The guard reads first only when bytes are waiting: a connection that sent nothing is
-    closed at the deadline as before."""
+    """The other side: a connection that sent nothing is closed at the deadline."""
     with loop_server(header_timeout_s=0.5) as server:
         s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
         try:
@@ -125,9 +126,9 @@ def test_silent_connection_is_still_closed_at_the_header_deadline():
             s.close()
 
 
-def test_slow_header_gains_at_most_one_more_deadline():
-    """A header that never ends is still refused (408), bytes waiting or not: the deadline
-    is extended once per header, not every time a byte happens to be waiting."""
+def test_slow_header_is_refused_at_its_deadline():
+    """A header that never ends is refused (408) at its deadline, however steadily its bytes
+    trickle in."""
     with loop_server(header_timeout_s=0.5) as server:
         s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
         try:

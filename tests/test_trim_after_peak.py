@@ -8,6 +8,7 @@ stand-in activity and heap source (it calls the real ``malloc_trim``)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from wattserve.server.lifecycle import AfterPeakTrim, IdleTrimmer, heap_free_bytes, rss_bytes
 
@@ -91,3 +92,58 @@ async def test_trimmer_trims_after_a_peak_while_requests_stay_in_flight():
     assert trimmer.peak_trims == 1
     assert trimmer.trims == 0  # never idle
     assert len(trimmer.trim_seconds) == 1 and trimmer.trim_seconds[0] < 1.0
+
+
+def test_live_server_under_light_load_gives_a_burst_back():
+    """A real server (``python -m wattserve serve``, malloc tuned as the CLI does) under a
+    light continuous load that never lets it idle; a burst of 48 requests with 8 MB bodies at
+    once grows its heap; with the load still going, resident memory comes back down (main at
+    37bf74d kept it until the server went idle: 75 -> 432 MB, held)."""
+    import threading
+
+    import httpx
+    import psutil
+
+    from tests.servers import server_process
+
+    small = b'{"inputs":[{"name":"INPUT0","shape":[1,16],"datatype":"FP32","data":[%s]}]}' % b",".join(
+        [b"1.0"] * 16
+    )
+    big = small + b" " * (8 * MB)  # valid JSON: the body is read (8 MB on the heap), parsed cheaply
+    with server_process({"WATTSERVE_MODEL": "identity", "WATTSERVE_TELEMETRY": "false",
+                         "WATTSERVE_DEVICE": "cpu", "WATTSERVE_GRPC_PORT": "0"}) as proc:  # fmt: skip
+        url = f"{proc.url}/v2/models/identity/infer"
+        rss = lambda: psutil.Process(proc.proc.pid).memory_info().rss  # noqa: E731
+        stop = threading.Event()
+
+        def light_load() -> None:  # ~25 requests a second: a batch every poll, never idle
+            with httpx.Client(timeout=30) as client:
+                while not stop.is_set():
+                    client.post(url, content=small, headers={"content-type": "application/json"})
+                    time.sleep(0.04)
+
+        loader = threading.Thread(target=light_load, daemon=True)
+        loader.start()
+        try:
+            time.sleep(3.0)
+            before = rss()
+
+            async def burst() -> None:
+                async with httpx.AsyncClient(timeout=60) as client:
+                    answers = await asyncio.gather(*(
+                        client.post(url, content=big, headers={"content-type": "application/json"})
+                        for _ in range(48)
+                    ))  # fmt: skip
+                assert all(a.status_code == 200 for a in answers), {a.status_code for a in answers}
+
+            asyncio.run(burst())
+            peak = rss()
+            deadline = time.monotonic() + 15
+            while rss() > before + (peak - before) / 3 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            after = rss()
+        finally:
+            stop.set()
+            loader.join(10)
+    assert peak - before > 150 * MB, (before / MB, peak / MB)  # the burst did grow the heap
+    assert after < before + (peak - before) / 3, (before / MB, peak / MB, after / MB)

@@ -643,7 +643,12 @@ def probe_mixed_soak(run: Run) -> dict[str, Any]:
                                  if k.startswith("wattserve_connections_refused_total")}  # fmt: skip
             except Exception as exc:  # an older server: no such counter, or no /metrics
                 server_closes = {"unknown": type(exc).__name__}
-            logs = hc.log_counts(proc.log())
+            log_text = proc.log()
+            logs = hc.log_counts(log_text)
+            # the server's after-peak trims (server.lifecycle.IdleTrimmer logs each one)
+            logs["trims_after_peak"] = re.findall(
+                r"after a peak: (\d+) MB returned to the OS in (\d+) ms", log_text
+            )
     window = 60.0
     minutes = []
     outcomes, reloads, rss = result["outcomes"], result["reloads"], result["rss"]

@@ -156,7 +156,7 @@ class AfterPeakTrim:
     again; (3) ``min_interval_s`` has passed since the last trim. Pure (numbers in, a
     decision out), so the decision is tested on made-up figures."""
 
-    def __init__(self, min_free: int = 96 * 2**20, min_interval_s: float = 20.0) -> None:
+    def __init__(self, min_free: int = 48 * 2**20, min_interval_s: float = 20.0) -> None:
         self.min_free = min_free
         self.min_interval_s = min_interval_s
         self.peak = 0

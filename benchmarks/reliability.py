@@ -675,6 +675,7 @@ def probe_mixed_soak(run: Run) -> dict[str, Any]:
         row["reload_failures"] = sum(1 for t, ok in reloads if lo <= t < hi and not ok)
         in_window = [m for t, m in rss if lo <= t < hi] or [float("nan")]
         row["rss_mb"] = round(max(in_window))
+        row["rss_end_mb"] = round(in_window[-1])  # the minute's last sample: back after a burst?
         minutes.append(row)
     lost = sum(1 for _, o in outcomes if o.status is None)
     lost_at = [f"{o.sent_at:.1f}s {o.error}: {o.detail}" for _, o in outcomes if o.status is None][:40]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import ctypes
 import ctypes.util
 import functools
@@ -206,7 +207,7 @@ class IdleTrimmer:
         self._rss = rss
         self.trims = 0
         self.peak_trims = 0
-        self.trim_seconds: list[float] = []  # how long each trim took (its own cost)
+        self.trim_seconds: collections.deque[float] = collections.deque(maxlen=100)  # each trim's own cost
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:

@@ -138,7 +138,7 @@ def test_live_server_under_light_load_gives_a_burst_back():
 
             asyncio.run(burst())
             peak = rss()
-            deadline = time.monotonic() + 15
+            deadline = time.monotonic() + 30  # a trim at start-up may hold the next off 20 s
             while rss() > before + (peak - before) / 3 and time.monotonic() < deadline:
                 time.sleep(0.5)
             after = rss()

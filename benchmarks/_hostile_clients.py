@@ -10,6 +10,7 @@ import contextlib
 import re
 import threading
 import time
+import types
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
@@ -30,14 +31,18 @@ class Outcome:
     retry_after: bool = False
     error: str | None = None  # refused (never connected) | reset | timeout | other
     queue_ms: float | None = None  # the server's own X-Queue-Time-Ms for an answered request
+    detail: str | None = None  # for a lost answer: exception[errno], fresh/reused connection, stage
 
 
 async def send(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str],
                timeout_s: float, sent_at: float) -> Outcome:  # fmt: skip
     start = time.monotonic()
+    trace = types.SimpleNamespace(reused=None)  # set by the session's TraceConfig (``session``)
+    stage = "before status"  # the answer's status line and headers not yet received
     try:
-        async with session.post(url, data=body, headers=headers,
+        async with session.post(url, data=body, headers=headers, trace_request_ctx=trace,
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:  # fmt: skip
+            stage = "mid-body"
             await response.read()
             queue = response.headers.get("X-Queue-Time-Ms")
             return Outcome(sent_at, time.monotonic() - start, response.status,
@@ -45,17 +50,53 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, headers: d
     except aiohttp.ClientConnectorError:
         return Outcome(sent_at, time.monotonic() - start, error="refused")
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError,
-            ConnectionResetError):  # fmt: skip
-        return Outcome(sent_at, time.monotonic() - start, error="reset")
+            ConnectionResetError) as exc:  # fmt: skip
+        return Outcome(sent_at, time.monotonic() - start, error="reset", detail=_detail(exc, trace, stage))
     except TimeoutError:
         return Outcome(sent_at, time.monotonic() - start, error="timeout")
     except aiohttp.ClientError as exc:
-        return Outcome(sent_at, time.monotonic() - start, error=type(exc).__name__)
+        return Outcome(sent_at, time.monotonic() - start, error=type(exc).__name__,
+                       detail=_detail(exc, trace, stage))  # fmt: skip
+
+
+def _detail(exc: BaseException, trace: types.SimpleNamespace, stage: str) -> str:
+    """What kind of lost answer: the exception (and errno), whether the connection was a
+    fresh one or reused from the pool (a keep-alive race can only hit a reused one), and
+    whether any of the answer had arrived. E.g. 'ServerDisconnectedError reused before status'."""
+    kind = type(exc).__name__
+    errno = getattr(exc, "errno", None)
+    if errno:
+        kind += f"[{errno_name(errno)}]"
+    conn = {True: "reused", False: "fresh", None: "conn?"}[trace.reused]
+    return f"{kind} {conn} {stage}"
+
+
+def errno_name(code: int) -> str:
+    import errno as errno_module
+
+    return errno_module.errorcode.get(code, str(code))
+
+
+def _trace_config() -> aiohttp.TraceConfig:
+    """Marks each request's ``trace_request_ctx.reused``: a pooled connection or a new one."""
+    config = aiohttp.TraceConfig()
+
+    async def reused(_session: object, ctx: types.SimpleNamespace, _params: object) -> None:
+        if ctx.trace_request_ctx is not None:
+            ctx.trace_request_ctx.reused = True
+
+    async def created(_session: object, ctx: types.SimpleNamespace, _params: object) -> None:
+        if ctx.trace_request_ctx is not None:
+            ctx.trace_request_ctx.reused = False
+
+    config.on_connection_reuseconn.append(reused)
+    config.on_connection_create_end.append(created)
+    return config
 
 
 def session(limit: int = 0) -> aiohttp.ClientSession:
     """A keep-alive client like any other (pool unlimited: the load stays open-loop)."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit))
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit), trace_configs=[_trace_config()])
 
 
 async def open_loop(url: str, body: bytes, headers: dict[str, str], rate: float, seconds: float,

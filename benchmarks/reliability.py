@@ -8,7 +8,7 @@ WATTSERVE_* env; ``--repo`` serves another checkout, e.g. an older main, with th
 client), misbehaves in one way, prints a table and adds a row to
 ``results/reliability-<label>.json``. Probes: overload_identity, overload_mobilenet,
 slowloris, idle_connections, odd_bodies, disconnect_storm, fuzz_json, drain, soak,
-queue_bound, mixed_soak (the last is a slow-lane command: not in the default run).
+queue_bound, keepalive_race, mixed_soak (the last is a slow-lane command: not in the default run).
 Every loop is bounded in count and time; traffic stays on 127.0.0.1.
 """
 
@@ -564,6 +564,44 @@ def probe_queue_bound(run: Run) -> dict[str, Any]:
     return {"seconds": seconds, "cpu_hog": run.hog, "runs": rows}
 
 
+# ----------------------------------------------------------------------------- keep-alive race
+def probe_keepalive_race(run: Run) -> dict[str, Any]:
+    """A pooling client (aiohttp: FIFO pool, 15 s idle, the Keep-Alive hint ignored) whose
+    loop is busy half the time, reusing a pool of 400 connections at a rate that leaves each
+    idle ~5.05 s: the server's idle close meets the client's reuse (what the 30-minute mixed
+    soak's big burst left behind: 18 answers lost, "reused before status")."""
+    pool, idle_s, seconds = 400, 5.05, 10.0 if run.quick else 20.0
+    with run.server({"WATTSERVE_MODEL": "identity"}) as proc:
+        outcomes = asyncio.run(_pool_reuse(infer_url(proc, "identity"), pool, idle_s, seconds))
+        logs = hc.log_counts(proc.log())
+    lost = [o for o in outcomes if o.status is None]
+    return {"pool": pool, "idle_s": idle_s, "rate_rps": round(pool / idle_s, 1), "sent": len(outcomes),
+            "ok": sum(o.status == 200 for o in outcomes), "no_answer": len(lost),
+            "lost_by": _count(f"{o.error}: {o.detail}" for o in lost), **logs}  # fmt: skip
+
+
+async def _pool_reuse(url: str, pool: int, idle_s: float, seconds: float) -> list[hc.Outcome]:
+    body = body_for(IDENTITY)
+
+    async def busy() -> None:  # a client whose loop is busy (the soak's sends big JSON bodies)
+        while True:
+            time.sleep(0.05)  # noqa: ASYNC251 (blocking on purpose)
+            await asyncio.sleep(0.05)
+
+    async with hc.session() as client:
+        await asyncio.gather(*(hc.send(client, url, body, JSON, 30.0, 0.0) for _ in range(pool)))
+        hog = asyncio.create_task(busy())
+        loop = asyncio.get_running_loop()
+        start, rate, tasks = loop.time(), pool / idle_s, []
+        for i in range(int(rate * seconds)):
+            if (delay := start + i / rate - loop.time()) > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(hc.send(client, url, body, JSON, 30.0, loop.time() - start)))
+        outcomes = list(await asyncio.gather(*tasks))
+        hog.cancel()
+    return outcomes
+
+
 # ----------------------------------------------------------------------------- mixed soak
 MIXED_REPO_EXTRA = """
 backend: "wattserve"
@@ -599,7 +637,18 @@ def probe_mixed_soak(run: Run) -> dict[str, Any]:
                         for m, (b, h) in loads.items()}  # fmt: skip
             sampler = hc.RssSampler(proc.proc.pid)
             result = asyncio.run(_mixed(proc, loads, capacity, seconds, burst_every, burst_s, sampler))
-            logs = hc.log_counts(proc.log())
+            try:  # the server's own word on the connections it closed (header timeout, cap)
+                server_closes = {k.split("reason=")[1].rstrip("}"): v
+                                 for k, v in asyncio.run(hc.scrape(proc.url)).items()
+                                 if k.startswith("wattserve_connections_refused_total")}  # fmt: skip
+            except Exception as exc:  # an older server: no such counter, or no /metrics
+                server_closes = {"unknown": type(exc).__name__}
+            log_text = proc.log()
+            logs = hc.log_counts(log_text)
+            # the server's after-peak trims (server.lifecycle.IdleTrimmer logs each one)
+            logs["trims_after_peak"] = re.findall(
+                r"after a peak: (\d+) MB returned to the OS in (\d+) ms", log_text
+            )
     window = 60.0
     minutes = []
     outcomes, reloads, rss = result["outcomes"], result["reloads"], result["rss"]
@@ -614,18 +663,27 @@ def probe_mixed_soak(run: Run) -> dict[str, Any]:
         errors: dict[str, int] = {}
         for _, o in outcomes:
             if lo <= o.sent_at < hi and o.status != 200:
-                key = str(o.status) if o.status is not None else str(o.error)
+                key = (
+                    str(o.status)
+                    if o.status is not None
+                    else f"{o.error}: {o.detail}"
+                    if o.detail
+                    else str(o.error)
+                )
                 errors[key] = errors.get(key, 0) + 1
         row["errors"] = errors
         row["reload_failures"] = sum(1 for t, ok in reloads if lo <= t < hi and not ok)
         in_window = [m for t, m in rss if lo <= t < hi] or [float("nan")]
         row["rss_mb"] = round(max(in_window))
+        row["rss_end_mb"] = round(in_window[-1])  # the minute's last sample: back after a burst?
         minutes.append(row)
     lost = sum(1 for _, o in outcomes if o.status is None)
+    lost_at = [f"{o.sent_at:.1f}s {o.error}: {o.detail}" for _, o in outcomes if o.status is None][:40]
     return {"minutes_run": run.soak_minutes, "capacity_rps": {m: round(c, 1) for m, c in capacity.items()},
             "burst_every_s": burst_every, "burst_s": burst_s, "sent": len(outcomes), "no_answer": lost,
             "hung_up_mid_request": result["hung_up"], "reloads": len(reloads),
-            "reload_failures": sum(not ok for _, ok in reloads), "per_minute": minutes, **logs}  # fmt: skip
+            "reload_failures": sum(not ok for _, ok in reloads), "server_closed_connections": server_closes,
+            "lost_at": lost_at, "per_minute": minutes, **logs}  # fmt: skip
 
 
 async def _mixed(proc: ServerProcess, loads: dict[str, tuple[bytes, dict[str, str]]], capacity: dict[str, float],
@@ -712,6 +770,7 @@ PROBES: dict[str, Callable[[Run], dict[str, Any]]] = {
     "drain": probe_drain,
     "soak": probe_soak,
     "queue_bound": probe_queue_bound,
+    "keepalive_race": probe_keepalive_race,
     "mixed_soak": probe_mixed_soak,
 }
 SLOW_LANE = ("mixed_soak",)  # run only when named (--probe mixed_soak)
@@ -793,6 +852,9 @@ def key_figures(doc: dict[str, Any]) -> dict[tuple[str, str], str]:
         put("soak", f"p99 per {r['window_s']:.0f} s window (ms)", " ".join(str(w["p99_ms"]) for w in windows))
         put("soak", "RSS per window (MB)", " ".join(str(w["rss_mb"]) for w in windows))
         put("soak", "no answer / errors", f"{r['no_answer']} / {r['5xx_other']}")
+    if (r := probes.get("keepalive_race")) and "failed" not in r:
+        put("keepalive_race", f"no answer of {r['sent']} (pool {r['pool']}, idle {r['idle_s']} s)",
+            f"{r['no_answer']} {json.dumps(r['lost_by'])}")  # fmt: skip
     for name, r in probes.items():
         if "failed" in r:
             put(name, "probe failed", r["failed"][:120])

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import ctypes
 import ctypes.util
+import functools
 import gc
 import logging
+import os
 import signal
 import socket
 import time
@@ -101,18 +104,110 @@ class BatchActivity(Protocol):
     def last_batch_at(self) -> float: ...
 
 
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                     "fordblks", "keepcost")
+    ]  # fmt: skip
+
+
+@functools.cache
+def _mallinfo2() -> Any:
+    """glibc's mallinfo2, looked up once (find_library runs a subprocess); None without it."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        fn = ctypes.CDLL(name).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _Mallinfo2
+    return fn
+
+
+def heap_free_bytes() -> int | None:
+    """Free bytes held in glibc's heap (``mallinfo2().fordblks``): what a trim could give
+    back at most; None where there is no mallinfo2 (glibc < 2.33, another libc)."""
+    fn = _mallinfo2()
+    return None if fn is None else int(fn().fordblks)
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int | None:
+    """This process's resident memory (/proc/self/statm); None where there is no /proc."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class AfterPeakTrim:
+    """When to trim while load goes on: the idle trim never comes under a steady load, so a
+    burst's memory was kept for good (the 30-minute mixed soak: 1,040 -> 1,331 MB, held).
+
+    Trim when (1) the queue has come back down from a peak (in flight now at most a quarter
+    of the peak since the last trim): trimming during the burst would only make the next
+    batches fault the pages in again; (2) the heap holds at least ``min_free`` free bytes and
+    resident memory grew by at least ``min_free`` since the last trim: so a steady load,
+    whose free memory is its own working set between batches, is not trimmed again and
+    again; (3) ``min_interval_s`` has passed since the last trim. Pure (numbers in, a
+    decision out), so the decision is tested on made-up figures."""
+
+    def __init__(self, min_free: int = 48 * 2**20, min_interval_s: float = 20.0) -> None:
+        self.min_free = min_free
+        self.min_interval_s = min_interval_s
+        self.peak = 0
+        self.rss_floor: int | None = None  # resident memory just after the last trim (or first seen)
+        self.last_trim_at = -1e18
+
+    def observe(self, now: float, inflight: int, free: int | None, rss: int | None) -> bool:
+        """One poll: True if a trim should run now (then call ``trimmed`` after it)."""
+        self.peak = max(self.peak, inflight)
+        if free is None or rss is None:
+            return False
+        if self.rss_floor is None or rss < self.rss_floor:
+            self.rss_floor = rss
+            return False
+        return (
+            inflight * 4 <= self.peak
+            and free >= self.min_free
+            and rss - self.rss_floor >= self.min_free
+            and now - self.last_trim_at >= self.min_interval_s
+        )
+
+    def trimmed(self, now: float, inflight: int, rss: int | None) -> None:
+        self.last_trim_at = now
+        self.peak = inflight
+        if rss is not None:
+            self.rss_floor = rss
+
+
 class IdleTrimmer:
-    """After ``idle_s`` without a batch, give freed memory back once (``malloc_trim``).
+    """Give freed memory back to the OS (``malloc_trim``, in a thread): once after
+    ``idle_s`` without a batch, and while load goes on once a burst has passed
+    (``AfterPeakTrim``).
 
     ``tune_malloc`` turns glibc's own trimming off so that batches do not page-fault their
     working set again; without this, the memory of an overload spike is kept for good.
-    Trimming only when idle keeps both: no faults under load, memory back after it."""
+    Trimming only when idle, or after a peak with much memory free, keeps both: no faults
+    under a steady load, memory back after a burst."""
 
-    def __init__(self, activity: BatchActivity, idle_s: float, poll_s: float = 1.0) -> None:
+    def __init__(self, activity: BatchActivity, idle_s: float, poll_s: float = 1.0,
+                 after_peak: AfterPeakTrim | None = None, heap_free: Any = heap_free_bytes,
+                 rss: Any = rss_bytes) -> None:  # fmt: skip
         self.activity = activity
         self.idle_s = idle_s
         self.poll_s = min(poll_s, idle_s) if idle_s > 0 else poll_s
+        self.after_peak = after_peak if after_peak is not None else AfterPeakTrim()
+        self._heap_free = heap_free
+        self._rss = rss
         self.trims = 0
+        self.peak_trims = 0
+        self.trim_seconds: collections.deque[float] = collections.deque(maxlen=100)  # each trim's own cost
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -126,17 +221,42 @@ class IdleTrimmer:
 
     async def _watch(self) -> None:
         trimmed_after = -1.0  # the last batch time that a trim already followed
+        policy = self.after_peak
         while True:
             await asyncio.sleep(self.poll_s)
             activity = self.activity
-            if activity.inflight:
+            inflight = activity.inflight
+            now = time.monotonic()
+            rss = self._rss()
+            floor = policy.rss_floor
+            # mallinfo2 walks the heap's free lists under its lock: read only when it may matter
+            grown = rss is not None and floor is not None and rss - floor >= policy.min_free
+            if policy.observe(now, inflight, self._heap_free() if grown else 0, rss):
+                before = self._rss()
+                if await self._trim():
+                    self.peak_trims += 1
+                    after = self._rss()
+                    policy.trimmed(time.monotonic(), activity.inflight, after)
+                    log.info("after a peak: %.0f MB returned to the OS in %.0f ms",
+                             ((before or 0) - (after or 0)) / 2**20, self.trim_seconds[-1] * 1e3)  # fmt: skip
+                else:
+                    policy.trimmed(time.monotonic(), activity.inflight, self._rss())
+                continue
+            if inflight:
                 continue
             last = activity.last_batch_at
-            if last != trimmed_after and time.monotonic() - last >= self.idle_s:
+            if last != trimmed_after and now - last >= self.idle_s:
                 trimmed_after = last
-                if await asyncio.to_thread(malloc_trim):
+                if await self._trim():
                     self.trims += 1
+                    policy.trimmed(time.monotonic(), 0, self._rss())
                     log.debug("idle for %.0fs: freed memory returned to the OS", self.idle_s)
+
+    async def _trim(self) -> bool:
+        started = time.perf_counter()
+        ok = await asyncio.to_thread(malloc_trim)
+        self.trim_seconds.append(time.perf_counter() - started)
+        return ok
 
 
 class DrainingServer(uvicorn.Server):

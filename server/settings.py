@@ -264,7 +264,12 @@ class Settings(BaseSettings):
     header_timeout_s: float = Field(
         5.0, gt=0, description="A connection must send a complete request header within this (else closed)."
     )
-    keep_alive_s: int = Field(5, ge=1, description="Idle keep-alive connections close after this.")
+    keep_alive_s: int = Field(
+        75,
+        ge=1,
+        description="Idle keep-alive connections close after this (longer than clients' pools keep "
+        "them, e.g. aiohttp's 15 s, so a client never reuses one the server is closing).",
+    )
     max_connections: int = Field(
         4096, ge=1, description="Open connections at most (also capped by the open-file limit); 503 beyond."
     )

@@ -107,6 +107,8 @@ class QueueWaitExceeded(QueueFull):
     admission estimate could not foresee the wait: Triton's queue policy with
     ``timeout_action: REJECT`` does the same)."""
 
+    outcome = "queue_timeout"
+
 
 class Draining(RequestError):
     status = Status.UNAVAILABLE

@@ -225,6 +225,7 @@ async def test_a_request_that_waited_the_bound_is_answered_503_and_never_compute
             with pytest.raises(QueueWaitExceeded, match=r"over the bound of 0\.3 s"):
                 await waiter
         assert QueueWaitExceeded.retry_after and QueueWaitExceeded.status.name == "UNAVAILABLE"
+        assert QueueWaitExceeded.outcome == "queue_timeout"  # counted apart from admission's refusals
         fresh = await b.submit(WorkItem(item_input(4.0)))  # the queue goes on
         assert fresh.outputs["y"][0, 0] == 8.0
         assert engine.seen == [1.0, 4.0]  # the two overdue ones were never computed

@@ -116,6 +116,7 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
                 if isinstance(engine, ReportsSteps):
                     engine.step_observer = observer.on_step
         self.service_rate = self.queue.drain  # the time bound's pace (batchers.service_rate)
+        self.queue_wait_bound_s = config.max_queue_wait_s  # kept at admission and when a batch forms
         self.last_batch_at = monotonic()  # read by the idle memory trimmer
         self.inflight = 0
         self._stopped: asyncio.Event | None = None

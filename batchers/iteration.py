@@ -156,6 +156,9 @@ class IterationBatcher(Batcher[StepEngine]):
         capacity = self.config.max_batch_size
         try:
             while True:
+                bound = self.queue_wait_bound_s
+                if bound and not self.closing:
+                    self.shed_overdue(monotonic(), bound)
                 plan = schedule(self.queue.peek(capacity), slot.running, capacity)
                 slot.running = plan.running
                 if plan.idle:

@@ -175,6 +175,26 @@ class PriorityFifo:
                     out.append(item)
         return out
 
+    def pop_arrived_before(self, cutoff: float) -> list[WorkItem]:
+        """Take every queued item that arrived before ``cutoff`` (the head of each level
+        while it is that old: within a level the queue is in arrival order)."""
+        out: list[WorkItem] = []
+        with self.lock:
+            for level in self._levels:
+                while level and level[0].arrival < cutoff:
+                    item = level.popleft()
+                    self._forget(item)
+                    if item.state is ItemState.QUEUED:
+                        out.append(item)
+            if out and not self._count:
+                self.drain.emptied()
+        return out
+
+    def arrived_before(self, cutoff: float) -> bool:
+        """True if the head of some level arrived before ``cutoff``."""
+        with self.lock:
+            return any(level and level[0].arrival < cutoff for level in self._levels)
+
     def oldest_arrival(self) -> float | None:
         """Arrival time of the longest-waiting item at any level (drives max_queue_delay)."""
         with self.lock:

@@ -8,6 +8,14 @@ event loop (it may wait) and ``ready_batch`` on an engine thread that has just f
 batch (it never waits, and chains only a complete batch: a ``Wait``, or a batch that goes
 because waiting is over, sends the instance back to the loop).
 
+The queue's time bound (``queue_wait_bound_s``, the ``max_queue_wait_s`` setting) is kept
+here as well as at admission: admission refuses a request when the queue already holds more
+than the bound's worth of work at the measured drain, and a request that has waited the
+bound anyway (the drain slowed after it was admitted: a starved CPU, an event loop parsing
+later arrivals' bodies) is answered 503 + Retry-After when a batch is next formed, never
+computed. So no request is computed after waiting longer than the bound; admission alone
+let mobilenet_v2 requests wait 2.25x the bound on a loaded 2-core machine.
+
 Taking a batch moves its items queued -> running (``WorkItem.start``) and reports them to
 the observer's ``on_dispatch``. A decision or an ``on_dispatch`` that raises fails only the
 requests it concerns (the head request; the items just taken) with its message, and the
@@ -23,7 +31,7 @@ from time import monotonic
 from wattserve.batchers.observers import BatchObserver
 from wattserve.batchers.policy import Policy, Wait
 from wattserve.batchers.queue import PriorityFifo
-from wattserve.batchers.types import BatchFailed, ItemState, WorkItem
+from wattserve.batchers.types import BatchFailed, ItemState, QueueWaitExceeded, WorkItem
 
 log = logging.getLogger("wattserve.batcher")
 
@@ -49,6 +57,7 @@ class Scheduler:
         self._wake_depth: int | None = None  # the waiter sleeps through arrivals below this depth
         self._loop: asyncio.AbstractEventLoop | None = None
         self.sheds = False  # True: ``shed`` runs on the loop before each decision there (not in a drain)
+        self.queue_wait_bound_s = 0.0  # > 0: a request queued this long is answered 503, not computed
 
     # ------------------------------------------------------------------ the one decision
     async def next_batch(self, policy: Policy) -> list[WorkItem] | None:
@@ -62,6 +71,9 @@ class Scheduler:
                 await self.wait_for_change()
                 continue
             now = monotonic()
+            bound = self.queue_wait_bound_s
+            if bound and not self.closing and self.shed_overdue(now, bound):
+                continue
             try:
                 if self.sheds and not self.closing and self.shed(now):
                     continue
@@ -90,8 +102,12 @@ class Scheduler:
         with queue.lock:
             if not len(queue):
                 return [], None
+            now = monotonic()
+            bound = self.queue_wait_bound_s
+            if bound and queue.arrived_before(now - bound):
+                return [], None  # the loop answers the overdue ones (futures live on the loop)
             try:
-                decision = policy.decide(self, monotonic())
+                decision = policy.decide(self, now)
             except Exception:
                 log.warning(
                     "batching policy failed on an engine thread; the event loop decides", exc_info=True
@@ -108,6 +124,19 @@ class Scheduler:
         """Event loop, before a decision (when ``sheds``): answer queued requests the policy
         refuses to serve; True if any left the queue."""
         return False
+
+    def shed_overdue(self, now: float, bound: float) -> bool:
+        """Event loop: answer every queued request that has waited ``bound`` seconds with
+        503 + Retry-After (never computed); True if any left the queue."""
+        overdue = self.queue.pop_arrived_before(now - bound)
+        for item in overdue:
+            item.finish(
+                error=QueueWaitExceeded(
+                    f"waited {now - item.arrival:.1f} s in the queue, over the bound of {bound:g} s "
+                    "(max_queue_wait_s); not computed"
+                )
+            )
+        return bool(overdue)
 
     def _policy_failed(self, exc: Exception) -> None:
         """The decision raised: fail the request it was about (the head), go on."""

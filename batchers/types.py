@@ -101,6 +101,15 @@ class QueueFull(RequestError):
     retry_after = True
 
 
+class QueueWaitExceeded(QueueFull):
+    """503 + Retry-After: the request waited ``max_queue_wait_s`` in the queue without a
+    batch taking it, so it is answered now and never computed (the time bound kept when the
+    admission estimate could not foresee the wait: Triton's queue policy with
+    ``timeout_action: REJECT`` does the same)."""
+
+    outcome = "queue_timeout"
+
+
 class Draining(RequestError):
     status = Status.UNAVAILABLE
     outcome = "draining"

@@ -20,6 +20,7 @@ OUTCOMES = (
     "success",  # answered with a result
     "bad_request",  # 4xx before queueing
     "queue_full",  # 503, bounded queue full
+    "queue_timeout",  # 503, waited max_queue_wait_s in the queue anyway; never computed
     "draining",  # 503, server is shutting down
     "timeout",  # 504, deadline passed (never computed if it passed while queued)
     "cancelled",  # client went away before the answer

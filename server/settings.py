@@ -258,7 +258,9 @@ class Settings(BaseSettings):
         3.0,
         ge=0,
         description="Refuse (503 + Retry-After) a request when the queue already holds more "
-        "than this many seconds of work at the rate it measurably drains; 0 = count bound only.",
+        "than this many seconds of work at the rate it measurably drains; a queued request that "
+        "has waited this long anyway is answered the same way, not computed; "
+        "0 = count bound only.",
     )
     max_header_bytes: int = Field(64 * 1024, ge=1024, description="Largest request header (431 beyond).")
     header_timeout_s: float = Field(

@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 
 # Triton's failure reasons <- wattserve's request outcomes
 FAILURE_REASONS = {
-    "REJECTED": ("timeout",),  # the request's queue timeout expired in the scheduler
+    "REJECTED": ("timeout", "queue_timeout"),  # a queue timeout expired in the scheduler
     "CANCELED": ("cancelled",),
     "BACKEND": ("error",),  # the engine failed the batch
     "OTHER": ("bad_request", "queue_full", "draining"),

@@ -98,6 +98,8 @@ def test_live_server_exports_the_series_and_the_adapter_query_sees_queue_pressur
         "WATTSERVE_IDENTITY_DELAY_MS": str(DELAY_MS),
         "WATTSERVE_MAX_BATCH_SIZE": "1",
         "WATTSERVE_TELEMETRY": "false",
+        # the third request waits two 3 s batches: over the default 3 s queue-time bound
+        "WATTSERVE_MAX_QUEUE_WAIT_S": "0",
     }
     prometheus = None
     with server_process(env) as server:

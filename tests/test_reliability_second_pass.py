@@ -169,6 +169,7 @@ async def test_time_bound_follows_the_drain_when_the_event_loop_sets_the_pace():
         [engine], BatcherConfig(max_batch_size=2, max_queue_size=1000, max_queue_wait_s=0.5)
     )
     b.pipeline = False  # every batch is formed on the event loop
+    b.queue_wait_bound_s = 0.0  # the estimate at admission only (the bound kept later: next test)
     runner = asyncio.create_task(b.run())
     busy = True
 
@@ -191,6 +192,46 @@ async def test_time_bound_follows_the_drain_when_the_event_loop_sets_the_pace():
         busy = False
         await hogger
         await asyncio.gather(*waiters)
+        await b.drain()
+        await runner
+        b.close()
+
+
+async def test_a_request_that_waited_the_bound_is_answered_503_and_never_computed():
+    """Admission let three requests in (nothing measured the drain yet); then the engine
+    stalled on the first past the 0.3 s bound. The two still queued must not be computed
+    after waiting longer than the bound: they are answered QueueWaitExceeded (503 +
+    Retry-After) when the next batch forms, and the queue goes on serving. (Before, they
+    were computed whatever they had waited: mobilenet_v2 requests waited 2.25x the bound.)"""
+    import asyncio
+
+    from wattserve.batchers import DynamicBatcher, DynamicConfig, QueueWaitExceeded, WorkItem
+
+    from tests.gated_engine import item_input
+
+    engine = GatedEngine(max_batch_size=1)
+    b = DynamicBatcher([engine], DynamicConfig(max_batch_size=1, max_queue_size=100, max_queue_wait_s=0.3))
+    runner = asyncio.create_task(b.run())
+    try:
+        engine.gate.clear()
+        first = asyncio.create_task(b.submit(WorkItem(item_input(1.0))))
+        while not engine.started.is_set():  # noqa: ASYNC110 - set by the engine thread
+            await asyncio.sleep(0.005)
+        late = [asyncio.create_task(b.submit(WorkItem(item_input(v)))) for v in (2.0, 3.0)]
+        await asyncio.sleep(0.4)  # past the bound while the engine is stalled
+        engine.gate.set()
+        assert (await first).outputs["y"][0, 0] == 2.0
+        for waiter in late:
+            with pytest.raises(QueueWaitExceeded, match=r"over the bound of 0\.3 s"):
+                await waiter
+        assert QueueWaitExceeded.retry_after and QueueWaitExceeded.status.name == "UNAVAILABLE"
+        assert QueueWaitExceeded.outcome == "queue_timeout"  # counted apart from admission's refusals
+        fresh = await b.submit(WorkItem(item_input(4.0)))  # the queue goes on
+        assert fresh.outputs["y"][0, 0] == 8.0
+        assert engine.seen == [1.0, 4.0]  # the two overdue ones were never computed
+        assert fresh.queue_time_s < 0.3
+    finally:
+        engine.gate.set()
         await b.drain()
         await runner
         b.close()

@@ -42,12 +42,8 @@ def tune_malloc() -> bool:
     (threshold only) -> 0, and batch 32 ran 53 -> 121 img/s. Call it before any thread
     starts. Returns False where glibc's mallopt is not available.
     """
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):
+    mallopt = libc_function("mallopt")
+    if mallopt is None:
         return False
     settings = (
         (M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX),
@@ -82,15 +78,23 @@ class Drainable(Protocol):
     async def drain(self, grace_s: float = 0.0) -> None: ...
 
 
+@functools.cache
+def libc_function(name: str) -> Any:
+    """A C library function by name, looked up once (``find_library`` runs a subprocess);
+    None where this libc has no such function (not glibc, or an older glibc)."""
+    path = ctypes.util.find_library("c")
+    if path is None:
+        return None
+    try:
+        return getattr(ctypes.CDLL(path), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def malloc_trim() -> bool:
     """Hand free heap pages back to the OS (glibc); False where there is no malloc_trim."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        return bool(ctypes.CDLL(name).malloc_trim(0))
-    except (OSError, AttributeError):
-        return False
+    trim = libc_function("malloc_trim")
+    return False if trim is None else bool(trim(0))
 
 
 class BatchActivity(Protocol):
@@ -114,13 +118,9 @@ class _Mallinfo2(ctypes.Structure):
 
 @functools.cache
 def _mallinfo2() -> Any:
-    """glibc's mallinfo2, looked up once (find_library runs a subprocess); None without it."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        fn = ctypes.CDLL(name).mallinfo2
-    except (OSError, AttributeError):
+    """glibc's mallinfo2 returning its struct; None without it (glibc < 2.33, another libc)."""
+    fn = libc_function("mallinfo2")
+    if fn is None:
         return None
     fn.restype = _Mallinfo2
     return fn

@@ -12,17 +12,7 @@ from wattserve.server.settings import Settings
 from wattserve.telemetry import TelemetryConfig, TelemetryService
 from wattserve.telemetry.simulated_gpu import BUILTIN_MODELS, PowerModel, SimulatedNvml, load_power_model
 
-
-class ManualClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
+from tests.manual_clock import ManualClock
 
 MODEL = PowerModel(
     name="t", idle_watts=50.0, busy_watts=100.0, watts_per_item=10.0, counter_update_period_s=0.1

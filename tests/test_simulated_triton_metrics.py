@@ -11,19 +11,10 @@ from wattserve.server.triton_metrics import TritonMetrics
 from wattserve.telemetry import TelemetryConfig, TelemetryService
 from wattserve.telemetry.simulated_gpu import PowerModel, SimulatedNvml
 
+from tests.manual_clock import ManualClock
+
 FAMILIES = ("nv_gpu_utilization", "nv_gpu_power_usage", "nv_gpu_power_limit", "nv_gpu_memory_total_bytes",
             "nv_gpu_memory_used_bytes", "nv_energy_consumption")  # fmt: skip
-
-
-class ManualClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def test_nv_gpu_families_are_labelled_simulated() -> None:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .output import summary_row
+from .output import summary_row, value_text
 from .runner import RunResult
 from .stats import PERCENTILES, percentile_key
 
@@ -27,15 +26,7 @@ img{max-width:100%;border:1px solid #ddd;margin:.5em 0}
 
 
 def fmt(v: Any, digits: int = 3) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return "∞"
-        return f"{v:.{digits}g}" if abs(v) < 1000 else f"{v:.0f}"
-    return html.escape(str(v))
+    return html.escape(value_text(v, digits))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1) -> str:

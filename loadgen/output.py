@@ -59,6 +59,20 @@ REQUEST_COLUMNS = [
 ]
 
 
+def value_text(v: Any, digits: int = 3) -> str:
+    """A table cell as plain text: "-" for nothing, yes/no, a float to ``digits``
+    significant digits (whole from 1,000 on, "∞" when not finite), anything else as str."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "∞"
+        return f"{v:.{digits}g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
 def summary_row(run: RunResult) -> dict[str, Any]:
     s, server = run.summary, run.server or {}
     lat, lag = s["latency_ms"], s["lag_ms"] or {}

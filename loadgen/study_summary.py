@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .output import value_text
 from .stats import percentile_key
 
 SUMMARY_MD = "summary.md"
@@ -131,7 +132,7 @@ def summary_lines(
         vals = [r["model"], r["workload"], r["batching"], r["target_rate"], r["achieved_rate"],
                 r["percentile_ms"], r["meets"], r["avg_batch_size"], r["energy_per_inference_j"],
                 r.get("adaptive_mode")]  # fmt: skip
-        lines.append("| " + " | ".join(_fmt(v) for v in vals) + " |")
+        lines.append("| " + " | ".join(value_text(v, 4) for v in vals) + " |")
     return lines
 
 
@@ -210,16 +211,6 @@ def _winner(cands: list[dict[str, Any]], by_energy: bool) -> dict[str, Any] | No
         priced = [r for r in cands if r["energy_per_inference_j"] is not None]
         return min(priced, key=lambda r: r["energy_per_inference_j"]) if priced else None
     return max(cands, key=lambda r: (r["achieved_rate"], -r["percentile_ms"]))
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
 
 
 def write_summary(out_dir: Path, lines: Sequence[str]) -> Path:

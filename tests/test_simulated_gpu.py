@@ -9,10 +9,10 @@ import json
 import pytest
 from prometheus_client import CollectorRegistry
 from wattserve.server.settings import Settings
-from wattserve.telemetry import TelemetryConfig, TelemetryService
+from wattserve.telemetry import TelemetryService
 from wattserve.telemetry.simulated_gpu import BUILTIN_MODELS, PowerModel, SimulatedNvml, load_power_model
 
-from tests.manual_clock import ManualClock
+from tests.simulated_telemetry import ManualClock, simulated_service
 
 MODEL = PowerModel(
     name="t", idle_watts=50.0, busy_watts=100.0, watts_per_item=10.0, counter_update_period_s=0.1
@@ -22,15 +22,7 @@ MODEL = PowerModel(
 def started(model: PowerModel = MODEL) -> tuple[TelemetryService, ManualClock, CollectorRegistry]:
     clock = ManualClock()
     registry = CollectorRegistry()
-    service = TelemetryService(
-        TelemetryConfig(simulated_gpu="default"),
-        registry,
-        nvml=SimulatedNvml(model, clock=clock),
-        clock=clock,
-        wall_clock=clock,
-        sleep=clock.sleep,
-        background=False,
-    )
+    service = simulated_service(model, clock, registry)
     service.start()
     return service, clock, registry
 

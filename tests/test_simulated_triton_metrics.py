@@ -8,10 +8,9 @@ import types
 
 from prometheus_client import CollectorRegistry
 from wattserve.server.triton_metrics import TritonMetrics
-from wattserve.telemetry import TelemetryConfig, TelemetryService
-from wattserve.telemetry.simulated_gpu import PowerModel, SimulatedNvml
+from wattserve.telemetry.simulated_gpu import PowerModel
 
-from tests.manual_clock import ManualClock
+from tests.simulated_telemetry import ManualClock, simulated_service
 
 FAMILIES = ("nv_gpu_utilization", "nv_gpu_power_usage", "nv_gpu_power_limit", "nv_gpu_memory_total_bytes",
             "nv_gpu_memory_used_bytes", "nv_energy_consumption")  # fmt: skip
@@ -21,15 +20,7 @@ def test_nv_gpu_families_are_labelled_simulated() -> None:
     clock = ManualClock()
     registry = CollectorRegistry()
     model = PowerModel(name="t", idle_watts=50.0, counter_update_period_s=0.1)
-    telemetry = TelemetryService(
-        TelemetryConfig(simulated_gpu="default", rapl_root="/nonexistent"),
-        registry,
-        nvml=SimulatedNvml(model, clock=clock),
-        clock=clock,
-        wall_clock=clock,
-        sleep=clock.sleep,
-        background=False,
-    )
+    telemetry = simulated_service(model, clock, registry, rapl_root="/nonexistent")
     registry.register(TritonMetrics(types.SimpleNamespace(entries=lambda: []), telemetry))
     telemetry.start()
     try:

@@ -34,7 +34,11 @@ class LatencyMargin:
     def __init__(self, percentile: float = 99.0, window: int = 2048, min_samples: int = 32) -> None:
         self.percentile = percentile
         self.min_samples = min_samples
-        self._errors: deque[float] = deque(maxlen=window)
+        # the last ``window`` requests' errors in a ring (order does not matter to a quantile):
+        # a deque turned into an array for every quantile cost ~170 us per batch on the loop
+        self._ring = np.zeros(window)
+        self._filled = 0
+        self._at = 0
         self._cached: float | None = None
 
     def observe(self, actual_s: float, planned_s: float, requests: int = 1) -> None:
@@ -42,20 +46,28 @@ class LatencyMargin:
         error = actual_s - planned_s
         if requests <= 0 or error != error:  # NaN
             return
-        self._errors.extend([error] * min(requests, self._errors.maxlen or requests))
+        ring = self._ring
+        size = len(ring)
+        k = min(requests, size)
+        at = self._at
+        first = min(k, size - at)
+        ring[at : at + first] = error
+        ring[: k - first] = error  # the part that wraps around (nothing when it does not)
+        self._at = (at + k) % size
+        self._filled = min(self._filled + k, size)
         self._cached = None
 
     def margin(self) -> float:
         """Seconds to hold back (0 until ``min_samples`` requests were seen; never negative)."""
         if self._cached is None:
             value = 0.0
-            if len(self._errors) >= self.min_samples:
-                value = max(float(np.percentile(np.fromiter(self._errors, float), self.percentile)), 0.0)
+            if self._filled >= self.min_samples:
+                value = max(float(np.percentile(self._ring[: self._filled], self.percentile)), 0.0)
             self._cached = value
         return self._cached
 
     def __len__(self) -> int:
-        return len(self._errors)
+        return self._filled
 
 
 class MissBackoff:

@@ -24,10 +24,13 @@ Each time an engine instance is free and requests are queued: dispatch ``n`` now
 
 ``budget`` = objective - headroom (time outside the batcher: HTTP, network); ``margin`` is
 the cost model's percentile of prediction error, so the objective's percentile survives
-the error of the model itself. The margin used is capped at a quarter of the budget: a
-larger one says the machine cannot hold the objective anyway (stalls longer than the
-compute), and planning for it would only shrink batches, cut throughput and lengthen the
-queue, which makes every request later.
+the error of the model itself. For ``cap`` the margin is capped at a quarter of the
+budget: a larger one says the machine stalls for longer than the compute, and shrinking
+the batches the objective allows would only cut throughput and lengthen the queue, which
+makes every request later. For *waiting* it is not capped: a wait is engine time given up
+on purpose, and on a host whose stalls eat the budget there is none to give up, so the
+queue goes at once (work-conserving, as a dynamic batcher without a delay), whatever the
+batch size.
 
 Joules: where a meter measures (``CostView.joules``, busy joules per batch from window
 attribution, and ``idle_w``, the device's idle power), the decision minimizes joules per
@@ -88,8 +91,12 @@ class CostView:
         return len(self.seconds) - 1
 
     def held_back(self, objective: Objective) -> float:
-        """The margin the decision plans with (capped; see the module docstring)."""
+        """The margin the batch-size cap plans with (capped; see the module docstring)."""
         return min(self.margin_s, MAX_MARGIN_SHARE * objective.budget_s)
+
+    def held_back_waiting(self, objective: Objective) -> float:
+        """The margin a wait plans with: all of it (see the module docstring)."""
+        return min(self.margin_s, objective.budget_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +127,13 @@ def allowed_cap(cost: CostView, objective: Objective) -> int:
     return cap
 
 
+def overloaded(cost: CostView, arrival_rate: float, objective: Objective) -> bool:
+    """Even the largest batch the objective allows (``cap``) cannot keep up with arrivals:
+    a backlog forms whatever the batcher does."""
+    cap = allowed_cap(cost, objective)
+    return arrival_rate * cost.seconds[cap] >= cap
+
+
 def decide(queue: QueueState, cost: CostView, arrival_rate: float, objective: Objective) -> Decision:
     """Dispatch now, or wait for a bigger batch (see the module docstring)."""
     full = cost.max_batch_size
@@ -132,10 +146,10 @@ def decide(queue: QueueState, cost: CostView, arrival_rate: float, objective: Ob
     seconds = cost.seconds
     if seconds[full] <= 0:  # nothing learned yet: no basis for waiting
         return Decision(now_n, 0.0, now_n, "no cost model")
-    cap = allowed_cap(cost, objective)
-    if arrival_rate * seconds[cap] >= cap:
+    if overloaded(cost, arrival_rate, objective):
         return Decision(now_n, 0.0, now_n, "overload")
-    slack = objective.budget_s - cost.held_back(objective) - queue.oldest_age_s  # wait + compute
+    cap = allowed_cap(cost, objective)
+    slack = objective.budget_s - cost.held_back_waiting(objective) - queue.oldest_age_s  # wait + compute
     if seconds[now_n] > slack:  # late already: all of it goes (holding some back for a
         return Decision(now_n, 0.0, now_n, "deadline")  # later batch makes the next one late too)
     if now_n >= cap:

@@ -297,3 +297,18 @@ def test_joule_mode_spends_fewer_joules_per_inference_at_equal_attainment():
     assert p99_s <= OBJ.budget_s and p99_j <= OBJ.budget_s  # equal attainment: both meet it
     assert b_j < b_s  # smaller batches...
     assert j_j < 0.95 * j_s  # ...and fewer joules per inference
+
+
+def test_a_margin_that_eats_the_budget_stops_the_waiting_but_not_the_batches():
+    """A host whose answers come 36 ms later than planned (p99) with a 45 ms budget: the
+    batch-size cap plans with a quarter of the budget (so the batches that keep up with the
+    arrivals are still allowed), but no wait is planned: the time a wait gives up on purpose
+    is what the stalls take."""
+    stalled = CostView(GPU_LIKE, margin_s=0.036)  # 9 ms left: not even a batch of 1 (10.5 ms)
+    d = decide(QueueState(queued=1, oldest_age_s=0.0), stalled, arrival_rate=400, objective=OBJ)
+    assert d.dispatch == 1 and d.reason == "deadline"
+    assert allowed_cap(stalled, OBJ) == allowed_cap(CostView(GPU_LIKE, margin_s=OBJ.budget_s / 4), OBJ) > 1
+    # a smaller margin leaves some slack, and the wait plans with all of the margin
+    d = decide(QueueState(queued=1, oldest_age_s=0.0), CostView(GPU_LIKE, margin_s=0.015), 400, OBJ)
+    assert d.dispatch == 0
+    assert d.wait_s == pytest.approx(OBJ.budget_s - 0.015 - GPU_LIKE[d.target])

@@ -45,7 +45,7 @@ from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.cost_model import CostModel
 from wattserve.batchers.observers import measured_joules
 from wattserve.batchers.policy import Decision, Dispatch, QueueView, Wait
-from wattserve.batchers.slo_feedback import LatencyMargin, MissBackoff
+from wattserve.batchers.slo_feedback import LatencyMargin, MissBackoff, plan_outcomes
 from wattserve.batchers.slo_policy import SloBatcher, SloConfig, slo_config
 from wattserve.batchers.types import ItemState, QueueFull, WorkItem
 from wattserve.engines.base import Engine, WarmsItself, zeros_batch
@@ -246,20 +246,10 @@ class AdaptiveBatcher(SloBatcher):
     def _plan_outcomes(
         self, batch: Sequence[WorkItem], dispatched: float, predicted: float, now: float
     ) -> tuple[int, int]:
-        """(met, missed) against ``miss_ceiling`` among the requests the plan could still
-        serve in time when it dispatched them: one already past it then (a backlog after a
-        burst or in overload) says nothing about the budget the plan uses, and cutting that
-        budget would only shrink the batches that drain the backlog."""
-        ceiling = miss_ceiling(self.target)
-        met = missed = 0
-        for item in batch:
-            if item.state is not ItemState.RUNNING or dispatched - item.arrival + predicted > ceiling:
-                continue
-            if now - item.arrival > ceiling:
-                missed += 1
-            else:
-                met += 1
-        return met, missed
+        """(met, missed) against ``miss_ceiling`` among the running requests the plan could
+        still serve in time when it dispatched them (``slo_feedback.plan_outcomes``)."""
+        running = (item.arrival for item in batch if item.state is ItemState.RUNNING)
+        return plan_outcomes(running, dispatched, predicted, now, miss_ceiling(self.target))
 
     def _take_energy(self) -> None:
         """Fold in the joules of earlier batches whose counter windows have closed since

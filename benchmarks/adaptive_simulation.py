@@ -29,7 +29,7 @@ from wattserve.batchers.adaptive_decision import CostView, Objective, QueueState
 from wattserve.batchers.aimd import AimdConfig, next_limit
 from wattserve.batchers.arrival_model import ArrivalModel
 from wattserve.batchers.cost_model import CostModel
-from wattserve.batchers.slo_feedback import LatencyMargin, MissBackoff
+from wattserve.batchers.slo_feedback import LatencyMargin, MissBackoff, plan_outcomes
 from wattserve.loadgen import stats
 from wattserve.loadgen.arrivals import make_schedule
 
@@ -109,13 +109,17 @@ class Adaptive(Policy):
     def arrived(self, t):
         self.arrivals.arrived(t)
 
-    def decide(self, t, queue):
+    def view(self) -> CostView:
         if self._view is None:
             margin = max(self.costs.margin(), self.latency.margin())
             self._view = CostView(self.costs.curve().tolist(), margin)
-        d = decide(QueueState(len(queue), t - queue[0]), self._view, self.arrivals.rate(t), self.objective)
+        return self._view
+
+    def decide(self, t, queue):
+        view = self.view()
+        d = decide(QueueState(len(queue), t - queue[0]), view, self.arrivals.rate(t), self.objective)
         if d.dispatch:
-            self._plan = (t, self._view.seconds[min(d.dispatch, len(queue))])
+            self._plan = (t, view.seconds[min(d.dispatch, len(queue))])
         return (d.dispatch, t) if d.dispatch else (0, t + d.wait_s)
 
     def answered(self, t, arrivals):
@@ -123,9 +127,7 @@ class Adaptive(Policy):
         oldest = min(arrivals)
         self.latency.observe(t - oldest, dispatched - oldest + predicted, len(arrivals))
         ceiling = miss_ceiling(self.target)  # counted as batchers/adaptive.py counts them
-        planned = [a for a in arrivals if dispatched - a + predicted <= ceiling]
-        missed = sum(1 for a in planned if t - a > ceiling)
-        self.backoff.record(len(planned) - missed, missed)
+        self.backoff.record(*plan_outcomes(arrivals, dispatched, predicted, t, ceiling))
         cut = (1.0 - self.backoff.scale) * self.target.budget_s
         self.objective = Objective(self.target.slo_s, self.target.percentile, self.target.headroom_s + cut)
         self._view = None

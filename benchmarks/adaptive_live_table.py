@@ -1,0 +1,122 @@
+"""The table of an ``adaptive_live_pair.sh`` sweep: per run and pooled over its rounds.
+
+    python -m benchmarks.adaptive_live_table OUT [--slo-ms 100] [--percentile 99]
+
+Why a pooled row: the p99 of one 10-second run at 45 req/s is its 5th-worst request out of
+~400, so two runs of one configuration differ by tens of milliseconds; pooling the rounds'
+requests (same server, same rate) gives the percentile on thousands. "meets" = the
+percentile <= the objective and attainment >= the percentile (requests answered 200 within
+the objective / requests sent in the measured windows: a 503 counts as a miss). Prints
+markdown and writes OUT/table.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+RUN = re.compile(r"^(?P<config>.+)-(?P<rate>\d+(?:\.\d+)?)(?:-r(?P<round>\d+))?$")
+
+
+def read_run(folder: Path, slo_ms: float) -> dict:
+    """One loadgen run: its requests in the measured window and its summary figures."""
+    result = json.loads((folder / "results.json").read_text())["runs"][0]
+    latencies, ok_within, sent = [], 0, 0
+    with (folder / "requests.csv").open() as f:
+        for row in csv.DictReader(f):
+            if row["phase"] != "measure":  # not the warm-up, nor what was sent after the window
+                continue
+            sent += 1
+            if row["status"] == "200":
+                latency = float(row["latency_ms"])
+                latencies.append(latency)
+                ok_within += latency <= slo_ms
+    server = result.get("server") or {}
+    return {
+        "latencies": latencies,
+        "within": ok_within,
+        "sent": sent,
+        "batch": server.get("avg_batch_size"),
+        "throughput": result.get("achieved_rate"),
+        "rejected": sum(
+            n for status, n in (result.get("errors_by_status") or {}).items() if status in ("503", "429")
+        ),
+        "valid": bool(result.get("valid")),
+    }
+
+
+def row(config: str, rate: float, label: str, runs: list[dict], slo_ms: float, percentile: float) -> dict:
+    latencies = np.concatenate([r["latencies"] for r in runs]) if runs else np.array([])
+    sent = sum(r["sent"] for r in runs)
+    tail = float(np.percentile(latencies, percentile)) if len(latencies) else float("inf")
+    attainment = sum(r["within"] for r in runs) / sent if sent else 0.0
+    batches = [r["batch"] for r in runs if r["batch"] is not None]
+    return {
+        "config": config,
+        "rate": rate,
+        "run": label,
+        "requests": sent,
+        "tail_ms": tail,
+        "attainment": attainment,
+        "mean_batch": float(np.mean(batches)) if batches else None,
+        "throughput": float(np.mean([r["throughput"] or 0.0 for r in runs])) if runs else 0.0,
+        "rejected": sum(r["rejected"] for r in runs),
+        "valid": all(r["valid"] for r in runs),
+        "meets": tail <= slo_ms and attainment >= percentile / 100,
+    }
+
+
+def table(out: Path, slo_ms: float, percentile: float) -> list[dict]:
+    grouped: dict[tuple[str, float], dict[str, dict]] = defaultdict(dict)
+    for folder in sorted(p for p in out.iterdir() if (p / "results.json").is_file()):
+        match = RUN.match(folder.name)
+        if match:
+            key = (match["config"], float(match["rate"]))
+            grouped[key][match["round"] or "1"] = read_run(folder, slo_ms)
+    rows = []
+    for (config, rate), runs in sorted(grouped.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        for label, run in sorted(runs.items()):
+            rows.append(row(config, rate, f"r{label}", [run], slo_ms, percentile))
+        if len(runs) > 1:
+            rows.append(row(config, rate, "pooled", list(runs.values()), slo_ms, percentile))
+    return rows
+
+
+def markdown(rows: list[dict], percentile: float) -> str:
+    p = f"p{percentile:g}"
+    lines = [
+        f"| rate/s | config | run | requests | {p} ms | attainment | mean batch | throughput/s | 503s | valid | meets |",
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
+    for r in rows:
+        batch = "-" if r["mean_batch"] is None else f"{r['mean_batch']:.2f}"
+        meets = ("**yes**" if r["run"] == "pooled" else "yes") if r["meets"] else "no"
+        lines.append(
+            f"| {r['rate']:g} | {r['config']} | {r['run']} | {r['requests']} | {r['tail_ms']:,.0f} | "
+            f"{r['attainment']:.1%} | {batch} | {r['throughput']:.1f} | {r['rejected']} | "
+            f"{'yes' if r['valid'] else 'no'} | {meets} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--slo-ms", type=float, default=100.0)
+    parser.add_argument("--percentile", type=float, default=99.0)
+    args = parser.parse_args()
+    rows = table(args.out, args.slo_ms, args.percentile)
+    print(markdown(rows, args.percentile))
+    (args.out / "table.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

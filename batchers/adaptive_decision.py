@@ -127,13 +127,6 @@ def allowed_cap(cost: CostView, objective: Objective) -> int:
     return cap
 
 
-def overloaded(cost: CostView, arrival_rate: float, objective: Objective) -> bool:
-    """Even the largest batch the objective allows (``cap``) cannot keep up with arrivals:
-    a backlog forms whatever the batcher does."""
-    cap = allowed_cap(cost, objective)
-    return arrival_rate * cost.seconds[cap] >= cap
-
-
 def decide(queue: QueueState, cost: CostView, arrival_rate: float, objective: Objective) -> Decision:
     """Dispatch now, or wait for a bigger batch (see the module docstring)."""
     full = cost.max_batch_size
@@ -146,9 +139,9 @@ def decide(queue: QueueState, cost: CostView, arrival_rate: float, objective: Ob
     seconds = cost.seconds
     if seconds[full] <= 0:  # nothing learned yet: no basis for waiting
         return Decision(now_n, 0.0, now_n, "no cost model")
-    if overloaded(cost, arrival_rate, objective):
-        return Decision(now_n, 0.0, now_n, "overload")
     cap = allowed_cap(cost, objective)
+    if arrival_rate * seconds[cap] >= cap:
+        return Decision(now_n, 0.0, now_n, "overload")
     slack = objective.budget_s - cost.held_back_waiting(objective) - queue.oldest_age_s  # wait + compute
     if seconds[now_n] > slack:  # late already: all of it goes (holding some back for a
         return Decision(now_n, 0.0, now_n, "deadline")  # later batch makes the next one late too)

@@ -123,7 +123,7 @@ def plan_outcomes(
     Only requests the plan could still serve in time when it dispatched them count: one
     already past the ceiling then (a backlog after a burst or in overload) says nothing
     about the budget the plan uses, and cutting that budget would only shrink the batches
-    that drain the backlog (counting them cost 12-23% more engine time per inference in the
+    that drain the backlog (counting them cost 8-23% more engine time per inference in the
     simulation at 70% load, Poisson and bursty, for no better p99)."""
     met = missed = 0
     for arrival in arrivals:

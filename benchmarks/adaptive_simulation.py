@@ -109,17 +109,13 @@ class Adaptive(Policy):
     def arrived(self, t):
         self.arrivals.arrived(t)
 
-    def view(self) -> CostView:
+    def decide(self, t, queue):
         if self._view is None:
             margin = max(self.costs.margin(), self.latency.margin())
             self._view = CostView(self.costs.curve().tolist(), margin)
-        return self._view
-
-    def decide(self, t, queue):
-        view = self.view()
-        d = decide(QueueState(len(queue), t - queue[0]), view, self.arrivals.rate(t), self.objective)
+        d = decide(QueueState(len(queue), t - queue[0]), self._view, self.arrivals.rate(t), self.objective)
         if d.dispatch:
-            self._plan = (t, view.seconds[min(d.dispatch, len(queue))])
+            self._plan = (t, self._view.seconds[min(d.dispatch, len(queue))])
         return (d.dispatch, t) if d.dispatch else (0, t + d.wait_s)
 
     def answered(self, t, arrivals):

@@ -96,7 +96,11 @@ class Aimd(Policy):
 
 
 class Adaptive(Policy):
-    def __init__(self, objective: Objective, cost: Callable[[int], float]) -> None:
+    def __init__(
+        self, objective: Objective, cost: Callable[[int], float], max_batch: int | None = None
+    ) -> None:
+        if max_batch is not None:
+            self.max_batch = max_batch
         self.target = self.objective = objective
         self.costs = CostModel(self.max_batch, percentile=objective.percentile)
         self.costs.seed({b: cost(b) for b in calibration_sizes(self.max_batch, None)})
@@ -151,9 +155,15 @@ def make_policy(config: str, cost: Callable[[int], float]) -> Policy:
 
 
 def simulate(
-    policy: Policy, arrivals: np.ndarray, cost: Callable[[int], float], rng: np.random.Generator, noise: float
+    policy: Policy,
+    arrivals: np.ndarray,
+    cost: Callable[[int], float],
+    rng: np.random.Generator,
+    noise: float,
+    slowdown: Callable[[int], float] | None = None,
 ):
-    """One engine instance; returns (finish time per request or inf, [(size, seconds, end)])."""
+    """One engine instance; returns (finish time per request or inf, [(size, seconds, end)]).
+    Each batch of n takes cost(n) times a lognormal(0, noise) factor, or ``slowdown(n)``."""
     finish = np.full(len(arrivals), math.inf)
     queue: deque[float] = deque()
     index: deque[int] = deque()
@@ -173,7 +183,8 @@ def simulate(
         n, wake = policy.decide(t, queue)
         if n:
             n = min(n, len(queue))
-            seconds = cost(n) * float(rng.lognormal(0.0, noise)) + HANDOFF_S
+            factor = slowdown(n) if slowdown is not None else float(rng.lognormal(0.0, noise))
+            seconds = cost(n) * factor + HANDOFF_S
             t += seconds
             answered = []
             for _ in range(n):

@@ -97,6 +97,7 @@ class AdaptiveBatcher(SloBatcher):
         self.backoff = MissBackoff(config.percentile)
         self._wait_until: float | None = None  # when the last planned wait was to end
         self._late: dict[float, float] = {}  # oldest arrival of a batch -> its wait's late start
+        self._waited: set[float] = set()  # oldest arrivals of batches dispatched after a planned wait
         self._prepared = False  # batch sizes timed (``prepare``), before ready or at ``run``
         self.costs = CostModel(config.max_batch_size, percentile=config.percentile)
         # (batch size, energy record) of batches whose joules are not final yet
@@ -150,6 +151,7 @@ class AdaptiveBatcher(SloBatcher):
         full = self.config.max_batch_size
         queue = view.queue
         queued = queue.head(full).rows
+        wait_until, self._wait_until = self._wait_until, None  # a planned wait is over either way
         if queued >= full:
             self.last_decision = self._full
             return Dispatch(full)
@@ -161,8 +163,11 @@ class AdaptiveBatcher(SloBatcher):
             rate = self.arrivals.rate(now)
         decision = decide_batch(QueueState(queued, now - oldest), self.cost_view(), rate, self.objective)
         self.last_decision = decision
-        wait_until, self._wait_until = self._wait_until, None
         if decision.dispatch:  # a trade-off against waiting: formed on the loop
+            if wait_until is not None:  # this batch waited: its misses count for the back-off
+                if len(self._waited) >= MAX_LATE_KEPT:
+                    self._waited.clear()
+                self._waited.add(oldest)
             if wait_until is not None and now > wait_until:  # the planned wait ended late
                 if len(self._late) >= MAX_LATE_KEPT:
                     self._late.clear()
@@ -231,11 +236,13 @@ class AdaptiveBatcher(SloBatcher):
         predicted for this size), and its outcome against the planned ceiling."""
         oldest = min(item.arrival for item in batch)
         late = self._late.pop(oldest, 0.0)
+        waited = oldest in self._waited
+        self._waited.discard(oldest)
         dispatched = batch[0].dispatched_at or outcome.started
         view = self.cost_view()
         predicted = view.seconds[min(size, len(view.seconds) - 1)]
         self.latency.observe(now - oldest, (dispatched - oldest) - late + predicted, len(batch))
-        met, missed = self._plan_outcomes(batch, dispatched, predicted, now)
+        met, missed = self._plan_outcomes(batch, dispatched, predicted, now, waited)
         before = self.backoff.scale
         self.backoff.record(met, missed)
         if self.backoff.scale != before:
@@ -244,12 +251,13 @@ class AdaptiveBatcher(SloBatcher):
             self.objective = Objective(target.slo_s, target.percentile, target.headroom_s + cut)
 
     def _plan_outcomes(
-        self, batch: Sequence[WorkItem], dispatched: float, predicted: float, now: float
+        self, batch: Sequence[WorkItem], dispatched: float, predicted: float, now: float, waited: bool
     ) -> tuple[int, int]:
         """(met, missed) against ``miss_ceiling`` among the running requests the plan could
-        still serve in time when it dispatched them (``slo_feedback.plan_outcomes``)."""
+        still serve in time when it dispatched them, misses only where it ``waited`` for
+        the batch (``slo_feedback.plan_outcomes``)."""
         running = (item.arrival for item in batch if item.state is ItemState.RUNNING)
-        return plan_outcomes(running, dispatched, predicted, now, miss_ceiling(self.target))
+        return plan_outcomes(running, dispatched, predicted, now, miss_ceiling(self.target), waited)
 
     def _take_energy(self) -> None:
         """Fold in the joules of earlier batches whose counter windows have closed since

@@ -109,6 +109,7 @@ class Adaptive(Policy):
         self.backoff = MissBackoff(objective.percentile)
         self._view: CostView | None = None
         self._plan = (0.0, 0.0)  # last dispatch: (when, predicted seconds)
+        self._waiting = self._waited = False  # a planned wait is on / the last batch had one
 
     def arrived(self, t):
         self.arrivals.arrived(t)
@@ -120,6 +121,9 @@ class Adaptive(Policy):
         d = decide(QueueState(len(queue), t - queue[0]), self._view, self.arrivals.rate(t), self.objective)
         if d.dispatch:
             self._plan = (t, self._view.seconds[min(d.dispatch, len(queue))])
+            self._waited, self._waiting = self._waiting, False
+        else:
+            self._waiting = True
         return (d.dispatch, t) if d.dispatch else (0, t + d.wait_s)
 
     def answered(self, t, arrivals):
@@ -127,7 +131,7 @@ class Adaptive(Policy):
         oldest = min(arrivals)
         self.latency.observe(t - oldest, dispatched - oldest + predicted, len(arrivals))
         ceiling = miss_ceiling(self.target)  # counted as batchers/adaptive.py counts them
-        self.backoff.record(*plan_outcomes(arrivals, dispatched, predicted, t, ceiling))
+        self.backoff.record(*plan_outcomes(arrivals, dispatched, predicted, t, ceiling, self._waited))
         cut = (1.0 - self.backoff.scale) * self.target.budget_s
         self.objective = Objective(self.target.slo_s, self.target.percentile, self.target.headroom_s + cut)
         self._view = None

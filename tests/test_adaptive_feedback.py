@@ -12,6 +12,8 @@ from time import monotonic
 import pytest
 from wattserve.batchers.adaptive import AdaptiveBatcher, AdaptiveConfig
 from wattserve.batchers.executor import BatchOutcome
+from wattserve.batchers.policy import Dispatch, Wait
+from wattserve.batchers.queue import PriorityFifo
 from wattserve.batchers.slo_feedback import LatencyMargin, MissBackoff
 from wattserve.batchers.types import ItemState, WorkItem
 from wattserve.engines.identity import IdentityEngine
@@ -79,12 +81,16 @@ def _batcher(slo_ms: float = 100.0) -> AdaptiveBatcher:
     return batcher
 
 
-def _answer(batcher: AdaptiveBatcher, size: int, age_at_dispatch: float, after_dispatch: float) -> None:
-    """A batch of ``size`` dispatched ``age_at_dispatch`` after its requests arrived, answered
-    ``after_dispatch`` later (now)."""
+def _answer(
+    batcher: AdaptiveBatcher, size: int, age_at_dispatch: float, after_dispatch: float, waited: bool = True
+) -> None:
+    """A batch of ``size`` dispatched ``age_at_dispatch`` after its requests arrived (at the
+    end of a planned wait, or at once), answered ``after_dispatch`` later (now)."""
     now = monotonic()
     dispatched = now - after_dispatch
     items = [WorkItem({}, arrival=dispatched - age_at_dispatch, state=ItemState.RUNNING) for _ in range(size)]
+    if waited:
+        batcher._waited.add(items[0].arrival)  # what decide() records when a wait ends in a dispatch
     for item in items:
         item.dispatched_at = dispatched
     compute = batcher.costs.seconds(size)  # compute exactly as predicted: any lateness is outside it
@@ -167,3 +173,48 @@ def test_misses_count_past_the_budget_the_client_needs_the_headroom() -> None:
     assert batcher.backoff.backoffs == 0
     _answer(batcher, 8, age_at_dispatch=0.010, after_dispatch=0.083)  # 93 ms: 8 past it, 5 allowed
     assert batcher.backoff.backoffs == 1
+
+
+def test_misses_of_a_batch_sent_without_waiting_do_not_cut_the_budget() -> None:
+    """A batch that went as soon as the engine was free and still missed (the host stalled)
+    says nothing about the time the plan spends waiting: cutting that would only shrink
+    the batches. The objective's own counter still has them."""
+    batcher = _batcher()
+    for _ in range(20):  # dispatched 10 ms old, answered 110 ms after arrival
+        _answer(batcher, 8, age_at_dispatch=0.010, after_dispatch=0.100, waited=False)
+    assert batcher.backoff.backoffs == 0
+    assert batcher.objective.budget_s == pytest.approx(batcher.target.budget_s)
+    assert batcher.slo.missed == 160
+    for _ in range(2):  # the same after a planned wait: the back-off acts
+        _answer(batcher, 8, age_at_dispatch=0.010, after_dispatch=0.100)
+    assert batcher.backoff.backoffs >= 1
+    assert batcher.objective.budget_s < batcher.target.budget_s
+
+
+class _View:
+    def __init__(self, queue: PriorityFifo) -> None:
+        self.queue = queue
+        self.closing = False
+
+
+def test_decide_marks_the_batches_that_waited() -> None:
+    """A dispatch that ends a planned wait marks its batch (by its oldest arrival); a
+    dispatch decided at once does not, nor does a later one after a full batch ended a wait."""
+    batcher = _batcher()
+    queue = PriorityFifo()
+    now = monotonic()
+    first = WorkItem({}, arrival=now)
+    queue.push(first)
+    batcher.arrivals.arrived(now - 0.5)  # a modest rate: worth waiting for one more
+    batcher.arrivals.arrived(now - 0.25)
+    batcher.arrivals.arrived(now)
+    assert isinstance(batcher.decide(_View(queue), now), Wait)
+    second = WorkItem({}, arrival=now + 0.070)
+    queue.push(second)
+    assert isinstance(batcher.decide(_View(queue), now + 0.075), Dispatch)  # 75 ms old: goes
+    assert batcher._waited == {first.arrival}
+    fresh = PriorityFifo()
+    late = WorkItem({}, arrival=now + 0.001)
+    fresh.push(late)
+    assert isinstance(batcher.decide(_View(fresh), now + 0.081), Dispatch)  # 80 ms old: at once
+    assert batcher._waited == {first.arrival}

@@ -132,8 +132,8 @@ def plan_outcomes(
     share of all requests). Counting those too let a host's own stalls cut the budget to
     its floor: smaller batches, more engine time per request, a busier engine and more
     requests caught by the next stall (replayed on this host's measured slowdowns,
-    ``benchmarks.adaptive_host_replay``: at 30 req/s p99 133 vs 148 ms, batches 1.57 vs
-    1.36; the same or better at 15-25 req/s).
+    ``benchmarks.adaptive_host_replay``, 15 x 60 s: at 30 req/s p99 134 vs 153 ms, batches
+    1.58 vs 1.37; the same or better at 15-25 and 35 req/s).
 
     Only requests the plan could still serve in time when it dispatched them count: one
     already past the ceiling then (a backlog after a burst or in overload) says nothing

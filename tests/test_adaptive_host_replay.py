@@ -9,23 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from wattserve.batchers.adaptive_decision import Objective
+from wattserve.loadgen.output import REQUEST_COLUMNS
 
 from benchmarks.adaptive_host_replay import Draws, HostProfile, profile_from_runs, replay
 
-FIELDS = [
-    "run",
-    "index",
-    "phase",
-    "intended_s",
-    "sent_s",
-    "done_s",
-    "latency_ms",
-    "lag_ms",
-    "status",
-    "queue_ms",
-    "compute_ms",
-    "batch_size",
-]
+FIELDS = REQUEST_COLUMNS  # the columns the load generator writes
 
 
 def write_run(folder: Path, batches: list[tuple[int, float]], outside_ms: float = 4.0) -> None:

@@ -54,7 +54,7 @@ log = logging.getLogger("wattserve.batcher.adaptive")
 
 
 MAX_PENDING_ENERGY = 4096  # batches awaiting their counter window (~1 s of 1 ms batches x 4)
-MAX_LATE_KEPT = 256  # late-started waits awaiting their batch's answer
+MAX_WAITS_KEPT = 256  # planned waits awaiting their batch's answer
 
 
 class SloUnreachable(QueueFull):
@@ -96,8 +96,9 @@ class AdaptiveBatcher(SloBatcher):
         self.latency = LatencyMargin(config.percentile)
         self.backoff = MissBackoff(config.percentile)
         self._wait_until: float | None = None  # when the last planned wait was to end
-        self._late: dict[float, float] = {}  # oldest arrival of a batch -> its wait's late start
-        self._waited: set[float] = set()  # oldest arrivals of batches dispatched after a planned wait
+        # oldest arrival of a batch dispatched after a planned wait -> how late the wait ended
+        # (0 when on time): the back-off counts only such batches' misses, and the margin the lateness
+        self._waits: dict[float, float] = {}
         self._prepared = False  # batch sizes timed (``prepare``), before ready or at ``run``
         self.costs = CostModel(config.max_batch_size, percentile=config.percentile)
         # (batch size, energy record) of batches whose joules are not final yet
@@ -164,14 +165,10 @@ class AdaptiveBatcher(SloBatcher):
         decision = decide_batch(QueueState(queued, now - oldest), self.cost_view(), rate, self.objective)
         self.last_decision = decision
         if decision.dispatch:  # a trade-off against waiting: formed on the loop
-            if wait_until is not None:  # this batch waited: its misses count for the back-off
-                if len(self._waited) >= MAX_LATE_KEPT:
-                    self._waited.clear()
-                self._waited.add(oldest)
-            if wait_until is not None and now > wait_until:  # the planned wait ended late
-                if len(self._late) >= MAX_LATE_KEPT:
-                    self._late.clear()
-                self._late[oldest] = now - wait_until
+            if wait_until is not None:  # this batch waited (and perhaps past the planned end)
+                if len(self._waits) >= MAX_WAITS_KEPT:
+                    self._waits.clear()
+                self._waits[oldest] = max(now - wait_until, 0.0)
             return Dispatch(decision.dispatch, complete=False)
         self._wait_until = now + decision.wait_s
         return Wait(decision.wait_s)
@@ -235,9 +232,9 @@ class AdaptiveBatcher(SloBatcher):
         the plan (its age at dispatch, less a planned wait's late start, plus the compute
         predicted for this size), and its outcome against the planned ceiling."""
         oldest = min(item.arrival for item in batch)
-        late = self._late.pop(oldest, 0.0)
-        waited = oldest in self._waited
-        self._waited.discard(oldest)
+        late = self._waits.pop(oldest, None)
+        waited = late is not None
+        late = late or 0.0
         dispatched = batch[0].dispatched_at or outcome.started
         view = self.cost_view()
         predicted = view.seconds[min(size, len(view.seconds) - 1)]

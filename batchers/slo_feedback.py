@@ -120,7 +120,7 @@ def plan_outcomes(
     predicted: float,
     now: float,
     ceiling: float,
-    waited: bool = True,
+    waited: bool,
 ) -> tuple[int, int]:
     """(met, missed) past ``ceiling`` (seconds after arrival) for one batch answered at
     ``now``, dispatched at ``dispatched`` with ``predicted`` compute: what ``MissBackoff``

@@ -154,19 +154,13 @@ class ReplayRow:
 
 
 def make_policy(config: str, profile: HostProfile, objective: Objective, max_batch: int) -> sim.Policy:
-    """``adaptive`` (seeded with the profile's medians, as the server seeds itself with
-    timed batches) or ``dynamic-<ms>ms`` / ``continuous``."""
-    policy: sim.Policy
+    """``adaptive`` (with this objective, seeded with the profile's medians as the server
+    seeds itself with timed batches), or a fixed policy as the simulation names it
+    (``dynamic-<ms>ms``, ``continuous``, ``static-<n>``)."""
     if config == "adaptive":
-        policy = sim.Adaptive(objective, profile.compute_s, max_batch=max_batch)
-    else:
-        kind, _, arg = config.partition("-")
-        if kind == "dynamic":
-            policy = sim.Dynamic(float(arg.removesuffix("ms")) / 1000)
-        elif kind == "continuous":
-            policy = sim.Continuous()
-        else:
-            raise ValueError(f"not replayed: {config}")
+        return sim.Adaptive(objective, profile.compute_s, max_batch=max_batch)
+    policy = sim.make_policy(config, profile.compute_s)
+    if not config.startswith("static"):  # static's size is its batch
         policy.max_batch = max_batch
     return policy
 

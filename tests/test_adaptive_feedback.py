@@ -90,7 +90,7 @@ def _answer(
     dispatched = now - after_dispatch
     items = [WorkItem({}, arrival=dispatched - age_at_dispatch, state=ItemState.RUNNING) for _ in range(size)]
     if waited:
-        batcher._waited.add(items[0].arrival)  # what decide() records when a wait ends in a dispatch
+        batcher._waits[items[0].arrival] = 0.0  # what decide() records when a wait ends in a dispatch
     for item in items:
         item.dispatched_at = dispatched
     compute = batcher.costs.seconds(size)  # compute exactly as predicted: any lateness is outside it
@@ -139,12 +139,12 @@ def test_a_late_planned_wait_counts_against_the_plan() -> None:
     batcher = _batcher()
     arrival = monotonic() - 0.050
     batcher._wait_until = arrival + 0.010
-    batcher._late[arrival] = 0.030  # what decide() records when it dispatches past the wait's end
+    batcher._waits[arrival] = 0.030  # what decide() records when it dispatches past the wait's end
     item = WorkItem({}, arrival=arrival, state=ItemState.RUNNING)
     item.dispatched_at = arrival + 0.040
     compute = batcher.costs.seconds(1)
     for _ in range(40):
-        batcher._late[arrival] = 0.030
+        batcher._waits[arrival] = 0.030
         now = monotonic()
         item.dispatched_at = now - compute
         outcome = BatchOutcome(
@@ -212,9 +212,9 @@ def test_decide_marks_the_batches_that_waited() -> None:
     second = WorkItem({}, arrival=now + 0.070)
     queue.push(second)
     assert isinstance(batcher.decide(_View(queue), now + 0.075), Dispatch)  # 75 ms old: goes
-    assert batcher._waited == {first.arrival}
+    assert set(batcher._waits) == {first.arrival}
     fresh = PriorityFifo()
     late = WorkItem({}, arrival=now + 0.001)
     fresh.push(late)
     assert isinstance(batcher.decide(_View(fresh), now + 0.081), Dispatch)  # 80 ms old: at once
-    assert batcher._waited == {first.arrival}
+    assert set(batcher._waits) == {first.arrival}

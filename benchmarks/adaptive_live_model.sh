@@ -27,5 +27,5 @@ echo "before: $(uptime)" | tee "$out/uptime.txt"
 "$py" -m wattserve loadgen --url "http://127.0.0.1:$port" --model "$model" --arrival poisson \
   --rates "$rates" --warmup 2 --duration 10 --binary --out "$out" | tee "$out/loadgen.txt"
 echo "after: $(uptime)" | tee -a "$out/uptime.txt"
-curl -sf "http://127.0.0.1:$port/metrics" | grep -E '^wattserve_(slo_requests_total|adaptive_(planned_budget|margin|latency_margin|compute_margin|backoffs_total|window_miss))' \
+curl -sf "http://127.0.0.1:$port/metrics" | grep -E '^wattserve_(slo_requests_total|adaptive_(planned_budget|max_hold|margin|latency_margin|compute_margin|backoffs_total|window_miss))' \
   | tee "$out/metrics.txt" || true

@@ -5,8 +5,9 @@
 #   flock /tmp/wattserve-measure.lock benchmarks/adaptive_live_pair.sh MODEL RATES OUT
 # Objective p99 <= SLO_MS (default 100) ms, max batch MAX_BATCH (default 16), binary tensors,
 # Poisson, 2 s warm-up + DURATION s (default 10) per run, ROUNDS (default 1) passes over the
-# rates. BEFORE=<another checkout> adds a third server, adaptive-before, running that
-# checkout's code (a same-run before/after). Table: python -m benchmarks.adaptive_live_table OUT
+# rates, each round rotating the order of the servers. BEFORE=<another checkout> adds a
+# third server, adaptive-before, running that checkout's code (a same-run before/after).
+# Table: python -m benchmarks.adaptive_live_table OUT
 set -euo pipefail
 model=$1 rates=$2 out=$3
 py=${PYTHON:-python}
@@ -16,6 +17,7 @@ common=(WATTSERVE_MODEL="$model" WATTSERVE_MAX_BATCH_SIZE="${MAX_BATCH:-16}" WAT
 declare -A port=([adaptive]=18478 [dynamic-5ms]=18479 [adaptive-before]=18477)
 configs=(adaptive dynamic-5ms)
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 pids=()
 env "${common[@]}" WATTSERVE_PORT=18478 WATTSERVE_BATCHER=adaptive "$py" -m wattserve serve >"$out/adaptive.log" 2>&1 &
 pids+=($!)
@@ -23,8 +25,11 @@ env "${common[@]}" WATTSERVE_PORT=18479 WATTSERVE_BATCHER=dynamic WATTSERVE_MAX_
   "$py" -m wattserve serve >"$out/dynamic-5ms.log" 2>&1 &
 pids+=($!)
 if [[ -n ${BEFORE:-} ]]; then
-  env "${common[@]}" PYTHONPATH="$BEFORE" WATTSERVE_PORT=18477 WATTSERVE_BATCHER=adaptive \
-    "$py" -m wattserve serve >"$out/adaptive-before.log" 2>&1 &
+  # started from that checkout: ``python -m`` puts the working directory first on the
+  # path, so with PYTHONPATH alone (until the tenth session) this server ran *this*
+  # checkout's code and "before/after" pairs were the same code twice
+  (cd "$BEFORE" && exec env "${common[@]}" PYTHONPATH="$BEFORE" WATTSERVE_PORT=18477 WATTSERVE_BATCHER=adaptive \
+    "$py" -m wattserve serve) >"$out/adaptive-before.log" 2>&1 &
   pids+=($!)
   configs=(adaptive-before adaptive dynamic-5ms)
 fi
@@ -35,8 +40,12 @@ for cfg in "${configs[@]}"; do
 done
 sleep 1  # (the adaptive batcher times its batch sizes before it reports ready)
 for round in $(seq "$rounds"); do
+  # each round starts one server later, so that no configuration always runs in the same
+  # slot of a round (this host's speed varied by slot: about 10% between first and last)
+  shift_by=$(( (round - 1) % ${#configs[@]} ))
+  order=("${configs[@]:shift_by}" "${configs[@]:0:shift_by}")
   for rate in ${rates//,/ }; do
-    for cfg in "${configs[@]}"; do
+    for cfg in "${order[@]}"; do
       run=$cfg-$rate; ((rounds > 1)) && run=$run-r$round
       echo "$run/s: $(uptime)" | tee -a "$out/uptime.txt"
       "$py" -m wattserve loadgen --url "http://127.0.0.1:${port[$cfg]}" --model "$model" --arrival poisson \
@@ -46,5 +55,5 @@ for round in $(seq "$rounds"); do
 done
 echo "end: $(uptime)" | tee -a "$out/uptime.txt"
 for cfg in "${configs[@]}"; do
-  curl -sf "http://127.0.0.1:${port[$cfg]}/metrics" | grep -E '^wattserve_(slo_requests_total|adaptive_(planned_budget|margin|latency_margin|compute_margin|backoffs_total|window_miss))' >"$out/$cfg-metrics.txt" || true
+  curl -sf "http://127.0.0.1:${port[$cfg]}/metrics" | grep -E '^wattserve_(slo_requests_total|adaptive_(planned_budget|max_hold|margin|latency_margin|compute_margin|backoffs_total|window_miss))' >"$out/$cfg-metrics.txt" || true
 done

@@ -12,9 +12,9 @@ Two learned models and one pure decision (``batchers.adaptive_decision.decide``)
 - ``ArrivalModel``: the arrival rate over a short and a long window;
 - feedback from request latency itself (``slo_feedback``): the margin held back is the
   larger of the cost model's (compute error and hand-off) and ``LatencyMargin``'s (arrival
-  to answer against what the plan expected for each request), and ``MissBackoff`` cuts the
-  budget the plan uses when more requests missed lately than the percentile allows, then
-  gives it back slowly (``wattserve_adaptive_planned_budget_seconds``).
+  to answer against what the plan expected for each request), and ``MissBackoff`` cuts how
+  long a planned wait may hold a request when more requests missed lately than the
+  percentile allows, then gives it back slowly (``wattserve_adaptive_max_hold_seconds``).
 
 Each time an engine instance is free, the loop asks ``decide`` whether to dispatch now or
 wait for a bigger batch, and for how long at most; any arrival wakes it to ask again. With
@@ -45,7 +45,7 @@ from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.cost_model import CostModel
 from wattserve.batchers.observers import measured_joules
 from wattserve.batchers.policy import Decision, Dispatch, QueueView, Wait
-from wattserve.batchers.slo_feedback import LatencyMargin, MissBackoff, plan_outcomes
+from wattserve.batchers.slo_feedback import LatencyMargin, MissBackoff, outcomes
 from wattserve.batchers.slo_policy import SloBatcher, SloConfig, slo_config
 from wattserve.batchers.types import ItemState, QueueFull, WorkItem
 from wattserve.engines.base import Engine, WarmsItself, zeros_batch
@@ -90,14 +90,12 @@ class AdaptiveBatcher(SloBatcher):
     def __init__(self, engines: Sequence[Engine], config: AdaptiveConfig, **kwargs: Any) -> None:
         super().__init__(engines, config, **kwargs)
         headroom = config.headroom_s if config.headroom_s is not None else 0.1 * config.slo_s
-        # the objective as configured, and as planned for now (its budget cut by the back-off)
-        self.target = Objective(config.slo_s, config.percentile, headroom)
-        self.objective = self.target
+        self.objective = Objective(config.slo_s, config.percentile, headroom)
         self.latency = LatencyMargin(config.percentile)
-        self.backoff = MissBackoff(config.percentile)
+        self.backoff = MissBackoff(config.percentile)  # how long a wait may hold a request
         self._wait_until: float | None = None  # when the last planned wait was to end
-        # oldest arrival of a batch dispatched after a planned wait -> how late the wait ended
-        # (0 when on time): the back-off counts only such batches' misses, and the margin the lateness
+        # oldest arrival of a batch dispatched after a planned wait -> how late the wait
+        # ended (0 when on time): lateness the plan did not expect, for the margin
         self._waits: dict[float, float] = {}
         self._prepared = False  # batch sizes timed (``prepare``), before ready or at ``run``
         self.costs = CostModel(config.max_batch_size, percentile=config.percentile)
@@ -162,10 +160,12 @@ class AdaptiveBatcher(SloBatcher):
         assert oldest is not None  # asked only with something queued
         with self._arrivals_lock:
             rate = self.arrivals.rate(now)
-        decision = decide_batch(QueueState(queued, now - oldest), self.cost_view(), rate, self.objective)
+        decision = decide_batch(
+            QueueState(queued, now - oldest), self.cost_view(), rate, self.objective, self.max_hold_s()
+        )
         self.last_decision = decision
         if decision.dispatch:  # a trade-off against waiting: formed on the loop
-            if wait_until is not None:  # this batch waited (and perhaps past the planned end)
+            if wait_until is not None:  # this batch waited: how late the wait ended
                 if len(self._waits) >= MAX_WAITS_KEPT:
                     self._waits.clear()
                 self._waits[oldest] = max(now - wait_until, 0.0)
@@ -227,34 +227,23 @@ class AdaptiveBatcher(SloBatcher):
             self._view = None
         self.count_slo(batch, now)
 
+    def max_hold_s(self) -> float:
+        """The longest a planned wait may hold the oldest request: the budget, scaled
+        down by the miss back-off while the objective is being missed."""
+        return self.backoff.scale * self.objective.budget_s
+
     def _learn_latency(self, batch: Sequence[WorkItem], size: int, outcome: BatchOutcome, now: float) -> None:
         """Before the cost model moves: each request's arrival -> answer (``now``) against
         the plan (its age at dispatch, less a planned wait's late start, plus the compute
-        predicted for this size), and its outcome against the planned ceiling."""
+        predicted for this size), and its outcome against the miss ceiling."""
         oldest = min(item.arrival for item in batch)
-        late = self._waits.pop(oldest, None)
-        waited = late is not None
-        late = late or 0.0
+        late = self._waits.pop(oldest, 0.0)
         dispatched = batch[0].dispatched_at or outcome.started
         view = self.cost_view()
         predicted = view.seconds[min(size, len(view.seconds) - 1)]
         self.latency.observe(now - oldest, (dispatched - oldest) - late + predicted, len(batch))
-        met, missed = self._plan_outcomes(batch, dispatched, predicted, now, waited)
-        before = self.backoff.scale
-        self.backoff.record(met, missed)
-        if self.backoff.scale != before:
-            target = self.target
-            cut = (1.0 - self.backoff.scale) * target.budget_s
-            self.objective = Objective(target.slo_s, target.percentile, target.headroom_s + cut)
-
-    def _plan_outcomes(
-        self, batch: Sequence[WorkItem], dispatched: float, predicted: float, now: float, waited: bool
-    ) -> tuple[int, int]:
-        """(met, missed) against ``miss_ceiling`` among the running requests the plan could
-        still serve in time when it dispatched them, misses only where it ``waited`` for
-        the batch (``slo_feedback.plan_outcomes``)."""
         running = (item.arrival for item in batch if item.state is ItemState.RUNNING)
-        return plan_outcomes(running, dispatched, predicted, now, miss_ceiling(self.target), waited)
+        self.backoff.record(*outcomes(running, now, miss_ceiling(self.objective)))
 
     def _take_energy(self) -> None:
         """Fold in the joules of earlier batches whose counter windows have closed since
@@ -361,9 +350,9 @@ class AdaptiveBatcher(SloBatcher):
                 "Percentile of request latency (arrival to answer) minus what the plan expected.",
             ),
             (
-                "wattserve_adaptive_planned_budget_seconds",
-                self.objective.budget_s,
-                "Budget the plan uses now: the objective less headroom, cut by the miss back-off.",
+                "wattserve_adaptive_max_hold_seconds",
+                self.max_hold_s(),
+                "Longest a planned wait may hold a request now: the budget, cut by the miss back-off.",
             ),
             (
                 "wattserve_adaptive_window_miss_ratio",
@@ -376,7 +365,7 @@ class AdaptiveBatcher(SloBatcher):
             yield g
         backoffs = CounterMetricFamily(
             "wattserve_adaptive_backoffs",
-            "Times the planned budget was cut because recent misses exceeded the percentile's allowance.",
+            "Times the wait's hold was cut because recent misses exceeded the percentile's allowance.",
             labels=names,
         )
         backoffs.add_metric(list(labels), self.backoff.backoffs)

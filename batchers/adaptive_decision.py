@@ -21,6 +21,11 @@ Each time an engine instance is free and requests are queued: dispatch ``n`` now
 4. ``cap``: a request that arrives just after a batch starts waits for that batch and then
    for its own, so waiting is only for batches whose compute fits in half the budget.
    (Batches larger than ``cap`` still go when that many are already queued.)
+5. ``max_hold_s``: no wait holds the oldest request past this age (its time queued behind
+   a running batch included, as a dynamic batcher's delay counts from arrival). The
+   batcher's miss back-off sets it: the whole budget while the objective holds, down to a
+   few milliseconds while more requests miss than the percentile allows
+   (``slo_feedback.MissBackoff``).
 
 ``budget`` = objective - headroom (time outside the batcher: HTTP, network); ``margin`` is
 the cost model's percentile of prediction error, so the objective's percentile survives
@@ -127,7 +132,13 @@ def allowed_cap(cost: CostView, objective: Objective) -> int:
     return cap
 
 
-def decide(queue: QueueState, cost: CostView, arrival_rate: float, objective: Objective) -> Decision:
+def decide(
+    queue: QueueState,
+    cost: CostView,
+    arrival_rate: float,
+    objective: Objective,
+    max_hold_s: float = math.inf,
+) -> Decision:
     """Dispatch now, or wait for a bigger batch (see the module docstring)."""
     full = cost.max_batch_size
     queued = queue.queued
@@ -163,6 +174,12 @@ def decide(queue: QueueState, cost: CostView, arrival_rate: float, objective: Ob
         if expected <= planned:
             break
         planned, wait = expected, slack - seconds[expected]
+    held = max_hold_s - queue.oldest_age_s
+    if held < wait:  # the back-off holds the oldest request for less: expect fewer by then
+        wait = held
+        planned = min(planned, now_n + max(1, math.ceil(arrival_rate * max(wait, 0.0))))
+        if wait < MIN_WAIT_S:
+            return Decision(now_n, 0.0, now_n, "held enough")
     if wait < MIN_WAIT_S:
         return Decision(now_n, 0.0, now_n, "deadline")
     if arrival_rate <= 0 or -math.expm1(-arrival_rate * wait) < MIN_CHANCE:

@@ -29,7 +29,7 @@ from wattserve.batchers.adaptive_decision import CostView, Objective, QueueState
 from wattserve.batchers.aimd import AimdConfig, next_limit
 from wattserve.batchers.arrival_model import ArrivalModel
 from wattserve.batchers.cost_model import CostModel
-from wattserve.batchers.slo_feedback import LatencyMargin, MissBackoff, plan_outcomes
+from wattserve.batchers.slo_feedback import LatencyMargin, MissBackoff, outcomes
 from wattserve.loadgen import stats
 from wattserve.loadgen.arrivals import make_schedule
 
@@ -101,7 +101,7 @@ class Adaptive(Policy):
     ) -> None:
         if max_batch is not None:
             self.max_batch = max_batch
-        self.target = self.objective = objective
+        self.objective = objective
         self.costs = CostModel(self.max_batch, percentile=objective.percentile)
         self.costs.seed({b: cost(b) for b in calibration_sizes(self.max_batch, None)})
         self.arrivals = ArrivalModel()
@@ -109,7 +109,6 @@ class Adaptive(Policy):
         self.backoff = MissBackoff(objective.percentile)
         self._view: CostView | None = None
         self._plan = (0.0, 0.0)  # last dispatch: (when, predicted seconds)
-        self._waiting = self._waited = False  # a planned wait is on / the last batch had one
 
     def arrived(self, t):
         self.arrivals.arrived(t)
@@ -118,22 +117,18 @@ class Adaptive(Policy):
         if self._view is None:
             margin = max(self.costs.margin(), self.latency.margin())
             self._view = CostView(self.costs.curve().tolist(), margin)
-        d = decide(QueueState(len(queue), t - queue[0]), self._view, self.arrivals.rate(t), self.objective)
+        hold = self.backoff.scale * self.objective.budget_s
+        state = QueueState(len(queue), t - queue[0])
+        d = decide(state, self._view, self.arrivals.rate(t), self.objective, hold)
         if d.dispatch:
             self._plan = (t, self._view.seconds[min(d.dispatch, len(queue))])
-            self._waited, self._waiting = self._waiting, False
-        else:
-            self._waiting = True
         return (d.dispatch, t) if d.dispatch else (0, t + d.wait_s)
 
     def answered(self, t, arrivals):
         dispatched, predicted = self._plan
         oldest = min(arrivals)
         self.latency.observe(t - oldest, dispatched - oldest + predicted, len(arrivals))
-        ceiling = miss_ceiling(self.target)  # counted as batchers/adaptive.py counts them
-        self.backoff.record(*plan_outcomes(arrivals, dispatched, predicted, t, ceiling, self._waited))
-        cut = (1.0 - self.backoff.scale) * self.target.budget_s
-        self.objective = Objective(self.target.slo_s, self.target.percentile, self.target.headroom_s + cut)
+        self.backoff.record(*outcomes(arrivals, t, miss_ceiling(self.objective)))  # as the batcher does
         self._view = None
 
     def finished(self, n, seconds):

@@ -68,6 +68,18 @@ def test_does_not_hold_a_request_when_nobody_is_coming():
     assert d.dispatch == 1 and d.reason == "nobody coming"
 
 
+def test_a_hold_limit_shortens_the_wait_from_the_oldest_arrival_and_the_target_with_it():
+    free = decide(QueueState(1, 0.0), VIEW, 400, OBJ)
+    held = decide(QueueState(1, 0.001), VIEW, 400, OBJ, max_hold_s=0.005)
+    assert free.wait_s > 0.020 and held.dispatch == 0
+    assert held.wait_s == pytest.approx(0.004)  # 5 ms from arrival, 1 ms of it gone
+    assert held.target == 1 + 2 < free.target  # 400/s x 4 ms: two more expected
+    done = decide(QueueState(2, 0.005), VIEW, 400, OBJ, max_hold_s=0.005)
+    assert done.dispatch == 2 and done.reason == "held enough"
+    # the limit is on waiting only: a full queue and a late one go as before
+    assert decide(QueueState(MAX, 0.0), VIEW, 400, OBJ, max_hold_s=0.0).dispatch == MAX
+
+
 def test_more_slack_or_more_traffic_means_a_bigger_target():
     slow = decide(QueueState(1, 0.0), VIEW, 100, OBJ)
     fast = decide(QueueState(1, 0.0), VIEW, 600, OBJ)

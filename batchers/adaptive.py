@@ -230,7 +230,7 @@ class AdaptiveBatcher(SloBatcher):
     def max_hold_s(self) -> float:
         """The longest a planned wait may hold the oldest request: the budget, scaled
         down by the miss back-off while the objective is being missed."""
-        return self.backoff.scale * self.objective.budget_s
+        return self.backoff.hold_s(self.objective.budget_s)
 
     def _learn_latency(self, batch: Sequence[WorkItem], size: int, outcome: BatchOutcome, now: float) -> None:
         """Before the cost model moves: each request's arrival -> answer (``now``) against

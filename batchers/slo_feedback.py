@@ -113,6 +113,10 @@ class MissBackoff:
         elif met and len(recent) == self.window and self.miss_ratio() <= self.allowed / 2:
             self.scale = min(self.scale + self.recover * met / self.window, 1.0)
 
+    def hold_s(self, budget_s: float) -> float:
+        """The longest a planned wait may hold a request, for an objective's ``budget_s``."""
+        return self.scale * budget_s
+
     def miss_ratio(self) -> float:
         """Misses over the requests in the window (0 when empty)."""
         return self._missed / len(self._recent) if self._recent else 0.0

@@ -117,7 +117,7 @@ class Adaptive(Policy):
         if self._view is None:
             margin = max(self.costs.margin(), self.latency.margin())
             self._view = CostView(self.costs.curve().tolist(), margin)
-        hold = self.backoff.scale * self.objective.budget_s
+        hold = self.backoff.hold_s(self.objective.budget_s)  # as batchers/adaptive.py asks
         state = QueueState(len(queue), t - queue[0])
         d = decide(state, self._view, self.arrivals.rate(t), self.objective, hold)
         if d.dispatch:

@@ -2,13 +2,15 @@
 # One batching configuration on a real model, one server start, one Poisson rate sweep:
 #   benchmarks/adaptive_live_model.sh CONFIG MODEL RATES OUT [PORT]
 # CONFIG: adaptive | dynamic-<ms>ms. Objective p99 <= 100 ms, max batch 16, binary tensors,
-# 2 s warm-up + 10 s per rate (docs/adaptive.md, "mobilenet_v2 live"). Run it under the
+# 2 s warm-up + 10 s per rate (docs/adaptive.md, "mobilenet_v2 live"), on engine ENGINE
+# (default torch; onnxruntime serves mobilenet_v2 ~3.5x faster on a 2-core CPU). Run it under the
 # shared measurement lock: flock /tmp/wattserve-measure.lock benchmarks/adaptive_live_model.sh ...
 set -euo pipefail
 config=$1 model=$2 rates=$3 out=$4 port=${5:-18477}
 py=${PYTHON:-python}
 settings=(WATTSERVE_MODEL="$model" WATTSERVE_MAX_BATCH_SIZE=16 WATTSERVE_SLO_MS=100
-          WATTSERVE_SLO_PERCENTILE=99 WATTSERVE_GRPC_PORT=0 WATTSERVE_PORT="$port")
+          WATTSERVE_SLO_PERCENTILE=99 WATTSERVE_GRPC_PORT=0 WATTSERVE_PORT="$port"
+          WATTSERVE_ENGINE="${ENGINE:-torch}")
 case $config in
   adaptive) settings+=(WATTSERVE_BATCHER=adaptive) ;;
   dynamic-*ms) delay=${config#dynamic-}; settings+=(WATTSERVE_BATCHER=dynamic WATTSERVE_MAX_QUEUE_DELAY_MS="${delay%ms}") ;;

@@ -5,7 +5,8 @@
 #   flock /tmp/wattserve-measure.lock benchmarks/adaptive_live_pair.sh MODEL RATES OUT
 # Objective p99 <= SLO_MS (default 100) ms, max batch MAX_BATCH (default 16), binary tensors,
 # Poisson, 2 s warm-up + DURATION s (default 10) per run, ROUNDS (default 1) passes over the
-# rates, each round rotating the order of the servers. BEFORE=<another checkout> adds a
+# rates, each round rotating the order of the servers, on engine ENGINE (default torch;
+# onnxruntime serves mobilenet_v2 ~3.5x faster on a 2-core CPU). BEFORE=<another checkout> adds a
 # third server, adaptive-before, running that checkout's code (a same-run before/after).
 # Table: python -m benchmarks.adaptive_live_table OUT
 set -euo pipefail
@@ -13,7 +14,7 @@ model=$1 rates=$2 out=$3
 py=${PYTHON:-python}
 duration=${DURATION:-10} rounds=${ROUNDS:-1}
 common=(WATTSERVE_MODEL="$model" WATTSERVE_MAX_BATCH_SIZE="${MAX_BATCH:-16}" WATTSERVE_SLO_MS="${SLO_MS:-100}"
-        WATTSERVE_SLO_PERCENTILE=99 WATTSERVE_GRPC_PORT=0)
+        WATTSERVE_SLO_PERCENTILE=99 WATTSERVE_GRPC_PORT=0 WATTSERVE_ENGINE="${ENGINE:-torch}")
 declare -A port=([adaptive]=18478 [dynamic-5ms]=18479 [adaptive-before]=18477)
 configs=(adaptive dynamic-5ms)
 mkdir -p "$out"

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable
 
 import numpy as np
-from wattserve.batchers.adaptive import calibration_sizes, miss_ceiling
+from wattserve.batchers.adaptive import CAUTION, calibration_sizes, miss_ceiling
 from wattserve.batchers.adaptive_decision import CostView, Objective, QueueState, decide
 from wattserve.batchers.aimd import AimdConfig, next_limit
 from wattserve.batchers.arrival_model import ArrivalModel
@@ -119,7 +119,15 @@ class Adaptive(Policy):
             self._view = CostView(self.costs.curve().tolist(), margin)
         hold = self.backoff.hold_s(self.objective.budget_s)  # as batchers/adaptive.py asks
         state = QueueState(len(queue), t - queue[0])
-        d = decide(state, self._view, self.arrivals.rate(t), self.objective, hold)
+        d = decide(
+            state,
+            self._view,
+            self.arrivals.rate(t),
+            self.objective,
+            hold,
+            sustained_rate=self.arrivals.rates(t)[1],
+            caution=self.backoff.caution(CAUTION),
+        )
         if d.dispatch:
             self._plan = (t, self._view.seconds[min(d.dispatch, len(queue))])
         return (d.dispatch, t) if d.dispatch else (0, t + d.wait_s)

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from wattserve.batchers.adaptive_decision import CostView, Objective, QueueState, allowed_cap, decide, doomed
+from wattserve.batchers.adaptive_decision import (
+    CostView,
+    Objective,
+    QueueState,
+    allowed_cap,
+    decide,
+    doomed,
+    queueing_reserve,
+)
 from wattserve.batchers.arrival_model import ArrivalModel
 from wattserve.batchers.cost_model import CostModel
 
@@ -78,6 +86,40 @@ def test_a_hold_limit_shortens_the_wait_from_the_oldest_arrival_and_the_target_w
     assert done.dispatch == 2 and done.reason == "held enough"
     # the limit is on waiting only: a full queue and a late one go as before
     assert decide(QueueState(MAX, 0.0), VIEW, 400, OBJ, max_hold_s=0.0).dispatch == MAX
+
+
+CPU_LIKE = CostView(affine(1, 4, 16), margin_s=0.0)  # ONNX Runtime's mobilenet_v2 on 2 cores
+CPU_OBJ = Objective(slo_s=0.100, percentile=99, headroom_s=0.010)  # budget 90 ms
+
+
+def test_queueing_reserve_is_nothing_without_caution_and_grows_with_the_load():
+    cap = allowed_cap(CPU_LIKE, CPU_OBJ)  # 45 ms of compute: 11 requests, 4.09 ms each
+    per_request = CPU_LIKE.seconds[cap] / cap
+    assert queueing_reserve(CPU_LIKE, 180, CPU_OBJ, cap, caution=0.0) == 0.0
+    reserves = [
+        queueing_reserve(CPU_LIKE, rate, CPU_OBJ, cap, caution=1.0) for rate in (1, 30, 120, 180, 230)
+    ]
+    assert reserves[0] == 0.0  # rho 0.4%: less likely to queue at all than the 1% allowed to miss
+    assert reserves == sorted(reserves) and reserves[1] > 0
+    rho = 180 * per_request  # M/M/1: the percentile of the wait, ln(rho / 1%) * s / (1 - rho)
+    assert reserves[3] == pytest.approx(np.log(rho / 0.01) * per_request / (1 - rho))
+    assert queueing_reserve(CPU_LIKE, 180, CPU_OBJ, cap, caution=2.0) == pytest.approx(2 * reserves[3])
+    assert queueing_reserve(CPU_LIKE, 1 / per_request, CPU_OBJ, cap, caution=1.0) == float("inf")
+
+
+def test_caution_stops_waiting_near_capacity_but_not_at_low_load():
+    """What the back-off learned (``caution``) weighs by load: near capacity the queue
+    behind a wait would miss, so the queue goes; at low load the wait still pays."""
+    one = QueueState(queued=1, oldest_age_s=0.0)
+    assert decide(one, CPU_LIKE, 180, CPU_OBJ).reason == "wait"  # no misses yet: plans as before
+    near = decide(one, CPU_LIKE, 180, CPU_OBJ, caution=2.0)
+    assert near.dispatch == 1
+    low = decide(one, CPU_LIKE, 30, CPU_OBJ, caution=2.0)
+    assert low.reason == "wait"
+    assert low.wait_s < decide(one, CPU_LIKE, 30, CPU_OBJ).wait_s  # shorter by the reserve
+    # a lull in the last 100 ms does not make the queue behind a busy second shorter
+    lull = decide(one, CPU_LIKE, 30, CPU_OBJ, sustained_rate=180, caution=2.0)
+    assert lull.dispatch == 1
 
 
 def test_more_slack_or_more_traffic_means_a_bigger_target():

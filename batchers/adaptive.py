@@ -62,11 +62,14 @@ log = logging.getLogger("wattserve.batcher.adaptive")
 
 MAX_PENDING_ENERGY = 4096  # batches awaiting their counter window (~1 s of 1 ms batches x 4)
 MAX_WAITS_KEPT = 256  # planned waits awaiting their batch's answer
-# The queueing reserve at the back-off's floor, in M/M/1 percentile waits
-# (adaptive_decision, rule 5). Twice: a shared host's stalls and bursts come in episodes,
-# which a queue with independent service times understates; on the replay of this 2-core
-# host (docs/adaptive.md, "Eleventh session") 1 still missed at 200 req/s, 2 did not.
-CAUTION = 2.0
+# The queueing reserve, in M/M/1 percentile waits (adaptive_decision, rule 5): half of one
+# from the start, so that the first burst at a new, higher load finds some slack (the
+# back-off learns only from misses), rising to two at the back-off's floor (a shared host's
+# stalls and bursts come in episodes, which a queue of independent service times
+# understates). Chosen on the host replays and the simulation (docs/adaptive.md, "Eleventh
+# session"): none from the start cost a live miss at 160 req/s on first contact; the
+# half costs 1-5% engine time at 5-30% load in the simulation.
+CAUTION = (0.5, 2.0)
 
 
 class SloUnreachable(QueueFull):
@@ -180,7 +183,7 @@ class AdaptiveBatcher(SloBatcher):
             self.objective,
             self.max_hold_s(),
             sustained_rate=sustained,
-            caution=self.backoff.caution(CAUTION),
+            caution=self.backoff.caution(*CAUTION),
         )
         self.last_decision = decision
         if decision.dispatch:  # a trade-off against waiting: formed on the loop
@@ -255,7 +258,7 @@ class AdaptiveBatcher(SloBatcher):
         if view.seconds[-1] <= 0:
             return 0.0
         cap = allowed_cap(view, self.objective)
-        return queueing_reserve(view, rate, self.objective, cap, self.backoff.caution(CAUTION))
+        return queueing_reserve(view, rate, self.objective, cap, self.backoff.caution(*CAUTION))
 
     def max_hold_s(self) -> float:
         """The longest a planned wait may hold the oldest request: the budget, scaled

@@ -21,8 +21,8 @@ HTTP and torch threads competing for the same cores. Two loops close that gap:
   waited for as well as the ones inside it. The wait is the only latency the batcher adds
   on purpose, so it is what gives way; the batch-size cap and the deadline keep the
   whole budget, so a backlog still drains in batches as big as the queue. The same cut
-  raises the decision's queueing reserve (``caution``: 0 while the hold is whole, its
-  most at the floor), so what the misses taught carries across loads.
+  raises the decision's queueing reserve (``caution``: its least while the hold is whole,
+  its most at the floor), so what the misses taught carries across loads.
 
 Both are plain data updated on the event loop once per answered batch; deterministic, no
 clock of their own (tests drive them with fake outcomes).
@@ -119,11 +119,11 @@ class MissBackoff:
         """The longest a planned wait may hold a request, for an objective's ``budget_s``."""
         return self.scale * budget_s
 
-    def caution(self, most: float = 1.0) -> float:
-        """How much of a queueing reserve a wait should keep (``most`` at the floor, 0 while
-        the hold is whole): the same misses that cut the hold say the host queues
-        more than the plan allowed for."""
-        return most * (1.0 - self.scale) / (1.0 - self.floor)
+    def caution(self, least: float = 0.0, most: float = 1.0) -> float:
+        """How much of a queueing reserve a wait should keep: ``least`` while the hold is
+        whole, rising to ``most`` at the floor (the same misses that cut the hold say the
+        host queues more than the plan allowed for)."""
+        return least + (most - least) * (1.0 - self.scale) / (1.0 - self.floor)
 
     def miss_ratio(self) -> float:
         """Misses over the requests in the window (0 when empty)."""

@@ -126,7 +126,7 @@ class Adaptive(Policy):
             self.objective,
             hold,
             sustained_rate=self.arrivals.rates(t)[1],
-            caution=self.backoff.caution(CAUTION),
+            caution=self.backoff.caution(*CAUTION),
         )
         if d.dispatch:
             self._plan = (t, self._view.seconds[min(d.dispatch, len(queue))])

@@ -10,7 +10,7 @@ from __future__ import annotations
 from time import monotonic
 
 import pytest
-from wattserve.batchers.adaptive import AdaptiveBatcher, AdaptiveConfig
+from wattserve.batchers.adaptive import CAUTION, AdaptiveBatcher, AdaptiveConfig
 from wattserve.batchers.adaptive_decision import allowed_cap
 from wattserve.batchers.executor import BatchOutcome
 from wattserve.batchers.policy import Dispatch, Wait
@@ -55,7 +55,7 @@ def test_backoff_engages_when_misses_exceed_the_budget_and_recovers_slowly() -> 
     assert backoff.scale == pytest.approx(0.05) and backoff.backoffs > 4
     backoff.record(met=0, missed=6)  # one more cut: the window starts empty
     assert backoff.scale == pytest.approx(0.05) and backoff.miss_ratio() == 0.0
-    assert backoff.caution(most=2.0) == pytest.approx(2.0)  # at the floor: the whole reserve
+    assert backoff.caution(0.5, 2.0) == pytest.approx(2.0)  # at the floor: the whole reserve
     # answers on time again: nothing comes back until a whole window says so
     backoff.record(met=499, missed=0)
     assert backoff.scale == pytest.approx(0.05)
@@ -121,12 +121,12 @@ def test_the_batchers_hold_backs_off_on_misses_and_recovers() -> None:
     batcher = _batcher()
     budget = batcher.objective.budget_s  # 90 ms: 100 less 10% headroom
     assert batcher.max_hold_s() == pytest.approx(budget)
-    assert batcher.backoff.caution() == 0.0  # no misses: no queueing reserve either
+    assert batcher.backoff.caution(*CAUTION) == CAUTION[0]  # no misses: the reserve it starts with
     for _ in range(4):  # 32 requests dispatched in time (10 ms old) but answered 110 ms after arrival
         _answer(batcher, 8, age_at_dispatch=0.010, after_dispatch=0.100)
     assert batcher.backoff.backoffs >= 1
     assert batcher.max_hold_s() <= budget / 2
-    assert batcher.backoff.caution() >= 0.5  # the same cut raises the queueing reserve
+    assert batcher.backoff.caution(*CAUTION) > CAUTION[0]  # the same cut raises the queueing reserve
     for k in range(40):
         batcher.arrivals.arrived(monotonic() - 0.2 + 0.005 * k)  # 200/s: near this engine's capacity
     reserve = {m.name: m for m in batcher.collector("m").collect()}[
@@ -138,7 +138,7 @@ def test_the_batchers_hold_backs_off_on_misses_and_recovers() -> None:
     for _ in range(1600):  # 12,800 requests on time: the hold comes back (5% per 500)
         _answer(batcher, 8, age_at_dispatch=0.005, after_dispatch=0.020)
     assert batcher.max_hold_s() == pytest.approx(budget)
-    assert batcher.backoff.caution() == 0.0
+    assert batcher.backoff.caution(*CAUTION) == pytest.approx(CAUTION[0])
     metrics = {m.name: m for m in batcher.collector("m").collect()}
     hold = metrics["wattserve_adaptive_max_hold_seconds"].samples[0].value
     assert hold == pytest.approx(budget)

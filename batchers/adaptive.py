@@ -68,7 +68,7 @@ MAX_WAITS_KEPT = 256  # planned waits awaiting their batch's answer
 # stalls and bursts come in episodes, which a queue of independent service times
 # understates). Chosen on the host replays and the simulation (docs/adaptive.md, "Eleventh
 # session"): none from the start cost a live miss at 160 req/s on first contact; the
-# half costs 1-5% engine time at 5-30% load in the simulation.
+# half costs 1-8% engine time at 5-30% load in the simulation.
 CAUTION = (0.5, 2.0)
 
 

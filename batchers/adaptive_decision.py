@@ -22,17 +22,17 @@ Each time an engine instance is free and requests are queued: dispatch ``n`` now
    for its own, so waiting is only for batches whose compute fits in half the budget.
    (Batches larger than ``cap`` still go when that many are already queued.)
 5. Queueing reserve (``caution``): a wait idles the engine, and near capacity the requests
-   that arrive after it queue behind the batch it built. While the plan's misses stay
-   within the percentile's allowance the reserve is 0 (a quiet engine's queue clears in
-   one batch, and the plan alone meets the objective); as the miss back-off cuts the hold
-   (6. below) it keeps back, out of a wait's slack, up to ``caution`` times the
-   percentile of an M/M/1 queue's wait, ``ln(rho / miss) * s / (1 - rho)``, at the load
-   ``rho`` the plan's cheapest batch (``cap``, ``s`` seconds per request) would carry the
-   arrival rate at (the higher of the short and the long window's: a lull does not make
-   the queue behind a burst shorter). ``rho / (1 - rho)`` makes what the back-off learns
-   carry across loads: the reserve learned at 160 req/s is small at 30 and large at 200,
-   where the hold alone, one figure for every load, came back at low load and was
-   missed again at high load.
+   that arrive after it queue behind the batch it built. A wait keeps back, out of its
+   slack, ``caution`` times the percentile of an M/M/1 queue's wait,
+   ``ln(rho / miss) * s / (1 - rho)``, at the load ``rho`` the plan's cheapest batch
+   (``cap``, ``s`` seconds per request) would carry the arrival rate at (the higher of
+   the short and the long window's: a lull does not make the queue behind a burst
+   shorter). The batcher's ``caution`` is 0.5 while its misses
+   stay within the percentile's allowance and rises to 2 as the miss back-off cuts the
+   hold (6. below; ``CAUTION`` in ``adaptive.py``); ``rho / (1 - rho)`` makes what it
+   learns carry across loads: the reserve learned at 160 req/s is small at 30 and large
+   at 200, where the hold alone, one figure for every load, came back at low load and
+   was missed again at high load.
 6. ``max_hold_s``: no wait holds the oldest request past this age (its time queued behind
    a running batch included, as a dynamic batcher's delay counts from arrival). The
    batcher's miss back-off sets it: the whole budget while the objective holds, down to a

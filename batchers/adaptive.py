@@ -174,8 +174,7 @@ class AdaptiveBatcher(SloBatcher):
         oldest = queue.oldest_arrival()
         assert oldest is not None  # asked only with something queued
         with self._arrivals_lock:
-            rate = self.arrivals.rate(now)
-            sustained = self.arrivals.rates(now)[1]
+            rate, sustained = self.arrivals.rate_and_long(now)
         decision = decide_batch(
             QueueState(queued, now - oldest),
             self.cost_view(),
@@ -253,7 +252,7 @@ class AdaptiveBatcher(SloBatcher):
         """What a wait would keep back for queueing at the current arrival rate (a metric:
         the decision computes the same from its own inputs)."""
         with self._arrivals_lock:
-            rate = max(self.arrivals.rates(monotonic()))
+            rate = max(self.arrivals.rate_and_long(monotonic()))  # as decide() sizes it
         view = self.cost_view()
         if view.seconds[-1] <= 0:
             return 0.0

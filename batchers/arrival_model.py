@@ -51,7 +51,10 @@ class ArrivalModel:
 
     def rate(self, now: float) -> float:
         """The short-window rate when it holds ``min_short`` arrivals, else the long one."""
-        if self._start is None:
-            return 0.0
+        return self.rate_and_long(now)[0]
+
+    def rate_and_long(self, now: float) -> tuple[float, float]:
+        """(``rate``, long-window rate) from one pass over the windows: the decision plans
+        with the first and sizes its queueing reserve with the larger of the two."""
         short, long_ = self.rates(now)
-        return short if len(self._short.times) >= self.min_short else long_
+        return (short if len(self._short.times) >= self.min_short else long_), long_

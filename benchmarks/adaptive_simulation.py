@@ -119,13 +119,14 @@ class Adaptive(Policy):
             self._view = CostView(self.costs.curve().tolist(), margin)
         hold = self.backoff.hold_s(self.objective.budget_s)  # as batchers/adaptive.py asks
         state = QueueState(len(queue), t - queue[0])
+        rate, sustained = self.arrivals.rate_and_long(t)
         d = decide(
             state,
             self._view,
-            self.arrivals.rate(t),
+            rate,
             self.objective,
             hold,
-            sustained_rate=self.arrivals.rates(t)[1],
+            sustained_rate=sustained,
             caution=self.backoff.caution(*CAUTION),
         )
         if d.dispatch:

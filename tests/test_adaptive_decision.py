@@ -266,6 +266,7 @@ def test_arrival_rate_sees_a_burst_at_once_and_steadies_on_the_long_window():
     assert m.rate(t) == pytest.approx(1000, rel=0.15)
     _, long_ = m.rates(t)
     assert long_ < 200
+    assert m.rate_and_long(t) == (m.rate(t), long_)  # one pass, the same two figures
     quiet = t + 1.0  # a second of silence: too few in the short window, the long one speaks
     assert m.rate(quiet) == pytest.approx(m.rates(quiet)[1])
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,9 @@ REQUEST = "wattserve_request_duration_seconds"
 REQUESTS = "wattserve_requests_total"
 # Telemetry (telemetry/metrics.py); every figure is optional and None when absent.
 TELEMETRY_PREFIXES = ("wattserve_gpu_", "wattserve_cpu_", "wattserve_energy_", "wattserve_rapl_")
+# The batching policy's own state (batchers/*: adaptive's margins, hold and reserve, AIMD's
+# limit, the objective's counters): why a run's batches came out as they did.
+POLICY_PREFIXES = ("wattserve_adaptive_", "wattserve_aimd_", "wattserve_slo_")
 GPU_AVAILABLE = "wattserve_gpu_telemetry_available"
 GPU_POWER = "wattserve_gpu_power_watts"  # labels gpu, source=nvml_average|nvml_instant
 GPU_ENERGY = "wattserve_gpu_energy_joules_total"  # labels gpu, source
@@ -72,6 +75,11 @@ def is_telemetry(family: str) -> bool:
     return family.startswith(TELEMETRY_PREFIXES) or ("energy" in family and "joules" in family)
 
 
+def is_policy(family: str) -> bool:
+    """The batching policy's own families (``POLICY_PREFIXES``)."""
+    return family.startswith(POLICY_PREFIXES)
+
+
 def window_stats(
     start: Snapshot,
     end: Snapshot,
@@ -99,6 +107,7 @@ def window_stats(
         "requests_by_outcome": delta.by_label(REQUESTS, "outcome"),
     }
     out.update(_telemetry(delta, inside, inferences))
+    out["policy"] = _series_table(delta, inside, inferences, is_policy)
     return out
 
 
@@ -169,7 +178,7 @@ class _Delta:
 
 def _telemetry(delta: _Delta, inside: Sequence[Snapshot], inferences: float | None) -> dict[str, Any]:
     """Energy and device figures over the window, from whichever telemetry metrics exist."""
-    table = _telemetry_table(delta, inside, inferences)
+    table = _series_table(delta, inside, inferences, is_telemetry)
     energy, source = None, None
     state = delta.by_label(ENERGY_STATE, "state")  # busy/idle energy of the metered devices
     gpu_energy = delta.total(GPU_ENERGY)
@@ -201,13 +210,14 @@ def _telemetry(delta: _Delta, inside: Sequence[Snapshot], inferences: float | No
     }
 
 
-def _telemetry_table(
-    delta: _Delta, inside: Sequence[Snapshot], inferences: float | None
+def _series_table(
+    delta: _Delta, inside: Sequence[Snapshot], inferences: float | None, keep: Callable[[str], bool]
 ) -> list[dict[str, Any]]:
-    """One row per telemetry series: gauge mean/min/max, counter delta, histogram mean."""
+    """One row per series of the families ``keep`` selects: gauge mean/min/max over the
+    window's scrapes, counter delta, histogram mean."""
     rows: list[dict[str, Any]] = []
     for family, kind in sorted(delta.end.types.items()):
-        if not is_telemetry(family):
+        if not keep(family):
             continue
         if kind == "gauge":
             for labels, _ in delta.end.samples(family):

@@ -161,3 +161,30 @@ def test_unavailable_gpu_reports_no_figures() -> None:
     assert w["gpu_telemetry_available"] is False
     assert w["energy_per_inference_j"] is None and w["energy_source"] is None
     assert w["gpu_power_w"] is None and w["gpu_utilization"] is None
+
+
+def test_policy_state_is_kept_per_window_apart_from_telemetry() -> None:
+    """The batcher's own gauges and counters (adaptive's hold and reserve, the objective's
+    counts) come back per run, so a run's batches can be explained after the fact."""
+    reg = CollectorRegistry()
+    m = ServingMetrics("m", "adaptive", reg)
+    hold = Gauge("wattserve_adaptive_max_hold_seconds", "h", ["model", "batcher"], registry=reg)
+    slo = Counter("wattserve_slo_requests", "s", ["model", "batcher", "outcome"], registry=reg)
+    hold.labels("m", "adaptive").set(0.09)
+    slo.labels("m", "adaptive", "met").inc(5)
+    start = scrape(reg)
+    m.observe_batch(4, 0.01)
+    hold.labels("m", "adaptive").set(0.045)
+    middle = scrape(reg)
+    slo.labels("m", "adaptive", "met").inc(3)
+    slo.labels("m", "adaptive", "missed").inc(1)
+    end = scrape(reg)
+
+    w = window_stats(start, end, [(0.0, start), (1.0, middle), (2.0, end)], (0.0, 2.0))
+    rows = {(r["name"], r["labels"].get("outcome")): r for r in w["policy"]}
+    gauge = rows[("wattserve_adaptive_max_hold_seconds", None)]
+    assert (gauge["min"], gauge["max"]) == (0.045, 0.09)
+    assert gauge["mean"] == pytest.approx((0.09 + 0.045 + 0.045) / 3)
+    assert rows[("wattserve_slo_requests_total", "met")]["delta"] == 3
+    assert rows[("wattserve_slo_requests_total", "missed")]["delta"] == 1
+    assert w["telemetry"] == []  # policy state is not device telemetry

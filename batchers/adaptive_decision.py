@@ -38,6 +38,14 @@ Each time an engine instance is free and requests are queued: dispatch ``n`` now
    batcher's miss back-off sets it: the whole budget while the objective holds, down to a
    few milliseconds while more requests miss than the percentile allows
    (``slo_feedback.MissBackoff``).
+7. A lone request (``pairing_wait``): where 3. would send one request alone (near
+   capacity, the reserve leaves no room for a planned wait), it waits instead for a
+   second one, if a pair costs less per request: each wait at most the time its own batch
+   would hold the engine, re-decided when it ends, while the pair still fits the slack
+   (reserve aside) and the hold. A request arriving in that time would queue behind the
+   lone one and then run alone too; paired, the engine saves ``2 * seconds[1] -
+   seconds[2]``, which near capacity is what the queue behind needs (a dynamic batcher's
+   fixed delay does the same, at every load).
 
 ``budget`` = objective - headroom (time outside the batcher: HTTP, network); ``margin`` is
 the cost model's percentile of prediction error, so the objective's percentile survives
@@ -193,10 +201,15 @@ def decide(
         return Decision(now_n, 0.0, now_n, "cap")
     value = cost.values()
     here = now_n / value[now_n] if value[now_n] > 0 else math.inf
-    slack -= queueing_reserve(cost, max(arrival_rate, sustained_rate), objective, cap, caution)
-    bigger = [k for k in range(now_n + 1, cap + 1) if seconds[k] <= slack]
+    reserved = slack - queueing_reserve(cost, max(arrival_rate, sustained_rate), objective, cap, caution)
+    bigger = [k for k in range(now_n + 1, cap + 1) if seconds[k] <= reserved]
     if not bigger or max(k / value[k] if value[k] > 0 else math.inf for k in bigger) <= here * (1 + 1e-9):
+        if now_n == 1:
+            pair = pairing_wait(queue, cost, value, slack, arrival_rate, max_hold_s)
+            if pair is not None:
+                return pair
         return Decision(now_n, 0.0, now_n, "efficient now")
+    slack = reserved
     # Plan the wait for the batch expected at its end, not just one more request: wait w
     # with slack = w + compute(queued + arrivals expected in w). At low rates that is
     # nearly the whole slack; near capacity it is short, so the engine does not idle while
@@ -219,6 +232,36 @@ def decide(
     if arrival_rate <= 0 or -math.expm1(-arrival_rate * wait) < MIN_CHANCE:
         return Decision(now_n, 0.0, now_n, "nobody coming")
     return Decision(0, wait, planned, "wait")
+
+
+def pairing_wait(
+    queue: QueueState,
+    cost: CostView,
+    value: Sequence[float],
+    slack: float,
+    arrival_rate: float,
+    max_hold_s: float,
+) -> Decision | None:
+    """Rule 7: a lone request that rule 3 would send now waits for a second one instead,
+    where a pair costs less per request: each wait at most the time its own batch would
+    hold the engine (a request arriving then would queue behind it anyway, and then run
+    alone), and only while the pair still fits ``slack`` (the oldest request's, without
+    the queueing reserve) and the back-off's hold. Each wait re-decides when it ends, so a
+    lone request keeps looking for a partner within those bounds while one is at least
+    ``MIN_CHANCE`` likely to come; paired, the engine saves ``2 * seconds[1] - seconds[2]``,
+    which near capacity is what the queue behind needs (a dynamic batcher's delay does
+    the same, at every load)."""
+    seconds = cost.seconds
+    if (
+        cost.max_batch_size < 2
+        or value[2] <= 0
+        or 2 / value[2] <= (1 / value[1] if value[1] > 0 else math.inf)
+    ):
+        return None
+    wait = min(seconds[1], slack - seconds[2], max_hold_s - queue.oldest_age_s)
+    if wait < MIN_WAIT_S or -math.expm1(-arrival_rate * wait) < MIN_CHANCE:
+        return None
+    return Decision(0, wait, 2, "pair")
 
 
 def doomed(ages_s: Sequence[float], cost: CostView, objective: Objective, instances: int = 1) -> list[int]:

@@ -32,7 +32,9 @@ GPU_LIKE = affine(10, 0.5)  # identity's benchmark curve: 10 ms + 0.5 ms per ite
 VIEW = CostView(GPU_LIKE, margin_s=0.002)
 
 
-def simulate(rate: float, seconds: float, view: CostView, objective: Objective, seed: int = 0):
+def simulate(
+    rate: float, seconds: float, view: CostView, objective: Objective, seed: int = 0, caution: float = 0.0
+):
     """One engine instance, Poisson arrivals at ``rate``; returns (latencies, batch sizes).
 
     The engine really takes ``view.seconds[b]`` (the model is exact): what is tested is
@@ -48,7 +50,7 @@ def simulate(rate: float, seconds: float, view: CostView, objective: Objective, 
         if nxt == head:  # nothing queued: idle until the next arrival
             t = arrivals[nxt]
             continue
-        d = decide(QueueState(nxt - head, t - arrivals[head]), view, rate, objective)
+        d = decide(QueueState(nxt - head, t - arrivals[head]), view, rate, objective, caution=caution)
         if d.dispatch:
             batch = arrivals[head : head + d.dispatch]
             t += view.seconds[d.dispatch]
@@ -111,15 +113,48 @@ def test_caution_stops_waiting_near_capacity_but_not_at_low_load():
     """What the back-off learned (``caution``) weighs by load: near capacity the queue
     behind a wait would miss, so the queue goes; at low load the wait still pays."""
     one = QueueState(queued=1, oldest_age_s=0.0)
-    assert decide(one, CPU_LIKE, 180, CPU_OBJ).reason == "wait"  # no misses yet: plans as before
+    planned = decide(one, CPU_LIKE, 180, CPU_OBJ)
+    assert planned.reason == "wait" and planned.target > 2  # no misses yet: plans as before
     near = decide(one, CPU_LIKE, 180, CPU_OBJ, caution=2.0)
-    assert near.dispatch == 1
+    assert near.reason == "pair" and near.target == 2  # no planned wait: at most a pair (rule 7)
+    assert near.wait_s < planned.wait_s
+    assert decide(QueueState(2, 0.0), CPU_LIKE, 180, CPU_OBJ, caution=2.0).dispatch == 2
     low = decide(one, CPU_LIKE, 30, CPU_OBJ, caution=2.0)
     assert low.reason == "wait"
     assert low.wait_s < decide(one, CPU_LIKE, 30, CPU_OBJ).wait_s  # shorter by the reserve
     # a lull in the last 100 ms does not make the queue behind a busy second shorter
     lull = decide(one, CPU_LIKE, 30, CPU_OBJ, sustained_rate=180, caution=2.0)
-    assert lull.dispatch == 1
+    assert lull.reason == "pair"
+
+
+def test_a_lone_request_near_capacity_waits_for_a_pair_no_longer_than_its_own_batch():
+    """Rule 7: where the queueing reserve leaves no room for a planned wait, a request alone
+    waits at most the time its own batch would hold the engine (a request arriving then
+    would queue behind it anyway), and only where a pair is cheaper per request."""
+    one = QueueState(queued=1, oldest_age_s=0.0)
+    pair = decide(one, CPU_LIKE, 180, CPU_OBJ, caution=2.0)
+    assert pair.dispatch == 0 and pair.wait_s == pytest.approx(CPU_LIKE.seconds[1])
+    # the back-off's hold bounds it as it bounds any wait, from the oldest arrival
+    held = decide(QueueState(1, 0.001), CPU_LIKE, 180, CPU_OBJ, max_hold_s=0.003, caution=2.0)
+    assert held.reason == "pair" and held.wait_s == pytest.approx(0.002)
+    assert decide(QueueState(1, 0.003), CPU_LIKE, 180, CPU_OBJ, max_hold_s=0.003, caution=2.0).dispatch == 1
+    # and the pair must still fit the objective: late, the lone request goes
+    late = QueueState(1, CPU_OBJ.budget_s - CPU_LIKE.seconds[2] - 0.001)
+    short = decide(late, CPU_LIKE, 180, CPU_OBJ, caution=2.0)
+    assert short.reason == "pair" and short.wait_s == pytest.approx(0.001)
+    assert decide(QueueState(1, late.oldest_age_s + 0.001), CPU_LIKE, 180, CPU_OBJ, caution=2.0).dispatch == 1
+    # where a pair costs exactly twice a single, pairing saves nothing: no wait
+    linear = CostView(affine(0, 4, 16))
+    assert decide(one, linear, 180, CPU_OBJ, caution=2.0).reason == "efficient now"
+
+
+def test_near_capacity_no_request_runs_alone_and_the_objective_holds():
+    """At 190 requests/s batches of one would keep the engine 95% busy; at the back-off's
+    full caution no wait is planned (without rule 7, over half the batches here were of
+    one, at 4% more engine time per request); pairs, within the objective."""
+    latencies, sizes = simulate(190, 60, CPU_LIKE, CPU_OBJ, seed=3, caution=2.0)
+    assert np.percentile(latencies, 99) <= CPU_OBJ.budget_s
+    assert (sizes == 1).sum() == 0 and sizes.mean() > 2
 
 
 def test_more_slack_or_more_traffic_means_a_bigger_target():

@@ -43,6 +43,7 @@ from wattserve.batchers.adaptive_decision import (
     allowed_cap,
     doomed,
     queueing_reserve,
+    split_size,
 )
 from wattserve.batchers.adaptive_decision import Decision as AdaptiveDecision
 from wattserve.batchers.adaptive_decision import decide as decide_batch
@@ -167,8 +168,9 @@ class AdaptiveBatcher(SloBatcher):
         queued = queue.head(full).rows
         wait_until, self._wait_until = self._wait_until, None  # a planned wait is over either way
         if queued >= full:
+            self.cost_view()  # cached; its rebuild sets ``_full`` (a full batch, or its split)
             self.last_decision = self._full
-            return Dispatch(full)
+            return Dispatch(self._full.dispatch)
         if view.closing:
             return Dispatch(full, complete=False)
         oldest = queue.oldest_arrival()
@@ -215,9 +217,11 @@ class AdaptiveBatcher(SloBatcher):
             joules = self.costs.joule_curve() if mode == "joules" else None
             sizes = [padded_size(b, self._engine_sizes) for b in range(n + 1)]
             sizes = [min(s, n) for s in sizes]
-            seconds = np.maximum.accumulate(curve[sizes])
+            seconds = np.maximum.accumulate(curve[sizes]).tolist()
+            first = split_size(seconds, n)
+            self._full = AdaptiveDecision(first, 0.0, first, "full" if first == n else "split")
             self._view = CostView(
-                seconds=seconds.tolist(),
+                seconds=seconds,
                 margin_s=max(self.costs.margin(), self.latency.margin()),
                 joules=None if joules is None else np.maximum.accumulate(joules[sizes]).tolist(),
                 idle_w=self.costs.idle_watts,

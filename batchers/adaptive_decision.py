@@ -46,6 +46,13 @@ Each time an engine instance is free and requests are queued: dispatch ``n`` now
    lone one and then run alone too; paired, the engine saves ``2 * seconds[1] -
    seconds[2]``, which near capacity is what the queue behind needs (a dynamic batcher's
    fixed delay does the same, at every load).
+8. Split (``split_size``): whatever 1-7 send at once goes as two batches, the larger
+   part first, where the two take less engine time than the one (by 3% at least): the
+   first part is answered sooner, the rest no later, and a backlog drains faster. Where
+   the cost per request rises at the top of the curve (served on a shared CPU, batches of
+   16 cost 5-10% more per image than batches of 8), full batches are not what maximizes
+   throughput in overload. Decided in engine seconds, also in joule mode: it is about
+   draining a queue.
 
 ``budget`` = objective - headroom (time outside the batcher: HTTP, network); ``margin`` is
 the cost model's percentile of prediction error, so the objective's percentile survives
@@ -78,6 +85,7 @@ from dataclasses import dataclass
 MIN_WAIT_S = 0.0002  # a shorter wait costs more in wake-ups than it can gain
 MAX_MARGIN_SHARE = 0.25  # of the budget
 MIN_CHANCE = 0.05  # wait only if at least this likely to bring one more request
+SPLIT_GAIN = 0.03  # of the one batch's engine time: less is within a cost model's noise
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +189,41 @@ def decide(
     caution: float = 0.0,
 ) -> Decision:
     """Dispatch now, or wait for a bigger batch (see the module docstring)."""
+    decision = _plan(queue, cost, arrival_rate, objective, max_hold_s, sustained_rate, caution)
+    if decision.dispatch > 1:
+        first = split_size(cost.seconds, decision.dispatch)
+        if first < decision.dispatch:
+            return Decision(first, 0.0, first, "split")
+    return decision
+
+
+def split_size(seconds: Sequence[float], n: int) -> int:
+    """Rule 8: how many of ``n`` requests about to go should go first. All of them, unless
+    two batches, ``k`` and then the other ``n - k``, take less engine time than one of
+    ``n`` (by ``SPLIT_GAIN`` at least): then the first ``k`` are answered sooner and the
+    rest no later, and a backlog drains faster. A curve whose cost per request rises at
+    the top does this (measured on this host, ONNX Runtime, while serving: 4.6-4.7 ms
+    per image at 8, 4.9-5.1 at 16); an affine one never does."""
+    if n < 2 or seconds[n] <= 0:
+        return n
+    first, best = n, seconds[n] * (1 - SPLIT_GAIN)
+    for k in range(n - 1, (n - 1) // 2, -1):  # the larger part first; of equals, the larger
+        both = seconds[k] + seconds[n - k]
+        if both < best * (1 - 1e-9):
+            first, best = k, both
+    return first
+
+
+def _plan(
+    queue: QueueState,
+    cost: CostView,
+    arrival_rate: float,
+    objective: Objective,
+    max_hold_s: float,
+    sustained_rate: float,
+    caution: float,
+) -> Decision:
+    """Rules 1-7 (the module docstring)."""
     full = cost.max_batch_size
     queued = queue.queued
     if queued <= 0:

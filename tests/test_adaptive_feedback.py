@@ -227,3 +227,18 @@ def test_decide_marks_the_batches_that_waited() -> None:
     fresh.push(late)
     assert isinstance(batcher.decide(_View(fresh), now + 0.081), Dispatch)  # 80 ms old: at once
     assert set(batcher._waits) == {first.arrival}
+
+
+def test_a_full_queue_goes_split_where_the_learned_curve_says_two_batches_are_faster() -> None:
+    """The batcher's shortcut for a full queue takes rule 8 from the cost view: 8 requests
+    at 6 ms each cost 48 ms at once but 2 x 20 ms as 4 + 4."""
+    batcher = _batcher()
+    queue = PriorityFifo()
+    now = monotonic()
+    for _ in range(8):
+        queue.push(WorkItem({}, arrival=now))
+    assert batcher.decide(_View(queue), now) == Dispatch(8)
+    batcher.costs.seed({1: 0.005, 2: 0.010, 4: 0.020, 8: 0.048})
+    batcher._view = None  # as after any learned batch
+    assert batcher.decide(_View(queue), now) == Dispatch(4)
+    assert batcher.last_decision is not None and batcher.last_decision.reason == "split"

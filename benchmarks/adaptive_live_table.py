@@ -6,8 +6,10 @@ Why a pooled row: the p99 of one 10-second run at 45 req/s is its 5th-worst requ
 ~400, so two runs of one configuration differ by tens of milliseconds; pooling the rounds'
 requests (same server, same rate) gives the percentile on thousands. "meets" = the
 percentile <= the objective and attainment >= the percentile (requests answered 200 within
-the objective / requests sent in the measured windows: a 503 counts as a miss). Prints
-markdown and writes OUT/table.json.
+the objective / requests sent in the measured windows: a 503 counts as a miss). Where the
+run recorded the adaptive batcher's own series (the load generator's ``server.policy``),
+the least hold a wait had during the run and the back-offs in it say whether the miss
+back-off was acting. Prints markdown and writes OUT/table.json.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def read_run(folder: Path, slo_ms: float) -> dict:
                 latencies.append(latency)
                 ok_within += latency <= slo_ms
     server = result.get("server") or {}
+    policy = {r["name"]: r for r in server.get("policy") or [] if not r.get("labels", {}).get("outcome")}
+    hold = policy.get("wattserve_adaptive_max_hold_seconds", {}).get("min")
     return {
         "latencies": latencies,
         "within": ok_within,
@@ -48,6 +52,9 @@ def read_run(folder: Path, slo_ms: float) -> dict:
             n for status, n in (result.get("errors_by_status") or {}).items() if status in ("503", "429")
         ),
         "valid": bool(result.get("valid")),
+        # the adaptive batcher's own state over the run (loadgen's ``server.policy``)
+        "hold_ms": None if hold is None else 1000 * hold,
+        "backoffs": policy.get("wattserve_adaptive_backoffs_total", {}).get("delta"),
     }
 
 
@@ -57,6 +64,8 @@ def row(config: str, rate: float, label: str, runs: list[dict], slo_ms: float, p
     tail = float(np.percentile(latencies, percentile)) if len(latencies) else float("inf")
     attainment = sum(r["within"] for r in runs) / sent if sent else 0.0
     batches = [r["batch"] for r in runs if r["batch"] is not None]
+    holds = [r["hold_ms"] for r in runs if r.get("hold_ms") is not None]
+    backoffs = [r["backoffs"] for r in runs if r.get("backoffs") is not None]
     return {
         "config": config,
         "rate": rate,
@@ -69,6 +78,8 @@ def row(config: str, rate: float, label: str, runs: list[dict], slo_ms: float, p
         "rejected": sum(r["rejected"] for r in runs),
         "valid": all(r["valid"] for r in runs),
         "meets": tail <= slo_ms and attainment >= percentile / 100,
+        "min_hold_ms": min(holds) if holds else None,
+        "backoffs": sum(backoffs) if backoffs else None,
     }
 
 
@@ -91,16 +102,19 @@ def table(out: Path, slo_ms: float, percentile: float) -> list[dict]:
 def markdown(rows: list[dict], percentile: float) -> str:
     p = f"p{percentile:g}"
     lines = [
-        f"| rate/s | config | run | requests | {p} ms | attainment | mean batch | throughput/s | 503s | valid | meets |",
-        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+        f"| rate/s | config | run | requests | {p} ms | attainment | mean batch | throughput/s | 503s | valid | meets "
+        "| min hold ms | back-offs |",
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |",
     ]
     for r in rows:
         batch = "-" if r["mean_batch"] is None else f"{r['mean_batch']:.2f}"
         meets = ("**yes**" if r["run"] == "pooled" else "yes") if r["meets"] else "no"
+        hold = "-" if r.get("min_hold_ms") is None else f"{r['min_hold_ms']:.1f}"
+        backoffs = "-" if r.get("backoffs") is None else f"{r['backoffs']:g}"
         lines.append(
             f"| {r['rate']:g} | {r['config']} | {r['run']} | {r['requests']} | {r['tail_ms']:,.0f} | "
             f"{r['attainment']:.1%} | {batch} | {r['throughput']:.1f} | {r['rejected']} | "
-            f"{'yes' if r['valid'] else 'no'} | {meets} |"
+            f"{'yes' if r['valid'] else 'no'} | {meets} | {hold} | {backoffs} |"
         )
     return "\n".join(lines)
 

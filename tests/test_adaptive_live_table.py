@@ -12,7 +12,12 @@ from benchmarks.adaptive_live_table import markdown, table
 
 
 def _run(
-    out: Path, name: str, latencies_ms: list[float], statuses: list[int] | None = None, batch: float = 2.0
+    out: Path,
+    name: str,
+    latencies_ms: list[float],
+    statuses: list[int] | None = None,
+    batch: float = 2.0,
+    policy: list[dict] | None = None,
 ) -> None:
     folder = out / name
     folder.mkdir(parents=True)
@@ -30,7 +35,7 @@ def _run(
         "achieved_rate": 40.0,
         "valid": True,
         "errors_by_status": errors,
-        "server": {"avg_batch_size": batch},
+        "server": {"avg_batch_size": batch, **({"policy": policy} if policy is not None else {})},
     }
     (folder / "results.json").write_text(json.dumps({"runs": [run]}))
 
@@ -59,3 +64,25 @@ def test_a_refusal_counts_against_attainment_not_in_the_latency(tmp_path: Path) 
     (row,) = table(tmp_path, slo_ms=100, percentile=99)
     assert row["rejected"] == 10 and row["attainment"] == pytest.approx(0.9)
     assert row["tail_ms"] == pytest.approx(60.0) and not row["meets"]
+
+
+def test_the_adaptive_batchers_own_state_is_shown_where_the_run_recorded_it(tmp_path: Path) -> None:
+    def policy(hold_min_s: float, backoffs: float) -> list[dict]:  # as loadgen's promwindow writes it
+        return [
+            {"name": "wattserve_adaptive_max_hold_seconds", "labels": {}, "type": "gauge",
+             "mean": 0.05, "min": hold_min_s, "max": 0.09},
+            {"name": "wattserve_adaptive_backoffs_total", "labels": {}, "type": "counter", "delta": backoffs},
+            {"name": "wattserve_slo_requests_total", "labels": {"outcome": "met"}, "type": "counter", "delta": 99},
+        ]  # fmt: skip
+
+    _run(tmp_path, "adaptive-45-r1", [50.0] * 100, policy=policy(0.0045, 3))
+    _run(tmp_path, "adaptive-45-r2", [50.0] * 100, policy=policy(0.0225, 1))
+    _run(tmp_path, "dynamic-5ms-45-r1", [40.0] * 100)
+    rows = table(tmp_path, slo_ms=100, percentile=99)
+    by = {(r["config"], r["run"]): r for r in rows}
+    assert by["adaptive", "r1"]["min_hold_ms"] == pytest.approx(4.5)
+    assert by["adaptive", "pooled"]["min_hold_ms"] == pytest.approx(4.5)
+    assert by["adaptive", "pooled"]["backoffs"] == 4
+    assert by["dynamic-5ms", "r1"]["min_hold_ms"] is None  # no such series: shown as "-"
+    text = markdown(rows, 99)
+    assert "| yes | **yes** | 4.5 | 4 |" in text and "| yes | yes | - | - |" in text

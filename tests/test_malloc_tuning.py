@@ -25,9 +25,13 @@ batch = {"input": np.zeros((16, 3, 224, 224), dtype=np.float32)}
 out = {}
 def run():
     engine.infer(batch); engine.infer(batch)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    engine.infer(batch); engine.infer(batch)
-    out["faults_per_call"] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 2
+    faults = []
+    for _ in range(5):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        engine.infer(batch)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    out["faults_per_call"] = sorted(faults)[2]  # the median call: a one-off growth (a pool, a
+    # scratch buffer: ~1,200 faults, in one call of some runs) is not the every-call cost
 worker = threading.Thread(target=run)  # the engine runs on its own thread in the server
 worker.start(); worker.join()
 print(json.dumps(out))

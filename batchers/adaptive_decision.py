@@ -247,8 +247,8 @@ def _plan(
     reserved = slack - queueing_reserve(cost, max(arrival_rate, sustained_rate), objective, cap, caution)
     bigger = [k for k in range(now_n + 1, cap + 1) if seconds[k] <= reserved]
     if not bigger or max(k / value[k] if value[k] > 0 else math.inf for k in bigger) <= here * (1 + 1e-9):
-        if now_n == 1:
-            pair = pairing_wait(queue, cost, value, slack, arrival_rate, max_hold_s)
+        if now_n == 1:  # and so cap >= 2
+            pair = pairing_wait(queue, cost, value, here, slack, arrival_rate, max_hold_s)
             if pair is not None:
                 return pair
         return Decision(now_n, 0.0, now_n, "efficient now")
@@ -281,6 +281,7 @@ def pairing_wait(
     queue: QueueState,
     cost: CostView,
     value: Sequence[float],
+    alone: float,
     slack: float,
     arrival_rate: float,
     max_hold_s: float,
@@ -295,11 +296,7 @@ def pairing_wait(
     which near capacity is what the queue behind needs (a dynamic batcher's delay does
     the same, at every load)."""
     seconds = cost.seconds
-    if (
-        cost.max_batch_size < 2
-        or value[2] <= 0
-        or 2 / value[2] <= (1 / value[1] if value[1] > 0 else math.inf)
-    ):
+    if value[2] <= 0 or 2 / value[2] <= alone:  # ``alone``: requests per unit as a batch of one
         return None
     wait = min(seconds[1], slack - seconds[2], max_hold_s - queue.oldest_age_s)
     if wait < MIN_WAIT_S or -math.expm1(-arrival_rate * wait) < MIN_CHANCE:

@@ -40,8 +40,7 @@ def read_run(folder: Path, slo_ms: float) -> dict:
                 latencies.append(latency)
                 ok_within += latency <= slo_ms
     server = result.get("server") or {}
-    policy = {r["name"]: r for r in server.get("policy") or [] if not r.get("labels", {}).get("outcome")}
-    hold = policy.get("wattserve_adaptive_max_hold_seconds", {}).get("min")
+    hold = policy_figure(server, "wattserve_adaptive_max_hold_seconds", "min")
     return {
         "latencies": latencies,
         "within": ok_within,
@@ -54,8 +53,14 @@ def read_run(folder: Path, slo_ms: float) -> dict:
         "valid": bool(result.get("valid")),
         # the adaptive batcher's own state over the run (loadgen's ``server.policy``)
         "hold_ms": None if hold is None else 1000 * hold,
-        "backoffs": policy.get("wattserve_adaptive_backoffs_total", {}).get("delta"),
+        "backoffs": policy_figure(server, "wattserve_adaptive_backoffs_total", "delta"),
     }
+
+
+def policy_figure(server: dict, name: str, key: str) -> float | None:
+    """One figure of the batcher's own series over the run (the load generator's
+    ``server.policy`` rows), None where the run did not record it."""
+    return next((r.get(key) for r in server.get("policy") or [] if r["name"] == name), None)
 
 
 def row(config: str, rate: float, label: str, runs: list[dict], slo_ms: float, percentile: float) -> dict:

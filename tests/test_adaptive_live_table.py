@@ -67,12 +67,15 @@ def test_a_refusal_counts_against_attainment_not_in_the_latency(tmp_path: Path) 
 
 
 def test_the_adaptive_batchers_own_state_is_shown_where_the_run_recorded_it(tmp_path: Path) -> None:
+    ours = {"model": "mobilenet_v2", "batcher": "adaptive"}
+
     def policy(hold_min_s: float, backoffs: float) -> list[dict]:  # as loadgen's promwindow writes it
         return [
-            {"name": "wattserve_adaptive_max_hold_seconds", "labels": {}, "type": "gauge",
+            {"name": "wattserve_adaptive_max_hold_seconds", "labels": ours, "type": "gauge",
              "mean": 0.05, "min": hold_min_s, "max": 0.09},
-            {"name": "wattserve_adaptive_backoffs_total", "labels": {}, "type": "counter", "delta": backoffs},
-            {"name": "wattserve_slo_requests_total", "labels": {"outcome": "met"}, "type": "counter", "delta": 99},
+            {"name": "wattserve_adaptive_backoffs_total", "labels": ours, "type": "counter", "delta": backoffs},
+            {"name": "wattserve_slo_requests_total", "labels": {**ours, "outcome": "met"}, "type": "counter",
+             "delta": 99},
         ]  # fmt: skip
 
     _run(tmp_path, "adaptive-45-r1", [50.0] * 100, policy=policy(0.0045, 3))

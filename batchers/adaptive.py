@@ -42,6 +42,7 @@ from wattserve.batchers.adaptive_decision import (
     QueueState,
     allowed_cap,
     doomed,
+    offered_load,
     queueing_reserve,
     split_size,
 )
@@ -123,6 +124,7 @@ class AdaptiveBatcher(SloBatcher):
         self._full = AdaptiveDecision(config.max_batch_size, 0.0, config.max_batch_size, "full")
         self._engine_sizes = self.engine.batch_sizes
         self._view: CostView | None = None
+        self._cap = 1  # ``allowed_cap`` of ``_view``, set with it
         # the decision runs on engine threads too (pipelining); the arrival windows are
         # pruned by whoever reads them
         self._arrivals_lock = threading.Lock()
@@ -177,14 +179,16 @@ class AdaptiveBatcher(SloBatcher):
         assert oldest is not None  # asked only with something queued
         with self._arrivals_lock:
             rate, sustained = self.arrivals.rate_and_long(now)
+        view = self.cost_view()
+        load = offered_load(view, sustained, self._cap)  # the back-off's band: the steady load
         decision = decide_batch(
             QueueState(queued, now - oldest),
-            self.cost_view(),
+            view,
             rate,
             self.objective,
-            self.max_hold_s(),
+            self.backoff.hold_s(self.objective.budget_s, load),
             sustained_rate=sustained,
-            caution=self.backoff.caution(*CAUTION),
+            caution=self.backoff.caution(*CAUTION, load=load),
         )
         self.last_decision = decision
         if decision.dispatch:  # a trade-off against waiting: formed on the loop
@@ -226,6 +230,7 @@ class AdaptiveBatcher(SloBatcher):
                 joules=None if joules is None else np.maximum.accumulate(joules[sizes]).tolist(),
                 idle_w=self.costs.idle_watts,
             )
+            self._cap = allowed_cap(self._view, self.objective)
         return self._view
 
     def batch_finished(self, outcome: BatchOutcome) -> None:
@@ -260,13 +265,22 @@ class AdaptiveBatcher(SloBatcher):
         view = self.cost_view()
         if view.seconds[-1] <= 0:
             return 0.0
-        cap = allowed_cap(view, self.objective)
-        return queueing_reserve(view, rate, self.objective, cap, self.backoff.caution(*CAUTION))
+        caution = self.backoff.caution(*CAUTION, load=self.current_load(monotonic()))
+        return queueing_reserve(view, rate, self.objective, self._cap, caution)
+
+    def current_load(self, now: float) -> float:
+        """``rho`` at the long window's arrival rate: the band the miss back-off learns and
+        answers in, as decide() asks it (the short window's bursts would move a steady
+        load across bands, where a band without misses of its own holds the whole budget)."""
+        with self._arrivals_lock:
+            rate = self.arrivals.rate_and_long(now)[1]
+        view = self.cost_view()
+        return offered_load(view, rate, self._cap) if view.seconds[-1] > 0 else 0.0
 
     def max_hold_s(self) -> float:
-        """The longest a planned wait may hold the oldest request: the budget, scaled
-        down by the miss back-off while the objective is being missed."""
-        return self.backoff.hold_s(self.objective.budget_s)
+        """The longest a planned wait may hold the oldest request at the current load: the
+        budget, scaled down by the miss back-off while the objective is being missed."""
+        return self.backoff.hold_s(self.objective.budget_s, self.current_load(monotonic()))
 
     def _learn_latency(self, batch: Sequence[WorkItem], size: int, outcome: BatchOutcome, now: float) -> None:
         """Before the cost model moves: each request's arrival -> answer (``now``) against
@@ -279,7 +293,8 @@ class AdaptiveBatcher(SloBatcher):
         predicted = view.seconds[min(size, len(view.seconds) - 1)]
         self.latency.observe(now - oldest, (dispatched - oldest) - late + predicted, len(batch))
         running = (item.arrival for item in batch if item.state is ItemState.RUNNING)
-        self.backoff.record(*outcomes(running, now, miss_ceiling(self.objective)))
+        met, missed = outcomes(running, now, miss_ceiling(self.objective))
+        self.backoff.record(met, missed, self.current_load(now))
 
     def _take_energy(self) -> None:
         """Fold in the joules of earlier batches whose counter windows have closed since
@@ -397,7 +412,7 @@ class AdaptiveBatcher(SloBatcher):
             ),
             (
                 "wattserve_adaptive_window_miss_ratio",
-                self.backoff.miss_ratio(),
+                self.backoff.miss_ratio(self.current_load(monotonic())),
                 "Share of the recent requests (back-off window) past the objective less headroom.",
             ),
         ):

@@ -29,15 +29,15 @@ Each time an engine instance is free and requests are queued: dispatch ``n`` now
    the short and the long window's: a lull does not make the queue behind a burst
    shorter). The batcher's ``caution`` is 0.5 while its misses
    stay within the percentile's allowance and rises to 2 as the miss back-off cuts the
-   hold (6. below; ``CAUTION`` in ``adaptive.py``); ``rho / (1 - rho)`` makes what it
-   learns carry across loads: the reserve learned at 160 req/s is small at 30 and large
-   at 200, where the hold alone, one figure for every load, came back at low load and
-   was missed again at high load.
+   hold (6. below; ``CAUTION`` in ``adaptive.py``), in the band of load it is asked
+   at: a cut at 160 req/s raises it there and at 200, where the hold alone, one figure
+   for every load, came back at low load and was missed again at high load; at 30 req/s
+   it stays what that load taught.
 6. ``max_hold_s``: no wait holds the oldest request past this age (its time queued behind
    a running batch included, as a dynamic batcher's delay counts from arrival). The
    batcher's miss back-off sets it: the whole budget while the objective holds, down to a
-   few milliseconds while more requests miss than the percentile allows
-   (``slo_feedback.MissBackoff``).
+   few milliseconds while more requests miss than the percentile allows, learned per
+   band of offered load ``rho`` (``offered_load``; ``slo_feedback.MissBackoff``).
 7. A lone request (``pairing_wait``): where 3. would send one request alone (near
    capacity, the reserve leaves no room for a planned wait), it waits instead for a
    second one, if a pair costs less per request: each wait at most the time its own batch
@@ -160,6 +160,13 @@ def allowed_cap(cost: CostView, objective: Objective) -> int:
     return cap
 
 
+def offered_load(cost: CostView, arrival_rate: float, cap: int) -> float:
+    """``rho``: the share of the engine the arrival rate would take in batches of ``cap``
+    (the plan's cheapest; 1 and more: overload). What the queueing reserve and the miss
+    back-off's load bands are sized by."""
+    return arrival_rate * cost.seconds[cap] / cap
+
+
 def queueing_reserve(
     cost: CostView, arrival_rate: float, objective: Objective, cap: int, caution: float
 ) -> float:
@@ -169,7 +176,7 @@ def queueing_reserve(
     if caution <= 0:
         return 0.0
     per_request = cost.seconds[cap] / cap
-    rho = arrival_rate * per_request
+    rho = offered_load(cost, arrival_rate, cap)
     if rho >= 1:
         return math.inf
     miss = max(1 - objective.percentile / 100, 1e-4)

@@ -25,7 +25,14 @@ from collections.abc import Callable
 
 import numpy as np
 from wattserve.batchers.adaptive import CAUTION, calibration_sizes, miss_ceiling
-from wattserve.batchers.adaptive_decision import CostView, Objective, QueueState, decide
+from wattserve.batchers.adaptive_decision import (
+    CostView,
+    Objective,
+    QueueState,
+    allowed_cap,
+    decide,
+    offered_load,
+)
 from wattserve.batchers.aimd import AimdConfig, next_limit
 from wattserve.batchers.arrival_model import ArrivalModel
 from wattserve.batchers.cost_model import CostModel
@@ -114,31 +121,41 @@ class Adaptive(Policy):
         self.arrivals.arrived(t)
 
     def decide(self, t, queue):
-        if self._view is None:
-            margin = max(self.costs.margin(), self.latency.margin())
-            self._view = CostView(self.costs.curve().tolist(), margin)
-        hold = self.backoff.hold_s(self.objective.budget_s)  # as batchers/adaptive.py asks
+        view = self._cost_view()
         state = QueueState(len(queue), t - queue[0])
         rate, sustained = self.arrivals.rate_and_long(t)
+        load = self._load(sustained)  # as batchers/adaptive.py asks
         d = decide(
             state,
-            self._view,
+            view,
             rate,
             self.objective,
-            hold,
+            self.backoff.hold_s(self.objective.budget_s, load),
             sustained_rate=sustained,
-            caution=self.backoff.caution(*CAUTION),
+            caution=self.backoff.caution(*CAUTION, load=load),
         )
         if d.dispatch:
-            self._plan = (t, self._view.seconds[min(d.dispatch, len(queue))])
+            self._plan = (t, view.seconds[min(d.dispatch, len(queue))])
         return (d.dispatch, t) if d.dispatch else (0, t + d.wait_s)
 
     def answered(self, t, arrivals):
         dispatched, predicted = self._plan
         oldest = min(arrivals)
         self.latency.observe(t - oldest, dispatched - oldest + predicted, len(arrivals))
-        self.backoff.record(*outcomes(arrivals, t, miss_ceiling(self.objective)))  # as the batcher does
+        met, missed = outcomes(arrivals, t, miss_ceiling(self.objective))  # as the batcher does
+        self.backoff.record(met, missed, self._load(self.arrivals.rate_and_long(t)[1]))
         self._view = None
+
+    def _cost_view(self) -> CostView:
+        if self._view is None:
+            self._view = CostView(
+                self.costs.curve().tolist(), max(self.costs.margin(), self.latency.margin())
+            )
+        return self._view
+
+    def _load(self, rate: float) -> float:
+        view = self._cost_view()
+        return offered_load(view, rate, allowed_cap(view, self.objective))
 
     def finished(self, n, seconds):
         self.costs.observe(n, seconds - HANDOFF_S)

@@ -12,6 +12,7 @@ from time import monotonic
 import pytest
 from wattserve.batchers.adaptive import CAUTION, AdaptiveBatcher, AdaptiveConfig
 from wattserve.batchers.adaptive_decision import allowed_cap
+from wattserve.batchers.arrival_model import ArrivalModel
 from wattserve.batchers.executor import BatchOutcome
 from wattserve.batchers.policy import Dispatch, Wait
 from wattserve.batchers.queue import PriorityFifo
@@ -73,6 +74,42 @@ def test_backoff_does_not_recover_while_misses_sit_near_the_budget() -> None:
     for _ in range(100):  # 0.8% missed: under the budget (no cut) but over half of it
         backoff.record(met=124, missed=1)
     assert backoff.scale == 0.5 and backoff.backoffs == 0
+
+
+def test_backoff_cut_at_a_load_holds_at_that_load_and_above_not_below() -> None:
+    """Misses at 90% load say waits there (and just below) queue too long; they say
+    nothing about waiting at 20% (the twelfth session's runs: after a minute of overload the hold sat at its floor
+    for ~9,500 requests at 30 req/s, batching no more than a fixed 5 ms delay)."""
+    backoff = MissBackoff(percentile=99, window=500)
+    for _ in range(4):
+        backoff.record(met=0, missed=6, load=0.9)  # a cut each time: 0.5, 0.25, 0.125, 0.0625
+    assert backoff.hold_s(1.0, load=0.9) == pytest.approx(0.0625)
+    assert backoff.hold_s(1.0, load=1.5) == pytest.approx(0.0625)  # more load: cut as well
+    assert backoff.hold_s(1.0, load=0.8) == pytest.approx(0.0625)  # the band just below too
+    assert backoff.hold_s(1.0, load=0.2) == 1.0 and backoff.hold_s(1.0, load=0.6) == 1.0
+    assert backoff.caution(0.5, 2.0, load=0.2) == 0.5
+    assert backoff.caution(0.5, 2.0, load=0.9) > 1.9
+    backoff.record(met=0, missed=6, load=0.6)  # misses at 60%: cut there, above, just below
+    assert backoff.hold_s(1.0, load=0.6) == pytest.approx(0.5)
+    assert backoff.hold_s(1.0, load=0.4) == pytest.approx(0.5)
+    assert backoff.hold_s(1.0, load=0.9) == pytest.approx(0.0625)  # already lower: kept
+    assert backoff.hold_s(1.0, load=0.2) == 1.0
+    assert backoff.backoffs == 5
+
+
+def test_backoff_recovery_at_a_load_lifts_the_loads_below_not_above() -> None:
+    backoff = MissBackoff(percentile=99, window=500)
+    backoff.scale = 0.05  # every band at the floor
+    for _ in range(4):  # four clean windows at 60%: +5% each
+        backoff.record(met=500, missed=0, load=0.6)
+    assert backoff.hold_s(1.0, load=0.6) == pytest.approx(0.25)
+    assert backoff.hold_s(1.0, load=0.1) == pytest.approx(0.25)  # what holds at 60% holds at 10%
+    assert backoff.hold_s(1.0, load=0.9) == pytest.approx(0.05)  # no evidence at 90% yet
+    # each band judges on its own window: misses at 90% do not empty the 60% window
+    backoff.record(met=0, missed=6, load=0.9)
+    backoff.record(met=500, missed=0, load=0.6)
+    assert backoff.hold_s(1.0, load=0.6) == pytest.approx(0.30)
+    assert backoff.miss_ratio(load=0.6) == 0.0 and backoff.miss_ratio(load=0.9) == 0.0  # cut: emptied
 
 
 # ------------------------------------------------------------------ in the batcher
@@ -188,6 +225,31 @@ def test_misses_behind_a_wait_cut_the_hold_but_not_the_batches_that_drain_them()
     assert isinstance(batcher.decide(_View(queue), now), Dispatch)
     assert batcher.last_decision is not None and batcher.last_decision.reason == "held enough"
     batcher.backoff.scale = 1.0
+    assert isinstance(batcher.decide(_View(queue), now), Wait)
+
+
+def test_overload_misses_do_not_cut_the_hold_at_low_load() -> None:
+    """The batcher learns the back-off by the load it is answered at (``current_load``):
+    misses answered while requests arrive faster than the engine can serve cut the hold
+    there, and once the load is low again its waits hold the whole budget at once."""
+    batcher = _batcher()
+    budget = batcher.objective.budget_s
+    now = monotonic()
+    for k in range(600):  # 600/s: the cap's batch (8 in 18 ms) carries 444/s
+        batcher.arrivals.arrived(now - 1.0 + k / 600)
+    assert batcher.current_load(monotonic()) > 1.0
+    for _ in range(20):  # a backlog answered late
+        _answer(batcher, 8, age_at_dispatch=0.150, after_dispatch=0.020, waited=False)
+    assert batcher.backoff.backoffs >= 1
+    assert batcher.max_hold_s() < budget / 2
+    batcher.arrivals = ArrivalModel()  # later: 30/s
+    now = monotonic()
+    for k in range(60):
+        batcher.arrivals.arrived(now - 2.0 + k / 30)
+    assert batcher.current_load(monotonic()) < 0.3
+    assert batcher.max_hold_s() == pytest.approx(budget)
+    queue = PriorityFifo()
+    queue.push(WorkItem({}, arrival=now - 0.010))  # a lone request, 10 ms old: worth a wait
     assert isinstance(batcher.decide(_View(queue), now), Wait)
 
 

@@ -14,7 +14,8 @@ Two learned models and one pure decision (``batchers.adaptive_decision.decide``)
   larger of the cost model's (compute error and hand-off) and ``LatencyMargin``'s (arrival
   to answer against what the plan expected for each request), and ``MissBackoff`` cuts how
   long a planned wait may hold a request when more requests missed lately than the
-  percentile allows, then gives it back slowly (``wattserve_adaptive_max_hold_seconds``).
+  percentile allows, then gives it back slowly, per band of offered load
+  (``wattserve_adaptive_max_hold_seconds``).
 
 Each time an engine instance is free, the loop asks ``decide`` whether to dispatch now or
 wait for a bigger batch, and for how long at most; any arrival wakes it to ask again. With
@@ -403,7 +404,7 @@ class AdaptiveBatcher(SloBatcher):
             (
                 "wattserve_adaptive_max_hold_seconds",
                 self.max_hold_s(),
-                "Longest a planned wait may hold a request now: the budget, cut by the miss back-off.",
+                "Longest a planned wait may hold a request at this load: the budget, cut by the back-off.",
             ),
             (
                 "wattserve_adaptive_queueing_reserve_seconds",
@@ -413,7 +414,7 @@ class AdaptiveBatcher(SloBatcher):
             (
                 "wattserve_adaptive_window_miss_ratio",
                 self.backoff.miss_ratio(self.current_load(monotonic())),
-                "Share of the recent requests (back-off window) past the objective less headroom.",
+                "Share of recent requests at this load (back-off window) past the objective less headroom.",
             ),
         ):
             g = GaugeMetricFamily(name, doc, labels=names)

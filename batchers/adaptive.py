@@ -180,11 +180,11 @@ class AdaptiveBatcher(SloBatcher):
         assert oldest is not None  # asked only with something queued
         with self._arrivals_lock:
             rate, sustained = self.arrivals.rate_and_long(now)
-        view = self.cost_view()
-        load = offered_load(view, sustained, self._cap)  # the back-off's band: the steady load
+        costs = self.cost_view()
+        load = offered_load(costs, sustained, self._cap)  # the back-off's band: the steady load
         decision = decide_batch(
             QueueState(queued, now - oldest),
-            view,
+            costs,
             rate,
             self.objective,
             self.backoff.hold_s(self.objective.budget_s, load),

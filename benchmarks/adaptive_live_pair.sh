@@ -4,10 +4,11 @@
 # shared machine's slow minutes fall on all alike:
 #   flock /tmp/wattserve-measure.lock benchmarks/adaptive_live_pair.sh MODEL RATES OUT
 # Objective p99 <= SLO_MS (default 100) ms, max batch MAX_BATCH (default 16), binary tensors,
-# Poisson, 2 s warm-up + DURATION s (default 10) per run, ROUNDS (default 1) passes over the
-# rates, each round rotating the order of the servers, on engine ENGINE (default torch;
-# onnxruntime serves mobilenet_v2 ~3.5x faster on a 2-core CPU). BEFORE=<another checkout> adds a
-# third server, adaptive-before, running that checkout's code (a same-run before/after).
+# Poisson (seed: the round less one), 2 s warm-up + DURATION s (default 10) per run, ROUNDS
+# (default 1) passes over the rates, each round rotating the order of the servers, on engine
+# ENGINE (default torch; onnxruntime serves mobilenet_v2 ~3.5x faster on a 2-core CPU).
+# BEFORE=<another checkout> adds a third server, adaptive-before, running that checkout's
+# code (a same-run before/after).
 # Table: python -m benchmarks.adaptive_live_table OUT
 set -euo pipefail
 model=$1 rates=$2 out=$3
@@ -49,8 +50,12 @@ for round in $(seq "$rounds"); do
     for cfg in "${order[@]}"; do
       run=$cfg-$rate; ((rounds > 1)) && run=$run-r$round
       echo "$run/s: $(uptime)" | tee -a "$out/uptime.txt"
+      # one schedule per round, the same for every server in it: with one seed for all
+      # rounds (until the thirteenth session) three rounds were three passes over the
+      # same bursts, not three samples of them
       "$py" -m wattserve loadgen --url "http://127.0.0.1:${port[$cfg]}" --model "$model" --arrival poisson \
-        --rate "$rate" --warmup 2 --duration "$duration" --binary --no-progress --out "$out/$run" >"$out/$run.txt" 2>&1 || true
+        --rate "$rate" --seed "$((round - 1))" --warmup 2 --duration "$duration" --binary --no-progress \
+        --out "$out/$run" >"$out/$run.txt" 2>&1 || true
     done
   done
 done

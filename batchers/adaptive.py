@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -46,7 +45,6 @@ from wattserve.batchers.adaptive_decision import (
     doomed,
     offered_load,
     queueing_reserve,
-    rescue_age,
     split_size,
 )
 from wattserve.batchers.adaptive_decision import Decision as AdaptiveDecision
@@ -128,7 +126,6 @@ class AdaptiveBatcher(SloBatcher):
         self._engine_sizes = self.engine.batch_sizes
         self._view: CostView | None = None
         self._cap = 1  # ``allowed_cap`` of ``_view``, set with it
-        self._rescue_age = math.inf  # ``rescue_age`` of ``_full``, set with it
         # the decision runs on engine threads too (pipelining); the arrival windows are
         # pruned by whoever reads them
         self._arrivals_lock = threading.Lock()
@@ -173,15 +170,14 @@ class AdaptiveBatcher(SloBatcher):
         queue = view.queue
         queued = queue.head(full).rows
         wait_until, self._wait_until = self._wait_until, None  # a planned wait is over either way
-        oldest = queue.oldest_arrival()
-        assert oldest is not None  # asked only with something queued
         if queued >= full:
             self.cost_view()  # cached; its rebuild sets ``_full`` (a full batch, or its split)
-            if now - oldest <= self._rescue_age:  # in time: no case for rule 9 (rescue)
-                self.last_decision = self._full
-                return Dispatch(self._full.dispatch)
-        elif view.closing:
+            self.last_decision = self._full
+            return Dispatch(self._full.dispatch)
+        if view.closing:
             return Dispatch(full, complete=False)
+        oldest = queue.oldest_arrival()
+        assert oldest is not None  # asked only with something queued
         with self._arrivals_lock:
             rate, sustained = self.arrivals.rate_and_long(now)
         costs = self.cost_view()
@@ -236,7 +232,6 @@ class AdaptiveBatcher(SloBatcher):
                 idle_w=self.costs.idle_watts,
             )
             self._cap = allowed_cap(self._view, self.objective)
-            self._rescue_age = rescue_age(self._view, self.objective, first)
         return self._view
 
     def batch_finished(self, outcome: BatchOutcome) -> None:

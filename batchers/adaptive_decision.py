@@ -53,14 +53,6 @@ Each time an engine instance is free and requests are queued: dispatch ``n`` now
    16 cost 5-10% more per image than batches of 8), full batches are not what maximizes
    throughput in overload. Decided in engine seconds, also in joule mode: it is about
    draining a queue.
-9. Rescue (``rescue_size``): where the oldest request would miss the objective in the
-   batch 1-8 send (a burst's backlog: that batch's compute does not fit its slack) but
-   would meet it in a smaller one, the largest such batch goes first (at least a quarter
-   of the other, so the engine does not fall to batches of one), then the rest: those
-   requests are answered in time instead of all late together. Only while the engine
-   keeps up with the sustained rate in batches of the smaller size; past that, they
-   lengthen the queue for everyone. Rule 8 may split what rule 9 sends. (Host replay,
-   200 req/s: see "Thirteenth session" in docs/adaptive.md.)
 
 ``budget`` = objective - headroom (time outside the batcher: HTTP, network); ``margin`` is
 the cost model's percentile of prediction error, so the objective's percentile survives
@@ -94,7 +86,6 @@ MIN_WAIT_S = 0.0002  # a shorter wait costs more in wake-ups than it can gain
 MAX_MARGIN_SHARE = 0.25  # of the budget
 MIN_CHANCE = 0.05  # wait only if at least this likely to bring one more request
 SPLIT_GAIN = 0.03  # of the one batch's engine time: less is within a cost model's noise
-RESCUE_SHARE = 4  # rule 9 sends no fewer than a quarter of what would have gone
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,37 +198,10 @@ def decide(
     """Dispatch now, or wait for a bigger batch (see the module docstring)."""
     decision = _plan(queue, cost, arrival_rate, objective, max_hold_s, sustained_rate, caution)
     if decision.dispatch > 1:
-        rescued = rescue_size(queue, cost, objective, decision.dispatch, sustained_rate)
-        if rescued < decision.dispatch:
-            decision = Decision(rescued, 0.0, rescued, "rescue")
         first = split_size(cost.seconds, decision.dispatch)
         if first < decision.dispatch:
             return Decision(first, 0.0, first, "split")
     return decision
-
-
-def rescue_size(
-    queue: QueueState, cost: CostView, objective: Objective, n: int, sustained_rate: float
-) -> int:
-    """Rule 9: how many of the ``n`` about to go should go first when the oldest request
-    cannot meet the objective in a batch of ``n`` but can in a smaller one: the largest
-    such batch, if it holds at least ``n // RESCUE_SHARE`` requests and the engine keeps up
-    with the sustained rate in batches of its size (past that, smaller batches lengthen
-    the queue for everyone). All of ``n`` otherwise; rule 8 may split either."""
-    seconds = cost.seconds
-    slack = objective.budget_s - cost.held_back_waiting(objective) - queue.oldest_age_s
-    if seconds[n] <= slack:
-        return n
-    for k in range(n - 1, max(1, n // RESCUE_SHARE) - 1, -1):
-        if seconds[k] <= slack:  # the largest that saves the oldest; and it must keep up
-            return k if sustained_rate * seconds[k] < k else n
-    return n
-
-
-def rescue_age(cost: CostView, objective: Objective, n: int) -> float:
-    """The age past which the oldest request of a batch of ``n`` is a case for rule 9
-    (younger: a batch of ``n`` fits its slack); what a full queue checks before asking."""
-    return objective.budget_s - cost.held_back_waiting(objective) - cost.seconds[n]
 
 
 def split_size(seconds: Sequence[float], n: int) -> int:

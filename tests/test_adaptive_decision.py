@@ -51,14 +51,7 @@ def simulate(
         if nxt == head:  # nothing queued: idle until the next arrival
             t = arrivals[nxt]
             continue
-        d = decide(
-            QueueState(nxt - head, t - arrivals[head]),
-            view,
-            rate,
-            objective,
-            sustained_rate=rate,
-            caution=caution,
-        )
+        d = decide(QueueState(nxt - head, t - arrivals[head]), view, rate, objective, caution=caution)
         if d.dispatch:
             batch = arrivals[head : head + d.dispatch]
             t += view.seconds[d.dispatch]
@@ -224,10 +217,6 @@ def test_never_waits_past_the_objective():
             # even one more request, arriving at the very end of the wait, still fits
             assert age + d.wait_s + GPU_LIKE[q + 1] + VIEW.margin_s <= OBJ.budget_s + 1e-12
             assert GPU_LIKE[d.target] <= (OBJ.budget_s - VIEW.margin_s) / 2 + 1e-12  # the cap
-        elif d.reason == "rescue":  # rule 9: the part that still meets it goes first
-            assert max(1, min(q, MAX) // 4) <= d.dispatch < min(q, MAX)
-            assert age + GPU_LIKE[d.dispatch] + VIEW.margin_s <= OBJ.budget_s + 1e-12
-            assert age + GPU_LIKE[min(q, MAX)] + VIEW.margin_s > OBJ.budget_s
         else:
             assert d.dispatch == min(q, MAX)
 
@@ -444,35 +433,3 @@ def test_a_margin_that_eats_the_budget_stops_the_waiting_but_not_the_batches():
     d = decide(QueueState(queued=1, oldest_age_s=0.0), CostView(GPU_LIKE, margin_s=0.015), 400, OBJ)
     assert d.dispatch == 0
     assert d.wait_s == pytest.approx(OBJ.budget_s - 0.015 - GPU_LIKE[d.target])
-
-
-def test_a_backlog_whose_oldest_would_miss_sends_the_part_that_still_meets_it_first():
-    """Rule 9: 16 queued, the oldest 40 ms old (50 ms of a 90 ms budget left): 16 at 4.6 ms
-    per image (73.6 ms) would make all 16 late; the 10 that fit go first (46 ms), then the
-    rest. Not past the engine's capacity at that size, nor below a quarter of the queue."""
-    curve = CostView([0.0] + [0.0046 * b for b in range(1, 17)])  # affine: no split
-    burst = decide(QueueState(16, 0.040), curve, 400, CPU_OBJ, sustained_rate=160)
-    assert (burst.dispatch, burst.reason) == (10, "rescue")
-    assert 0.040 + curve.seconds[10] <= CPU_OBJ.budget_s < 0.040 + curve.seconds[16]
-    in_time = decide(QueueState(16, 0.010), curve, 400, CPU_OBJ, sustained_rate=160)
-    assert (in_time.dispatch, in_time.reason) == (16, "full")
-    overload = decide(QueueState(16, 0.040), curve, 400, CPU_OBJ, sustained_rate=230)  # 10 carry 217/s
-    assert overload.dispatch == 16
-    hopeless = decide(QueueState(16, 0.080), curve, 400, CPU_OBJ, sustained_rate=160)  # 2 fit: < 16 // 4
-    assert hopeless.dispatch == 16
-    split = decide(QueueState(16, 0.020), SERVED_CPU, 400, CPU_OBJ, sustained_rate=160)
-    assert (split.dispatch, split.reason) == (8, "split")  # 14 would fit; rule 8 sends it as 8 + 6
-
-
-def test_rescue_makes_fewer_of_a_burst_late():
-    """16 arrived over 40 ms (a burst), on the served-CPU curve (1.6 ms + 4.3 ms per image):
-    sent at once, the 9 oldest miss a 90 ms budget; rule 9's first batch and then the rest,
-    none does."""
-    curve = CostView([0.0] + [0.0016 + 0.0043 * b for b in range(1, 17)])
-    ages = [0.040 - 0.0025 * i for i in range(16)]  # a burst: 16 arrived over 40 ms
-    first = decide(QueueState(16, ages[0]), curve, 400, CPU_OBJ, sustained_rate=160).dispatch
-    late_whole = sum(a + curve.seconds[16] > CPU_OBJ.budget_s for a in ages)
-    late_rescued = sum(a + curve.seconds[first] > CPU_OBJ.budget_s for a in ages[:first]) + sum(
-        a + curve.seconds[first] + curve.seconds[16 - first] > CPU_OBJ.budget_s for a in ages[first:]
-    )
-    assert first < 16 and late_rescued < late_whole

@@ -304,23 +304,3 @@ def test_a_full_queue_goes_split_where_the_learned_curve_says_two_batches_are_fa
     batcher._view = None  # as after any learned batch
     assert batcher.decide(_View(queue), now) == Dispatch(4)
     assert batcher.last_decision is not None and batcher.last_decision.reason == "split"
-
-
-def test_a_full_queue_whose_oldest_would_miss_goes_in_the_part_that_meets_it():
-    """The batcher's full-queue shortcut asks rule 9 when the oldest request is past the
-    age at which a full batch still fits its slack (``rescue_age``)."""
-    batcher = _batcher()  # 10 ms + 1 ms per item, max 8, budget 90 ms
-    queue = PriorityFifo()
-    now = monotonic()
-    for k in range(8):
-        queue.push(WorkItem({}, arrival=now - 0.010 + 0.001 * k))
-    full = batcher.decide(_View(queue), now)
-    assert isinstance(full, Dispatch) and full.rows == 8
-    queue = PriorityFifo()
-    for k in range(8):  # the oldest 75 ms old: 8 (18 ms) do not fit its 15 ms less margin
-        queue.push(WorkItem({}, arrival=now - 0.075 + 0.001 * k))
-    rescued = batcher.decide(_View(queue), now)
-    assert isinstance(rescued, Dispatch) and batcher.last_decision is not None
-    assert batcher.last_decision.reason == "rescue" and 2 <= rescued.rows < 8
-    slack = batcher.objective.budget_s - batcher.cost_view().margin_s - 0.075
-    assert batcher.cost_view().seconds[rescued.rows] <= slack < batcher.cost_view().seconds[8]

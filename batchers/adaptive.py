@@ -262,12 +262,12 @@ class AdaptiveBatcher(SloBatcher):
         """What a wait would keep back for queueing at the current arrival rate (a metric:
         the decision computes the same from its own inputs)."""
         with self._arrivals_lock:
-            rate = max(self.arrivals.rate_and_long(monotonic()))  # as decide() sizes it
+            rate, sustained = self.arrivals.rate_and_long(monotonic())
         view = self.cost_view()
         if view.seconds[-1] <= 0:
             return 0.0
-        caution = self.backoff.caution(*CAUTION, load=self.current_load(monotonic()))
-        return queueing_reserve(view, rate, self.objective, self._cap, caution)
+        caution = self.backoff.caution(*CAUTION, load=offered_load(view, sustained, self._cap))  # as decide()
+        return queueing_reserve(view, max(rate, sustained), self.objective, self._cap, caution)
 
     def current_load(self, now: float) -> float:
         """``rho`` at the long window's arrival rate: the band the miss back-off learns and
@@ -275,8 +275,7 @@ class AdaptiveBatcher(SloBatcher):
         load across bands, where a band without misses of its own holds the whole budget)."""
         with self._arrivals_lock:
             rate = self.arrivals.rate_and_long(now)[1]
-        view = self.cost_view()
-        return offered_load(view, rate, self._cap) if view.seconds[-1] > 0 else 0.0
+        return offered_load(self.cost_view(), rate, self._cap)  # 0 until a curve is learned
 
     def max_hold_s(self) -> float:
         """The longest a planned wait may hold the oldest request at the current load: the

@@ -65,14 +65,16 @@ log = logging.getLogger("wattserve.batcher.adaptive")
 
 MAX_PENDING_ENERGY = 4096  # batches awaiting their counter window (~1 s of 1 ms batches x 4)
 MAX_WAITS_KEPT = 256  # planned waits awaiting their batch's answer
-# The queueing reserve, in M/M/1 percentile waits (adaptive_decision, rule 5): half of one
-# from the start, so that the first burst at a new, higher load finds some slack (the
-# back-off learns only from misses), rising to two at the back-off's floor (a shared host's
-# stalls and bursts come in episodes, which a queue of independent service times
-# understates). Chosen on the host replays and the simulation (docs/adaptive.md, "Eleventh
-# session"): none from the start cost a live miss at 160 req/s on first contact; the
-# half costs 1-8% engine time at 5-30% load in the simulation.
-CAUTION = (0.5, 2.0)
+# The queueing reserve, in M/M/1 percentile waits (adaptive_decision, rule 5): one from
+# the start, so that the first burst at a new, higher load finds some slack (the back-off
+# learns only from misses), rising to two at the back-off's floor (a shared host's stalls
+# and bursts come in episodes, which a queue of independent service times understates).
+# Chosen on live pairs, the host replays and the simulation, not derived (docs/adaptive.md,
+# "Eleventh session" and "Fourteenth session"): with half of one from the start (until the
+# fourteenth session) waits at 200 req/s still held requests 30-40 ms just before a burst,
+# which then missed live where a dynamic batcher's did not; one costs 2-7% engine time at
+# 5-30% load in the simulation (half: 1-8% less).
+CAUTION = (1.0, 2.0)
 
 
 class SloUnreachable(QueueFull):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -43,6 +44,8 @@ from wattserve.batchers.adaptive_decision import (
     QueueState,
     allowed_cap,
     doomed,
+    late_age,
+    late_batch,
     offered_load,
     queueing_reserve,
     split_size,
@@ -55,6 +58,7 @@ from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.cost_model import CostModel
 from wattserve.batchers.observers import measured_joules
 from wattserve.batchers.policy import Decision, Dispatch, QueueView, Wait
+from wattserve.batchers.queue import PriorityFifo
 from wattserve.batchers.slo_feedback import LatencyMargin, MissBackoff, outcomes
 from wattserve.batchers.slo_policy import SloBatcher, SloConfig, slo_config
 from wattserve.batchers.types import ItemState, QueueFull, WorkItem
@@ -85,6 +89,7 @@ class SloUnreachable(QueueFull):
 class AdaptiveConfig(SloConfig):
     headroom_s: float | None = None  # None: 10% of slo_s
     reject_late: bool = False
+    late_last: bool = True  # requests that can no longer meet the objective run after the rest
     unit: str = "auto"  # "seconds": never decide in joules, whatever is metered
     calibrate: bool = True  # time one batch of each probed size before serving
 
@@ -128,10 +133,13 @@ class AdaptiveBatcher(SloBatcher):
         self._engine_sizes = self.engine.batch_sizes
         self._view: CostView | None = None
         self._cap = 1  # ``allowed_cap`` of ``_view``, set with it
+        self._late_age = math.inf  # ``late_age`` of ``_view``, set with it
         # the decision runs on engine threads too (pipelining); the arrival windows are
         # pruned by whoever reads them
         self._arrivals_lock = threading.Lock()
         self.pipeline = not config.reject_late  # shedding runs on the loop, before every decision
+        self.late_last = config.late_last and not config.reject_late  # (rejecting them instead)
+        self.delayed_total = 0  # requests moved behind the rest: they could not meet the objective
         self.sheds = config.reject_late
 
     @classmethod
@@ -141,6 +149,7 @@ class AdaptiveBatcher(SloBatcher):
             **slo_config(spec),
             headroom_s=None if headroom is None else headroom / 1000.0,
             reject_late=spec.slo_reject,
+            late_last=spec.slo_late_last,
             unit=spec.adaptive_unit,
         )
 
@@ -170,8 +179,10 @@ class AdaptiveBatcher(SloBatcher):
         last seen and the arrival rate; a full batch, or a drain, goes at once."""
         full = self.config.max_batch_size
         queue = view.queue
-        queued = queue.head(full).rows
         wait_until, self._wait_until = self._wait_until, None  # a planned wait is over either way
+        if self.late_last and self._delay_late(queue, now):
+            return self._decide_with_late(queue, now)
+        queued = queue.head(full).rows
         if queued >= full:
             self.cost_view()  # cached; its rebuild sets ``_full`` (a full batch, or its split)
             self.last_decision = self._full
@@ -202,6 +213,25 @@ class AdaptiveBatcher(SloBatcher):
             return Dispatch(decision.dispatch, complete=False)
         self._wait_until = now + decision.wait_s
         return Wait(decision.wait_s)
+
+    def _delay_late(self, queue: PriorityFifo, now: float) -> int:
+        """Rule 10 (``adaptive_decision.late_age``): move the requests that can no longer
+        meet the objective behind the rest (the queue's delayed lane); how many are queued
+        there now. Only where every request is one row of one shape (any prefix of the
+        queue is a batch)."""
+        if queue.regular:
+            self.cost_view()  # cached; its rebuild sets ``_late_age``
+            self.delayed_total += queue.delay_arrived_before(now - self._late_age)
+        return queue.delayed
+
+    def _decide_with_late(self, queue: PriorityFifo, now: float) -> Decision:
+        """Rule 10 (``adaptive_decision.late_batch``): with late requests queued, no wait."""
+        late = queue.delayed
+        oldest = queue.oldest_on_time()
+        age = None if oldest is None else now - oldest
+        n = late_batch(len(queue) - late, late, age, self.cost_view(), self.objective)
+        self.last_decision = AdaptiveDecision(n, 0.0, n, "late queued")
+        return Dispatch(n, complete=n >= self.config.max_batch_size)  # full: an engine thread may chain it
 
     def shed(self, now: float) -> bool:
         """With ``reject_late``, before every decision on the loop: refuse (503) the queued
@@ -234,6 +264,7 @@ class AdaptiveBatcher(SloBatcher):
                 idle_w=self.costs.idle_watts,
             )
             self._cap = allowed_cap(self._view, self.objective)
+            self._late_age = late_age(self._view, self.objective)
         return self._view
 
     def batch_finished(self, outcome: BatchOutcome) -> None:
@@ -428,6 +459,14 @@ class AdaptiveBatcher(SloBatcher):
         )
         backoffs.add_metric(list(labels), self.backoff.backoffs)
         yield backoffs
+        delayed = CounterMetricFamily(
+            "wattserve_adaptive_late_delayed",
+            "Requests moved behind the rest of the queue because they could no longer meet the "
+            "objective (slo_late_last).",
+            labels=names,
+        )
+        delayed.add_metric(list(labels), self.delayed_total)
+        yield delayed
         rate = GaugeMetricFamily(
             "wattserve_adaptive_arrival_rate",
             "Arrival model: requests per second.",

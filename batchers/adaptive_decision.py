@@ -54,6 +54,14 @@ Each time an engine instance is free and requests are queued: dispatch ``n`` now
    throughput in overload. Decided in engine seconds, also in joule mode: it is about
    draining a queue.
 
+10. Late last (``late_age``, ``late_batch``; the batcher's ``late_last``, on by default):
+   a queued request older than ``late_age`` cannot meet the objective even alone, now. It
+   moves behind the requests that still can (the queue's delayed lane, as Triton's
+   ``timeout_action: DELAY``): served first, it would make them late too, which in a
+   burst's backlog turns a few late requests into a batch-load of them. While any late
+   request is queued nothing waits: ``late_batch`` sends the on-time ones, filled up with
+   late ones as far as the oldest on-time request's slack allows.
+
 ``budget`` = objective - headroom (time outside the batcher: HTTP, network); ``margin`` is
 the cost model's percentile of prediction error, so the objective's percentile survives
 the error of the model itself. For ``cap`` the margin is capped at a quarter of the
@@ -309,6 +317,35 @@ def pairing_wait(
     if wait < MIN_WAIT_S or -math.expm1(-arrival_rate * wait) < MIN_CHANCE:
         return None
     return Decision(0, wait, 2, "pair")
+
+
+def late_age(cost: CostView, objective: Objective) -> float:
+    """Rule 10 (late last): the age past which a queued request cannot meet the objective
+    even in a batch of one dispatched now (the budget less the margin and that batch);
+    ``inf`` while nothing is learned (no basis for calling a request late)."""
+    if cost.seconds[-1] <= 0:
+        return math.inf
+    age = objective.budget_s - cost.held_back_waiting(objective) - cost.seconds[1]
+    return age if age > 0 else math.inf
+
+
+def late_batch(
+    on_time: int, late: int, oldest_on_time_age_s: float | None, cost: CostView, objective: Objective
+) -> int:
+    """Rule 10: the batch to send while late requests (``late``, queued behind the
+    ``on_time`` ones) wait: no waiting (they are late already), the on-time ones first
+    (up to the maximum), then as many late ones in the same batch as still lets the oldest
+    on-time request meet the objective; the late ones alone, up to the maximum, when
+    nothing is on time."""
+    full = cost.max_batch_size
+    queued = min(on_time + late, full)
+    if oldest_on_time_age_s is None or on_time <= 0:
+        return queued
+    n = min(on_time, full)
+    slack = objective.budget_s - cost.held_back_waiting(objective) - oldest_on_time_age_s
+    while n < queued and cost.seconds[n + 1] <= slack:
+        n += 1
+    return n
 
 
 def doomed(ages_s: Sequence[float], cost: CostView, objective: Objective, instances: int = 1) -> list[int]:

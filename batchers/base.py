@@ -221,6 +221,10 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
 
     # ------------------------------------------------------------------ internals
     def _expire(self, item: WorkItem) -> None:
+        if item.delay_on_timeout:  # Triton's DELAY: it runs after the on-time requests;
+            if self.queue.delay(item):  # once taken by a batch, it is answered as usual
+                self._queue_changed()
+            return
         if self._unqueue(item):
             item.finish(error=DeadlineExceeded("expired while queued; not computed"))
         else:

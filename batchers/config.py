@@ -30,4 +30,5 @@ class BatchingSpec:
     slo_percentile: float = 99.0
     slo_headroom_ms: float | None = None
     slo_reject: bool = False
+    slo_late_last: bool = True  # adaptive: requests past saving run after the rest
     adaptive_unit: str = "auto"  # adaptive: "seconds" never decides in joules; "auto"/"joules" once metered

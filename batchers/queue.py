@@ -1,6 +1,11 @@
 """A bounded multi-level FIFO of whole requests: priority levels first, arrival order
 within a level; sizes counted in rows.
 
+Each level has a second lane behind it, for delayed requests (``delay``): Triton's queue
+policy ``timeout_action: DELAY`` moves a request whose timeout expired there, to run after
+every request of its level that has not timed out (and before the next level's). Every
+walk of the queue (pop, head, peek, iteration) visits the lanes in that order.
+
 The event loop pushes and removes; engine threads pop (pipelining), so every mutation
 holds ``lock`` (re-entrant: a thread holds it across its size decision and its pop).
 
@@ -47,10 +52,16 @@ EMPTY_HEAD = Head(0, None, False)
 
 
 class PriorityFifo:
-    """Levels 1..N (1 highest). Removal of a single item (expiry, cancel) is O(queue)."""
+    """Levels 1..N (1 highest), each with its delayed lane behind it. Removal of a single
+    item (expiry, cancel, delay) is O(queue)."""
 
     def __init__(self, levels: int = 1) -> None:
-        self._levels: list[deque[WorkItem]] = [deque() for _ in range(levels)]
+        self._on_time: list[deque[WorkItem]] = [deque() for _ in range(levels)]
+        self._delayed: list[deque[WorkItem]] = [deque() for _ in range(levels)]
+        # the order every walk visits: level 1, its delayed, level 2, its delayed, ...
+        pairs = zip(self._on_time, self._delayed, strict=True)
+        self._levels: list[deque[WorkItem]] = [lane for pair in pairs for lane in pair]
+        self.delayed = 0  # items in the delayed lanes
         self._count = 0
         self.rows = 0  # rows of every queued item
         self._multi_row = 0  # queued items with more than one row
@@ -73,7 +84,7 @@ class PriorityFifo:
 
     def push(self, item: WorkItem) -> None:
         with self.lock:
-            self._levels[item.priority - 1].append(item)
+            self._on_time[item.priority - 1].append(item)
             self._count += 1
             rows = item.rows
             self.rows += rows
@@ -83,23 +94,70 @@ class PriorityFifo:
     def remove(self, item: WorkItem) -> bool:
         """Take out one queued item; False if it was not queued."""
         with self.lock:
-            try:
-                self._levels[item.priority - 1].remove(item)
-            except ValueError:
+            if not self._take(item):
                 return False
             self._forget(item)
             if not self._count:
                 self.drain.emptied()
             return True
 
+    def delay(self, item: WorkItem) -> bool:
+        """Move a queued item behind every on-time item of its level (Triton's
+        ``timeout_action: DELAY``); False if it is not queued on time (gone, or delayed
+        already)."""
+        with self.lock:
+            try:
+                self._on_time[item.priority - 1].remove(item)
+            except ValueError:
+                return False
+            self._delayed[item.priority - 1].append(item)
+            self.delayed += 1
+            return True
+
+    def delay_arrived_before(self, cutoff: float) -> int:
+        """Move every on-time item that arrived before ``cutoff`` behind the on-time items
+        of its level (the head of each level while it is that old); how many moved. What
+        the adaptive batcher does with requests that can no longer meet its objective."""
+        moved = 0
+        with self.lock:
+            for level, delayed in zip(self._on_time, self._delayed, strict=True):
+                while level and level[0].arrival < cutoff:
+                    delayed.append(level.popleft())
+                    moved += 1
+            self.delayed += moved
+        return moved
+
+    def oldest_on_time(self) -> float | None:
+        """Arrival of the longest-waiting item that is not delayed."""
+        with self.lock:
+            heads = [level[0].arrival for level in self._on_time if level]
+        return min(heads) if heads else None
+
+    def _take(self, item: WorkItem) -> bool:
+        """Unlink ``item`` from whichever lane of its level holds it."""
+        level = item.priority - 1
+        try:
+            self._on_time[level].remove(item)
+            return True
+        except ValueError:
+            pass
+        try:
+            self._delayed[level].remove(item)
+        except ValueError:
+            return False
+        self.delayed -= 1
+        return True
+
     def pop(self, n: int) -> list[WorkItem]:
         """Up to ``n`` items (not rows), highest level first, FIFO within a level."""
         out: list[WorkItem] = []
         with self.lock:
             before = self.rows
-            for level in self._levels:
+            for lane, level in enumerate(self._levels):
                 while level and len(out) < n:
                     item = level.popleft()
+                    if lane & 1:  # a delayed lane
+                        self.delayed -= 1
                     self._count -= 1
                     rows = item.rows
                     self.rows -= rows
@@ -129,17 +187,17 @@ class PriorityFifo:
         out: list[WorkItem] = []
         rows = 0
         key = None
-        for level in self._levels:
+        for lane, level in enumerate(self._levels):
             while level:
                 item = level[0]
                 if item.state is not ItemState.QUEUED:  # defensive, as in pop
                     level.popleft()
-                    self._forget(item)
+                    self._forget(item, lane)
                     continue
                 if out and (item.shape_key != key or rows + item.rows > limit):
                     return out
                 level.popleft()
-                self._forget(item)
+                self._forget(item, lane)
                 out.append(item)
                 rows += item.rows
                 key = item.shape_key
@@ -176,29 +234,43 @@ class PriorityFifo:
         return out
 
     def pop_arrived_before(self, cutoff: float) -> list[WorkItem]:
-        """Take every queued item that arrived before ``cutoff`` (the head of each level
-        while it is that old: within a level the queue is in arrival order)."""
+        """Take every queued item that arrived before ``cutoff``: the head of each level
+        while it is that old (a level's on-time lane is in arrival order), and any such in
+        the delayed lanes (in the order they were delayed)."""
         out: list[WorkItem] = []
         with self.lock:
-            for level in self._levels:
+            for level in self._on_time:
                 while level and level[0].arrival < cutoff:
                     item = level.popleft()
                     self._forget(item)
                     if item.state is ItemState.QUEUED:
                         out.append(item)
+            if self.delayed:
+                for lane in self._delayed:
+                    for item in [item for item in lane if item.arrival < cutoff]:
+                        lane.remove(item)
+                        self._forget(item, 1)
+                        if item.state is ItemState.QUEUED:
+                            out.append(item)
             if out and not self._count:
                 self.drain.emptied()
         return out
 
     def arrived_before(self, cutoff: float) -> bool:
-        """True if the head of some level arrived before ``cutoff``."""
+        """True if some queued item (delayed ones included) arrived before ``cutoff``."""
         with self.lock:
-            return any(level and level[0].arrival < cutoff for level in self._levels)
+            if any(level and level[0].arrival < cutoff for level in self._on_time):
+                return True
+            late = self._delayed
+            return bool(self.delayed) and any(item.arrival < cutoff for lane in late for item in lane)
 
     def oldest_arrival(self) -> float | None:
-        """Arrival time of the longest-waiting item at any level (drives max_queue_delay)."""
+        """Arrival time of the longest-waiting item at any level, delayed ones included
+        (drives max_queue_delay)."""
         with self.lock:
-            heads = [level[0].arrival for level in self._levels if level]
+            heads = [level[0].arrival for level in self._on_time if level]
+            if self.delayed:
+                heads.extend(item.arrival for lane in self._delayed for item in lane)
         return min(heads) if heads else None
 
     # ------------------------------------------------------------------ bookkeeping
@@ -210,8 +282,11 @@ class PriorityFifo:
         if key is not None:
             self._keys[key] = self._keys.get(key, 0) + 1
 
-    def _forget(self, item: WorkItem) -> None:
-        """All the books of one item that left the queue (pop inlines this for one-row items)."""
+    def _forget(self, item: WorkItem, lane: int = 0) -> None:
+        """All the books of one item that left the queue (pop inlines this for one-row
+        items); ``lane`` odd: it left a delayed lane."""
+        if lane & 1:
+            self.delayed -= 1
         self._count -= 1
         self.rows -= item.rows
         if item.rows != 1 or item.shape_key is not None:

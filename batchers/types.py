@@ -42,6 +42,9 @@ class WorkItem:
     dispatched_at: float | None = None
     rows: int = 1
     shape_key: tuple | None = None
+    # Triton's ``timeout_action: DELAY``: when ``deadline`` passes while queued, the item
+    # moves behind the on-time items of its level instead of being answered with an error
+    delay_on_timeout: bool = False
     # what the front end knew of the request beyond its tensors (its id, requested outputs,
     # a stream's response sink): read only by engines that take requests (RunsRequests)
     context: object = None

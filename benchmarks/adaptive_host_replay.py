@@ -156,9 +156,10 @@ class ReplayRow:
 def make_policy(config: str, profile: HostProfile, objective: Objective, max_batch: int) -> sim.Policy:
     """``adaptive`` (with this objective, seeded with the profile's medians as the server
     seeds itself with timed batches), or a fixed policy as the simulation names it
-    (``dynamic-<ms>ms``, ``continuous``, ``static-<n>``)."""
-    if config == "adaptive":
-        return sim.Adaptive(objective, profile.compute_s, max_batch=max_batch)
+    (``dynamic-<ms>ms``, ``continuous``, ``static-<n>``); ``adaptive-fifo``: adaptive
+    without rule 10 (late requests served in arrival order)."""
+    if config in ("adaptive", "adaptive-fifo"):
+        return sim.Adaptive(objective, profile.compute_s, max_batch=max_batch, late_last=config == "adaptive")
     policy = sim.make_policy(config, profile.compute_s)
     if not config.startswith("static"):  # static's size is its batch
         policy.max_batch = max_batch

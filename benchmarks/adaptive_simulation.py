@@ -31,6 +31,8 @@ from wattserve.batchers.adaptive_decision import (
     QueueState,
     allowed_cap,
     decide,
+    late_age,
+    late_batch,
     offered_load,
 )
 from wattserve.batchers.aimd import AimdConfig, next_limit
@@ -65,6 +67,15 @@ class Policy(ABC):
     def answered(self, t: float, arrivals: list[float]) -> None:
         """The batch just finished answered requests that arrived at ``arrivals`` at ``t``."""
         return None
+
+    def late_age(self) -> float:
+        """Requests queued longer go behind the rest (the adaptive batcher's rule 10)."""
+        return math.inf
+
+    def decide_late(self, t: float, queue: deque[float], late: int) -> int:
+        """How many to send while ``late`` requests wait behind ``queue`` (never asked
+        where ``late_age`` is infinite)."""
+        raise NotImplementedError
 
 
 class Static(Policy):
@@ -104,8 +115,13 @@ class Aimd(Policy):
 
 class Adaptive(Policy):
     def __init__(
-        self, objective: Objective, cost: Callable[[int], float], max_batch: int | None = None
+        self,
+        objective: Objective,
+        cost: Callable[[int], float],
+        max_batch: int | None = None,
+        late_last: bool = True,
     ) -> None:
+        self.late_last = late_last  # rule 10, on by default as in the batcher
         if max_batch is not None:
             self.max_batch = max_batch
         self.objective = objective
@@ -146,6 +162,14 @@ class Adaptive(Policy):
         self.backoff.record(met, missed, self._load(self.arrivals.rate_and_long(t)[1]))
         self._view = None
 
+    def late_age(self):
+        return late_age(self._cost_view(), self.objective) if self.late_last else math.inf
+
+    def decide_late(self, t, queue, late):
+        n = late_batch(len(queue), late, t - queue[0] if queue else None, self._cost_view(), self.objective)
+        self._plan = (t, self._cost_view().seconds[n])
+        return n
+
     def _cost_view(self) -> CostView:
         if self._view is None:
             self._view = CostView(
@@ -165,8 +189,8 @@ class Adaptive(Policy):
 
 def make_policy(config: str, cost: Callable[[int], float]) -> Policy:
     slo_s = live.SLO_MS / 1000
-    if config == "adaptive":
-        return Adaptive(Objective(slo_s, live.PERCENTILE, 0.1 * slo_s), cost)
+    if config in ("adaptive", "adaptive-fifo"):  # -fifo: without rule 10 (late last)
+        return Adaptive(Objective(slo_s, live.PERCENTILE, 0.1 * slo_s), cost, late_last=config == "adaptive")
     if config == "aimd":
         return Aimd(slo_s)
     if config == "continuous":
@@ -192,6 +216,7 @@ def simulate(
     finish = np.full(len(arrivals), math.inf)
     queue: deque[float] = deque()
     index: deque[int] = deque()
+    late: deque[tuple[float, int]] = deque()  # behind ``queue`` (rule 10): (arrival, index)
     batches: list[tuple[int, float, float]] = []
     t, nxt = 0.0, 0
     while True:
@@ -200,21 +225,28 @@ def simulate(
             queue.append(arrivals[nxt])
             index.append(nxt)
             nxt += 1
-        if not queue:
+        cutoff = t - policy.late_age()
+        while queue and queue[0] < cutoff:
+            late.append((queue.popleft(), index.popleft()))
+        if not queue and not late:
             if nxt == len(arrivals):
                 break
             t = arrivals[nxt]
             continue
-        n, wake = policy.decide(t, queue)
+        if late:
+            n, wake = policy.decide_late(t, queue, len(late)), t
+        else:
+            n, wake = policy.decide(t, queue)
         if n:
-            n = min(n, len(queue))
+            n = min(n, len(queue) + len(late))
             factor = slowdown(n) if slowdown is not None else float(rng.lognormal(0.0, noise))
             seconds = cost(n) * factor + HANDOFF_S
             t += seconds
             answered = []
-            for _ in range(n):
-                answered.append(queue.popleft())
-                finish[index.popleft()] = t + RESPONSE_S
+            for _ in range(n):  # on time first, then the late ones
+                arrival, i = (queue.popleft(), index.popleft()) if queue else late.popleft()
+                answered.append(arrival)
+                finish[i] = t + RESPONSE_S
             batches.append((n, seconds, t))
             policy.answered(t, answered)  # before the cost model learns: the plan it made
             policy.finished(n, seconds)

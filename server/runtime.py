@@ -240,7 +240,8 @@ class ModelRuntime:
             deadline = now + default_s
         else:
             deadline = None
-        return WorkItem(inputs=inputs, priority=level, deadline=deadline, arrival=now)
+        delay = deadline is not None and s.timeout_action == "delay"
+        return WorkItem(inputs=inputs, priority=level, deadline=deadline, arrival=now, delay_on_timeout=delay)
 
     def cancel(self, item: WorkItem) -> None:
         """The client left: answer its item now; a queued one is never computed."""

@@ -28,6 +28,7 @@ class QueuePolicy:
     default_priority: int = 1  # the level of a priority-0 request (Triton: the lowest)
     default_timeout_ms: float | None = None  # None: no deadline unless the request sets one
     allow_timeout_override: bool = True
+    timeout_action: str = "reject"  # or "delay": an expired request runs after the on-time ones
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class ServingConfig:
                 default_priority=settings.effective_default_priority,
                 default_timeout_ms=settings.default_timeout_ms,
                 allow_timeout_override=settings.allow_timeout_override,
+                timeout_action=settings.timeout_action,
             ),
             devices=tuple(devices) if devices else (settings.device,) * settings.instances,
             steps=steps,

@@ -218,6 +218,13 @@ class Settings(BaseSettings):
         "slo_ms anyway (default: serve them late and count the miss).",
         json_schema_extra=PER_MODEL,
     )
+    slo_late_last: bool = Field(
+        True,
+        description="adaptive: a queued request that can no longer meet slo_ms runs after the ones "
+        "that still can (as Triton's timeout_action DELAY), so a burst's backlog makes fewer "
+        "requests late; false: first come, first served.",
+        json_schema_extra=PER_MODEL,
+    )
     adaptive_unit: Literal["auto", "joules", "seconds"] = Field(
         "auto",
         description="adaptive: the unit each batch minimizes per request. auto/joules: joules "
@@ -238,6 +245,12 @@ class Settings(BaseSettings):
         True,
         description="Requests may set their own timeout (Triton's queue policy field); false: the "
         "default timeout applies to every request.",
+    )
+    timeout_action: Literal["reject", "delay"] = Field(
+        "reject",
+        description="What a request's expired timeout does while it is queued (Triton's queue "
+        "policy timeout_action): reject answers it now, never computed; delay moves it behind "
+        "every request of its priority level that has not timed out, and it runs then.",
     )
     check_values: bool = Field(
         False,

@@ -46,7 +46,7 @@ def test_each_policy_reads_its_own_settings():
     settings = Settings(
         model="identity", batcher="dynamic", max_batch_size=4, max_queue_size=9, priority_levels=2, max_queue_wait_s=2.5,
         max_queue_delay_ms=7, preferred_batch_sizes=[2], batch_sizes_only=True,
-        slo_ms=40, slo_percentile=95, slo_headroom_ms=3, slo_reject=True,
+        slo_ms=40, slo_percentile=95, slo_headroom_ms=3, slo_reject=True, slo_late_last=False,
     )  # fmt: skip
     dynamic = build_batcher(settings.batching_spec(), [engine])
     assert isinstance(dynamic, DynamicBatcher)
@@ -58,7 +58,7 @@ def test_each_policy_reads_its_own_settings():
     assert isinstance(adaptive, AdaptiveBatcher)
     assert adaptive.config == AdaptiveConfig(
         max_batch_size=4, max_queue_size=9, priority_levels=2, max_queue_wait_s=2.5, slo_s=0.04,
-        percentile=95, headroom_s=0.003, reject_late=True,
+        percentile=95, headroom_s=0.003, reject_late=True, late_last=False,
     )  # fmt: skip
     aimd = build_batcher(settings.model_copy(update={"batcher": "aimd"}).batching_spec(), [engine])
     assert isinstance(aimd, AimdBatcher)

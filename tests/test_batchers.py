@@ -310,6 +310,41 @@ async def test_timeout_during_compute_answers_unavailable_and_discards():
     await task
 
 
+async def test_delay_on_timeout_runs_after_the_on_time_requests_of_its_level():
+    """Triton's ``timeout_action: DELAY``: the expired request is not answered with an
+    error; it runs after every request of its level that has not timed out, and before
+    the next level's."""
+    engine = GatedEngine()
+    engine.gate.clear()
+    b = ContinuousBatcher([engine], BatcherConfig(max_batch_size=1, priority_levels=2))
+    task = await started(b)
+    blocker = asyncio.create_task(submit(b, 100))
+    await asyncio.to_thread(engine.started.wait, 5)
+    late = asyncio.create_task(submit(b, 1, deadline=monotonic() + 0.05, delay_on_timeout=True))
+    await wait_until(lambda: len(b.queue) == 1)
+    on_time = [asyncio.create_task(submit(b, v)) for v in (2, 3)]
+    low = asyncio.create_task(submit(b, 4, priority=2))
+    await wait_until(lambda: b.queue.delayed == 1)  # its deadline passed: moved, not answered
+    assert not late.done() and len(b.queue) == 4
+    engine.gate.set()
+    for value, t in zip((100, 1, 2, 3, 4), [blocker, late, *on_time, low], strict=True):
+        check_result(await t, value)  # every one answered with its own rows
+    assert engine.batches == [[100], [2], [3], [1], [4]]
+    assert b.queue.delayed == 0
+    await b.drain()
+    await task
+
+
+async def test_delay_on_timeout_once_running_is_answered_as_usual():
+    engine = GatedEngine(delay_s=0.3)
+    b = ContinuousBatcher([engine], BatcherConfig(max_batch_size=4))
+    task = await started(b)
+    result = await submit(b, 5, deadline=monotonic() + 0.1, delay_on_timeout=True)
+    check_result(result, 5)  # REJECT would have discarded it (the test above)
+    await b.drain()
+    await task
+
+
 async def test_past_deadline_is_rejected_before_queueing():
     engine = GatedEngine()
     b = ContinuousBatcher([engine], BatcherConfig())

@@ -9,6 +9,7 @@ import importlib.util
 import math
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -101,6 +102,7 @@ def test_honoured_fields_map_with_triton_meaning_and_the_rest_warn(tmp_path):
         True,
         17,
     )
+    assert s.queue.timeout_action == "delay"  # honoured since the fourteenth session
     assert s.engine.identity_elements == 8 and s.engine.max_batch_size == 16
     assert s.devices == ("cpu", "cpu", "cuda:0", "cuda:1")
     assert len(s.devices) == 4
@@ -109,11 +111,12 @@ def test_honoured_fields_map_with_triton_meaning_and_the_rest_warn(tmp_path):
         "input[0].format",
         "dynamic_batching.preserve_ordering",
         "optimization",
-        "timeout_action DELAY",
         "'colour'",
     ):
         assert field in warned, field
-    assert "max_queue_delay" not in warned and "instance_group" not in warned
+    assert (
+        "max_queue_delay" not in warned and "instance_group" not in warned and "timeout_action" not in warned
+    )
     assert "label_filename" not in warned  # honoured: the classification extension's labels
 
 
@@ -181,6 +184,35 @@ output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: 
         meta = httpx.get(url + "/v2/models/dbl").json()
         assert meta["inputs"][0]["shape"] == [4]
         assert httpx.get(url + "/v2/models/dbl/config").json()["max_batch_size"] == 0
+
+
+def test_timeout_action_delay_runs_expired_requests_after_the_rest_on_a_live_server(tmp_path):
+    """Triton's ``timeout_action: DELAY``: a request whose queue timeout passes is not
+    refused; it is computed (after the on-time ones) and answered with its own data. The
+    same config with REJECT answers them UNAVAILABLE (the control)."""
+    for action in ("DELAY", "REJECT"):
+        policy = f"default_queue_policy {{ timeout_action: {action} default_timeout_microseconds: 50000 }}"
+        write_model(tmp_path / action, "slow", IDENTITY4 % 2 + f"dynamic_batching {{ {policy} }}\n"
+                    'parameters { key: "identity_delay_ms" value: { string_value: "200" } }\n')  # fmt: skip
+    with threaded_server(Settings(model_repository=tmp_path / "DELAY", telemetry=False)) as (url, _):
+        config = httpx.get(url + "/v2/models/slow/config").json()
+        assert config["dynamic_batching"]["default_queue_policy"]["timeout_action"] == "DELAY"
+        with ThreadPoolExecutor(6) as pool:  # 200 ms batches of 4: the last ones wait > 50 ms
+            answers = list(pool.map(lambda v: _infer_identity(url, "slow", v), range(6)))
+        assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers]
+        for v, a in enumerate(answers):
+            assert a.json()["outputs"][0]["data"] == [float(v)] * 2  # each its own rows
+    with threaded_server(Settings(model_repository=tmp_path / "REJECT", telemetry=False)) as (url, _):
+        with ThreadPoolExecutor(6) as pool:
+            statuses = sorted(
+                a.status_code for a in pool.map(lambda v: _infer_identity(url, "slow", v), range(6))
+            )
+        assert set(statuses) == {503}  # each outlived its 50 ms: refused (while queued or computing)
+
+
+def _infer_identity(url: str, model: str, value: float) -> httpx.Response:
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [value, value]}]}
+    return httpx.post(f"{url}/v2/models/{model}/infer", json=body, timeout=30)
 
 
 NAN_BODY = (

@@ -126,5 +126,6 @@ def _dynamic_batching(runtime: ModelRuntime, running: Any) -> dict[str, Any]:
             "max_queue_size": queue_size,
             "default_timeout_microseconds": round((queue.default_timeout_ms or 0) * 1000),
             "allow_timeout_override": queue.allow_timeout_override,
+            "timeout_action": queue.timeout_action.upper(),
         },
     }

@@ -294,9 +294,7 @@ def _dynamic_batching(db: pb.ModelDynamicBatching, source: str, warnings: list[s
     }
     if db.HasField("default_queue_policy"):
         policy = db.default_queue_policy
-        if policy.timeout_action == pb.ModelQueuePolicy.DELAY:
-            warnings.append(f"{source}: dynamic_batching.default_queue_policy.timeout_action DELAY is "
-                            "not implemented; timed-out requests are rejected (REJECT)")  # fmt: skip
+        out["timeout_action"] = "delay" if policy.timeout_action == pb.ModelQueuePolicy.DELAY else "reject"
         out["default_timeout_ms"] = policy.default_timeout_microseconds / 1000.0 or None
         out["allow_timeout_override"] = policy.allow_timeout_override
         if policy.max_queue_size > 0:  # Triton's 0 is unbounded; wattserve keeps its bound

@@ -1,0 +1,70 @@
+"""The queue's delayed lanes (Triton's ``timeout_action: DELAY``): every walk of the queue
+visits a level's on-time items, then its delayed ones, then the next level; the books
+(items, rows, delayed count) stay right whichever way an item leaves."""
+
+from __future__ import annotations
+
+import numpy as np
+from wattserve.batchers.queue import PriorityFifo
+from wattserve.batchers.types import WorkItem
+
+
+def item(value: float, *, priority: int = 1, arrival: float = 0.0, rows: int = 1) -> WorkItem:
+    return WorkItem(
+        {"x": np.full((rows, 1), value, np.float32)}, priority=priority, arrival=arrival, rows=rows
+    )
+
+
+def values(items) -> list[float]:
+    return [float(i.inputs["x"][0, 0]) for i in items]
+
+
+def queue_of(*items: WorkItem, levels: int = 2) -> PriorityFifo:
+    q = PriorityFifo(levels)
+    for i in items:
+        q.push(i)
+    return q
+
+
+def test_delayed_item_goes_after_its_level_and_before_the_next():
+    a, b, c, low = item(1, arrival=1), item(2, arrival=2), item(3, arrival=3), item(9, priority=2, arrival=0)
+    q = queue_of(a, b, c, low)
+    assert q.delay(a) and q.delayed == 1
+    assert not q.delay(a)  # delayed once; a second expiry changes nothing
+    assert values(q) == [2, 3, 1, 9] and values(q.peek(4)) == [2, 3, 1, 9]
+    assert q.head(3).rows == 3 and len(q) == 4 and q.rows == 4
+    assert values(q.pop(2)) == [2, 3] and q.delayed == 1
+    assert values(q.pop(2)) == [1, 9] and q.delayed == 0 and len(q) == 0 and q.rows == 0
+
+
+def test_oldest_arrival_counts_the_delayed():
+    """A delayed item is still the longest-waiting one: a dynamic batcher's delay is
+    measured from it."""
+    a, b = item(1, arrival=1.0), item(2, arrival=2.0)
+    q = queue_of(a, b)
+    q.delay(a)
+    assert q.oldest_arrival() == 1.0
+    assert q.arrived_before(1.5) and not q.arrived_before(0.5)
+
+
+def test_remove_and_time_bound_take_delayed_items_too():
+    a, b, c = item(1, arrival=1.0), item(2, arrival=2.0), item(3, arrival=3.0)
+    q = queue_of(a, b, c)
+    q.delay(a)
+    q.delay(c)  # delayed lane in delay order: a, c
+    assert q.remove(c) and q.delayed == 1 and len(q) == 2
+    assert not q.remove(c)
+    assert values(q.pop_arrived_before(1.5)) == [1]  # the delayed a, by its arrival
+    assert q.delayed == 0 and values(q) == [2]
+
+
+def test_whole_requests_of_several_rows_batch_across_the_lanes():
+    """The irregular path (multi-row items) walks the same lanes in the same order."""
+    a, b, c = item(1, rows=2, arrival=1), item(2, rows=3, arrival=2), item(3, rows=1, arrival=3)
+    q = queue_of(a, b, c)
+    q.delay(a)
+    head = q.head(6)
+    assert (head.rows, head.sizes) == (6, (3, 4, 6))
+    assert values(q.pop_batch(4)) == [2, 3]  # b (3 rows) + c (1): a's 2 rows would overflow
+    assert q.delayed == 1 and q.rows == 2
+    assert values(q.pop_batch(4)) == [1] and q.delayed == 0 and q.rows == 0

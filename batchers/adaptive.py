@@ -219,17 +219,20 @@ class AdaptiveBatcher(SloBatcher):
         meet the objective behind the rest (the queue's delayed lane); how many are queued
         there now. Only where every request is one row of one shape (any prefix of the
         queue is a batch)."""
-        if queue.regular:
-            self.cost_view()  # cached; its rebuild sets ``_late_age``
-            self.delayed_total += queue.delay_arrived_before(now - self._late_age)
-        return queue.delayed
+        self.cost_view()  # cached; its rebuild sets ``_late_age``
+        with queue.lock:  # the loop and the engine threads both decide
+            if queue.regular:
+                self.delayed_total += queue.delay_arrived_before(now - self._late_age)
+            return queue.delayed
 
     def _decide_with_late(self, queue: PriorityFifo, now: float) -> Decision:
         """Rule 10 (``adaptive_decision.late_batch``): with late requests queued, no wait."""
-        late = queue.delayed
-        oldest = queue.oldest_on_time()
+        with queue.lock:  # one consistent view of both lanes
+            late = queue.delayed
+            oldest = queue.oldest_on_time()
+            on_time = len(queue) - late
         age = None if oldest is None else now - oldest
-        n = late_batch(len(queue) - late, late, age, self.cost_view(), self.objective)
+        n = late_batch(on_time, late, age, self.cost_view(), self.objective)
         self.last_decision = AdaptiveDecision(n, 0.0, n, "late queued")
         return Dispatch(n, complete=n >= self.config.max_batch_size)  # full: an engine thread may chain it
 

@@ -298,7 +298,9 @@ async def test_timeout_while_queued_is_never_computed_even_during_a_batch():
     await task
 
 
-async def test_timeout_during_compute_answers_unavailable_and_discards():
+async def test_timeout_during_compute_discards_unless_the_action_is_delay():
+    """REJECT (the default): answered UNAVAILABLE at its deadline, the result discarded.
+    DELAY acts only while queued: once running, the request is answered as usual."""
     engine = GatedEngine(delay_s=0.3)
     b = ContinuousBatcher([engine], BatcherConfig(max_batch_size=4))
     task = await started(b)
@@ -306,6 +308,7 @@ async def test_timeout_during_compute_answers_unavailable_and_discards():
         await submit(b, 5, deadline=monotonic() + 0.1)
     assert expired.value.status is Status.UNAVAILABLE  # Triton's code, not a 504
     assert "during compute" in expired.value.detail
+    check_result(await submit(b, 6, deadline=monotonic() + 0.1, delay_on_timeout=True), 6)
     await b.drain()
     await task
 
@@ -331,16 +334,6 @@ async def test_delay_on_timeout_runs_after_the_on_time_requests_of_its_level():
         check_result(await t, value)  # every one answered with its own rows
     assert engine.batches == [[100], [2], [3], [1], [4]]
     assert b.queue.delayed == 0
-    await b.drain()
-    await task
-
-
-async def test_delay_on_timeout_once_running_is_answered_as_usual():
-    engine = GatedEngine(delay_s=0.3)
-    b = ContinuousBatcher([engine], BatcherConfig(max_batch_size=4))
-    task = await started(b)
-    result = await submit(b, 5, deadline=monotonic() + 0.1, delay_on_timeout=True)
-    check_result(result, 5)  # REJECT would have discarded it (the test above)
     await b.drain()
     await task
 

@@ -73,9 +73,10 @@ class Policy(ABC):
         return math.inf
 
     def decide_late(self, t: float, queue: deque[float], late: int) -> int:
-        """How many to send while ``late`` requests wait behind ``queue`` (never asked
-        where ``late_age`` is infinite)."""
-        raise NotImplementedError
+        """How many to send while ``late`` requests wait behind ``queue`` (asked only where
+        ``late_age`` is finite): by default no waiting, everything up to the maximum, the
+        on-time ones first (the adaptive policy sizes it by the on-time ones' slack)."""
+        return min(len(queue) + late, self.max_batch)
 
 
 class Static(Policy):

@@ -12,6 +12,7 @@ from wattserve.batchers.adaptive_decision import Objective
 from wattserve.loadgen.output import REQUEST_COLUMNS
 
 from benchmarks.adaptive_host_replay import Draws, HostProfile, profile_from_runs, replay
+from benchmarks.adaptive_simulation import Continuous, simulate
 
 FIELDS = REQUEST_COLUMNS  # the columns the load generator writes
 
@@ -105,3 +106,30 @@ def test_sizes_seen_often_get_their_own_slowdowns(tmp_path):
     assert profile.slowdowns(2)[-1] == pytest.approx(5.0, rel=0.01)
     assert profile.slowdowns(8) is profile.slowdown_by_size[2]  # the largest size below with its own
     assert HostProfile.from_json(json.loads(json.dumps(profile.to_json()))) == profile
+
+
+class _LateContinuous(Continuous):
+    """A fixed policy with a late lane: the base ``decide_late`` (no wait, up to the max)."""
+
+    max_batch = 2
+
+    def late_age(self):
+        return 0.030
+
+
+class _Fifo(Continuous):
+    max_batch = 2
+
+
+def test_the_simulators_late_lane_serves_on_time_requests_first_and_every_request_once():
+    """8 requests at once, then two at 25 and 30 ms; 10 ms per request, batches of 2: when
+    the engine frees at ~40 ms the burst's rest is past 30 ms old, so the two fresh ones go
+    ahead of it, and it is still served, each request once."""
+    arrivals = np.concatenate([np.zeros(8), [0.025, 0.030]])
+    finish, batches = simulate(
+        _LateContinuous(), arrivals, lambda n: 0.010 * n, np.random.default_rng(0), 0.0
+    )
+    assert np.isfinite(finish).all() and sum(n for n, _, _ in batches) == len(arrivals)
+    assert finish[8] < finish[4]  # a fresh arrival answered before the late part of the burst
+    fifo, _ = simulate(_Fifo(), arrivals, lambda n: 0.010 * n, np.random.default_rng(0), 0.0)
+    assert fifo[4] < fifo[8]  # the control: first come, first served

@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from time import monotonic
 from typing import Any
@@ -44,7 +43,7 @@ from wattserve.batchers.adaptive_decision import (
     QueueState,
     allowed_cap,
     doomed,
-    late_age,
+    doomed_prefix,
     late_batch,
     offered_load,
     queueing_reserve,
@@ -133,7 +132,6 @@ class AdaptiveBatcher(SloBatcher):
         self._engine_sizes = self.engine.batch_sizes
         self._view: CostView | None = None
         self._cap = 1  # ``allowed_cap`` of ``_view``, set with it
-        self._late_age = math.inf  # ``late_age`` of ``_view``, set with it
         # the decision runs on engine threads too (pipelining); the arrival windows are
         # pruned by whoever reads them
         self._arrivals_lock = threading.Lock()
@@ -215,14 +213,19 @@ class AdaptiveBatcher(SloBatcher):
         return Wait(decision.wait_s)
 
     def _delay_late(self, queue: PriorityFifo, now: float) -> int:
-        """Rule 10 (``adaptive_decision.late_age``): move the requests that can no longer
-        meet the objective behind the rest (the queue's delayed lane); how many are queued
-        there now. Only where every request is one row of one shape (any prefix of the
-        queue is a batch)."""
-        self.cost_view()  # cached; its rebuild sets ``_late_age``
+        """Rule 10 (``adaptive_decision.doomed_prefix``): move the fewest of the oldest
+        requests behind the rest that lets every other one still meet the objective (those
+        that cannot even alone among them); how many are queued there now. Only where
+        every request is one row of one shape (any prefix of the queue is a batch)."""
+        costs = self.cost_view()
+        objective, batch, instances = self.objective, self._full.dispatch, len(self.instances)
+
+        def doomed(ahead: int, lane: Sequence[WorkItem]) -> int:
+            return doomed_prefix(_Ages(lane, now), ahead, costs, objective, batch, instances)
+
         with queue.lock:  # the loop and the engine threads both decide
             if queue.regular:
-                self.delayed_total += queue.delay_arrived_before(now - self._late_age)
+                self.delayed_total += queue.delay_oldest(doomed)
             return queue.delayed
 
     def _decide_with_late(self, queue: PriorityFifo, now: float) -> Decision:
@@ -232,7 +235,9 @@ class AdaptiveBatcher(SloBatcher):
             oldest = queue.oldest_on_time()
             on_time = len(queue) - late
         age = None if oldest is None else now - oldest
-        n = late_batch(on_time, late, age, self.cost_view(), self.objective)
+        costs = self.cost_view()
+        n = late_batch(on_time, late, age, costs, self.objective)
+        n = split_size(costs.seconds, n)  # rule 8 here too: the backlog drains faster
         self.last_decision = AdaptiveDecision(n, 0.0, n, "late queued")
         return Dispatch(n, complete=n >= self.config.max_batch_size)  # full: an engine thread may chain it
 
@@ -263,11 +268,11 @@ class AdaptiveBatcher(SloBatcher):
             self._view = CostView(
                 seconds=seconds,
                 margin_s=max(self.costs.margin(), self.latency.margin()),
+                bias_s=self.costs.bias(),
                 joules=None if joules is None else np.maximum.accumulate(joules[sizes]).tolist(),
                 idle_w=self.costs.idle_watts,
             )
             self._cap = allowed_cap(self._view, self.objective)
-            self._late_age = late_age(self._view, self.objective)
         return self._view
 
     def batch_finished(self, outcome: BatchOutcome) -> None:
@@ -511,3 +516,25 @@ def _time_sizes(engine, sizes: Sequence[int]) -> dict[int, float]:
             seconds = monotonic() - started
             out[size] = min(seconds, out.get(size, seconds))
     return out
+
+
+class _Ages(Sequence[float]):
+    """A lane's ages at ``now``, computed as read: ``doomed_prefix`` reads only the oldest
+    unless a backlog makes it look further (the decision runs on every arrival)."""
+
+    __slots__ = ("_lane", "_now")
+
+    def __init__(self, lane: Sequence[WorkItem], now: float) -> None:
+        self._lane, self._now = lane, now
+
+    def __len__(self) -> int:
+        return len(self._lane)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return list(self)[index]
+        return self._now - self._lane[index].arrival
+
+    def __iter__(self) -> Iterator[float]:
+        now = self._now
+        return (now - item.arrival for item in self._lane)

@@ -54,13 +54,17 @@ Each time an engine instance is free and requests are queued: dispatch ``n`` now
    throughput in overload. Decided in engine seconds, also in joule mode: it is about
    draining a queue.
 
-10. Late last (``late_age``, ``late_batch``; the batcher's ``late_last``, on by default):
-   a queued request older than ``late_age`` cannot meet the objective even alone, now. It
-   moves behind the requests that still can (the queue's delayed lane, as Triton's
-   ``timeout_action: DELAY``): served first, it would make them late too, which in a
-   burst's backlog turns a few late requests into a batch-load of them. While any late
-   request is queued nothing waits: ``late_batch`` sends the on-time ones, filled up with
-   late ones as far as the oldest on-time request's slack allows.
+10. Late last (``doomed_prefix``, ``late_batch``; the batcher's ``late_last``, on by
+   default): the fewest of the oldest queued requests that, served first, would make
+   others late too move behind the rest (the queue's delayed lane, as Triton's
+   ``timeout_action: DELAY``). Counted with the batches the queue will really drain in
+   (``answered_after``: full ones of the split size, first come first served), so in a
+   burst's backlog it moves about the burst's excess, early, and the requests behind it
+   still meet the objective, where first come first served would make most of the
+   backlog late. A request that cannot meet the objective even alone is always among
+   them. While any late request is queued nothing waits: ``late_batch`` sends the on-time
+   ones, filled up with late ones as far as the oldest on-time request's slack allows
+   (then split, rule 8).
 
 ``budget`` = objective - headroom (time outside the batcher: HTTP, network); ``margin`` is
 the cost model's percentile of prediction error, so the objective's percentile survives
@@ -117,6 +121,7 @@ class CostView:
     margin_s: float = 0.0
     joules: Sequence[float] | None = None  # busy joules per batch (its windows' share)
     idle_w: float | None = None  # the metered device's idle power
+    bias_s: float = 0.0  # a batch's mean time beyond ``seconds`` (hand-off): per batch of a backlog
 
     def values(self) -> Sequence[float]:
         """What one batch of each size costs in the unit the decision minimizes per request:
@@ -319,14 +324,64 @@ def pairing_wait(
     return Decision(0, wait, 2, "pair")
 
 
-def late_age(cost: CostView, objective: Objective) -> float:
-    """Rule 10 (late last): the age past which a queued request cannot meet the objective
-    even in a batch of one dispatched now (the budget less the margin and that batch);
-    ``inf`` while nothing is learned (no basis for calling a request late)."""
-    if cost.seconds[-1] <= 0:
-        return math.inf
-    age = objective.budget_s - cost.held_back_waiting(objective) - cost.seconds[1]
-    return age if age > 0 else math.inf
+def answered_after(cost: CostView, batch: int, n: int, total: int, instances: int = 1) -> float:
+    """Rule 10: when the ``n``-th of ``total`` queued requests is answered, batches taken
+    first come first served, at most ``batch`` (what a backlog drains in: the full batch,
+    or its split) on each of ``instances`` engines: whole rounds of ``batch``, then the
+    last round's share of what is left; each batch with its mean time beyond the
+    prediction (``bias_s``). Non-decreasing in ``n``."""
+    per_round = batch * instances
+    rounds = (n - 1) // per_round
+    full_round = cost.seconds[batch] + cost.bias_s
+    if rounds < (total - 1) // per_round:  # not the last round
+        return (rounds + 1) * full_round
+    last = -(-(total - rounds * per_round) // instances)  # the larger share of the last round
+    return rounds * full_round + cost.seconds[min(last, batch)] + cost.bias_s
+
+
+def doomed_prefix(
+    ages_s: Sequence[float],
+    ahead: int,
+    cost: CostView,
+    objective: Objective,
+    batch: int,
+    instances: int = 1,
+) -> int:
+    """Rule 10 (late last): how many of the oldest of these on-time requests (``ages_s``,
+    oldest first, ``ahead`` more queued in front of them) to move behind the rest so that
+    every other one still meets the objective, by the cost model (``answered_after``, the
+    margin held back): the fewest that do.
+
+    Requests of one size and one deadline offset make first come first served the
+    earliest-deadline order, in which moving the oldest is as good as moving any one
+    (Moore-Hodgson's rule for equal jobs), and the fewest moved is the most answered in
+    time. Moving more never makes a remaining one later, so the fewest is found by
+    bisection. A request that cannot meet the objective even alone is always among them.
+    0 while nothing is learned, and at once (one comparison) while the oldest would meet
+    it even answered last."""
+    count = len(ages_s)
+    if not count or cost.seconds[-1] <= 0:
+        return 0
+    limit = objective.budget_s - cost.held_back_waiting(objective)
+    total = ahead + count
+    if ages_s[0] + answered_after(cost, batch, total, total, instances) <= limit:
+        return 0
+
+    def all_meet(moved: int) -> bool:
+        served = total - moved
+        return all(
+            ages_s[p] + answered_after(cost, batch, ahead + p - moved + 1, served, instances) <= limit
+            for p in range(moved, count)
+        )
+
+    low, high = 0, count  # all_meet(count): nobody left to be late
+    while high - low > 1:
+        mid = (low + high) // 2
+        if all_meet(mid):
+            high = mid
+        else:
+            low = mid
+    return high
 
 
 def late_batch(

@@ -193,6 +193,14 @@ class CostModel:
             self._margin = error
         return self._margin
 
+    def bias(self) -> float:
+        """Seconds a batch takes beyond its prediction on average (hand-off included; 0
+        until there are a few, never below 0): what each of several batches in a row adds,
+        where ``margin`` is the tail of one."""
+        if len(self._errors) < 8:
+            return 0.0
+        return max(float(np.mean(np.fromiter(self._errors, float))), 0.0)
+
     def joules(self, size: int) -> float | None:
         """Measured joules per batch of ``size`` (EWMA), or None where not measured."""
         return self._joules.get(size)

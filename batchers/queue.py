@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from time import monotonic
 
@@ -114,16 +114,20 @@ class PriorityFifo:
             self.delayed += 1
             return True
 
-    def delay_arrived_before(self, cutoff: float) -> int:
-        """Move every on-time item that arrived before ``cutoff`` behind the on-time items
-        of its level (the head of each level while it is that old); how many moved. What
-        the adaptive batcher does with requests that can no longer meet its objective."""
-        moved = 0
+    def delay_oldest(self, count: Callable[[int, Sequence[WorkItem]], int]) -> int:
+        """For each level, in walk order, move the ``count(ahead, lane)`` oldest of its
+        on-time items behind the rest of them; how many moved. ``lane``: the level's
+        on-time items, oldest first (read only); ``ahead``: the items every walk visits
+        before them (all lanes of the levels above). What the adaptive batcher does with
+        requests that would make the rest late (rule 10)."""
+        moved = ahead = 0
         with self.lock:
             for level, delayed in zip(self._on_time, self._delayed, strict=True):
-                while level and level[0].arrival < cutoff:
+                n = min(count(ahead, level), len(level)) if level else 0
+                for _ in range(n):
                     delayed.append(level.popleft())
-                    moved += 1
+                moved += n
+                ahead += len(level) + len(delayed)
             self.delayed += moved
         return moved
 

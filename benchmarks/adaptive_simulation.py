@@ -31,9 +31,10 @@ from wattserve.batchers.adaptive_decision import (
     QueueState,
     allowed_cap,
     decide,
-    late_age,
+    doomed_prefix,
     late_batch,
     offered_load,
+    split_size,
 )
 from wattserve.batchers.aimd import AimdConfig, next_limit
 from wattserve.batchers.arrival_model import ArrivalModel
@@ -71,6 +72,12 @@ class Policy(ABC):
     def late_age(self) -> float:
         """Requests queued longer go behind the rest (the adaptive batcher's rule 10)."""
         return math.inf
+
+    def late_count(self, t: float, queue: deque[float]) -> int:
+        """How many of the oldest queued requests go behind the rest now: by default those
+        older than ``late_age``."""
+        cutoff = t - self.late_age()
+        return next((i for i, arrival in enumerate(queue) if arrival >= cutoff), len(queue))
 
     def decide_late(self, t: float, queue: deque[float], late: int) -> int:
         """How many to send while ``late`` requests wait behind ``queue`` (asked only where
@@ -163,18 +170,26 @@ class Adaptive(Policy):
         self.backoff.record(met, missed, self._load(self.arrivals.rate_and_long(t)[1]))
         self._view = None
 
-    def late_age(self):
-        return late_age(self._cost_view(), self.objective) if self.late_last else math.inf
+    def late_count(self, t, queue):
+        if not self.late_last or not queue:
+            return 0
+        view = self._cost_view()
+        batch = split_size(view.seconds, self.max_batch)
+        return doomed_prefix([t - a for a in queue], 0, view, self.objective, batch)
 
     def decide_late(self, t, queue, late):
-        n = late_batch(len(queue), late, t - queue[0] if queue else None, self._cost_view(), self.objective)
+        view = self._cost_view()
+        n = late_batch(len(queue), late, t - queue[0] if queue else None, view, self.objective)
+        n = split_size(view.seconds, n)  # as the batcher does
         self._plan = (t, self._cost_view().seconds[n])
         return n
 
     def _cost_view(self) -> CostView:
         if self._view is None:
             self._view = CostView(
-                self.costs.curve().tolist(), max(self.costs.margin(), self.latency.margin())
+                self.costs.curve().tolist(),
+                max(self.costs.margin(), self.latency.margin()),
+                bias_s=self.costs.bias(),
             )
         return self._view
 
@@ -226,8 +241,7 @@ def simulate(
             queue.append(arrivals[nxt])
             index.append(nxt)
             nxt += 1
-        cutoff = t - policy.late_age()
-        while queue and queue[0] < cutoff:
+        for _ in range(policy.late_count(t, queue)):
             late.append((queue.popleft(), index.popleft()))
         if not queue and not late:
             if nxt == len(arrivals):

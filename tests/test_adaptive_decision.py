@@ -13,8 +13,10 @@ from wattserve.batchers.adaptive_decision import (
     Objective,
     QueueState,
     allowed_cap,
+    answered_after,
     decide,
     doomed,
+    doomed_prefix,
     queueing_reserve,
     split_size,
 )
@@ -433,3 +435,51 @@ def test_a_margin_that_eats_the_budget_stops_the_waiting_but_not_the_batches():
     d = decide(QueueState(queued=1, oldest_age_s=0.0), CostView(GPU_LIKE, margin_s=0.015), 400, OBJ)
     assert d.dispatch == 0
     assert d.wait_s == pytest.approx(OBJ.budget_s - 0.015 - GPU_LIKE[d.target])
+
+
+def test_answered_after_counts_whole_rounds_then_the_last_rounds_share() -> None:
+    view = CostView(affine(10, 1, 8), bias_s=0.001)  # a batch of 8: 18 ms (+1 ms bias)
+    one_batch = view.seconds[8] + 0.001
+    assert answered_after(view, 8, 3, 20) == pytest.approx(one_batch)  # first of three rounds
+    assert answered_after(view, 8, 12, 20) == pytest.approx(2 * one_batch)
+    assert answered_after(view, 8, 17, 20) == pytest.approx(2 * one_batch + view.seconds[4] + 0.001)
+    assert answered_after(view, 8, 5, 5) == pytest.approx(view.seconds[5] + 0.001)  # one partial batch
+    # two engines: a round is 16 requests; the last round's 4 split 2 and 2
+    assert answered_after(view, 8, 20, 20, instances=2) == pytest.approx(one_batch + view.seconds[2] + 0.001)
+    times = [answered_after(view, 8, n, 37) for n in range(1, 38)]
+    assert times == sorted(times)
+
+
+def _fewest_by_scan(ages, ahead, view, objective, batch) -> int:
+    limit = objective.budget_s - view.held_back_waiting(objective)
+    total = ahead + len(ages)
+    for moved in range(len(ages) + 1):
+        rest = range(moved, len(ages))
+        if all(
+            ages[p] + answered_after(view, batch, ahead + p - moved + 1, total - moved) <= limit for p in rest
+        ):
+            return moved
+    raise AssertionError("moving all always meets")
+
+
+def test_doomed_prefix_is_the_fewest_oldest_that_lets_the_rest_meet() -> None:
+    """Against a plain scan over every count, on random backlogs (ages oldest first, some
+    requests queued ahead): the bisection finds the same count."""
+    rng = np.random.default_rng(7)
+    view = CostView(affine(4, 3, 16), margin_s=0.004)  # a batch of 8: 28 ms
+    seen = set()
+    for _ in range(300):
+        count, ahead = int(rng.integers(1, 40)), int(rng.integers(0, 10))
+        ages = sorted(rng.uniform(0, 0.045, count), reverse=True)
+        got = doomed_prefix(ages, ahead, view, OBJ, 8)
+        assert got == _fewest_by_scan(ages, ahead, view, OBJ, 8)
+        seen.add(min(got, 2))
+    assert seen == {0, 1, 2}  # the cases were mixed: none, one, several moved
+
+
+def test_doomed_prefix_moves_nothing_unlearned_or_in_time() -> None:
+    assert doomed_prefix([0.040, 0.001], 0, CostView([0.0] * 9), OBJ, 8) == 0  # nothing learned
+    view = CostView(affine(4, 3, 16), margin_s=0.004)
+    assert doomed_prefix([0.010, 0.005], 0, view, OBJ, 8) == 0
+    # too old even alone (45 - 4 margin - 7 ms): moved, though nothing is queued behind it
+    assert doomed_prefix([0.035], 0, view, OBJ, 8) == 1

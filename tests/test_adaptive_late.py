@@ -93,3 +93,19 @@ def test_the_count_is_exported() -> None:
     batcher.decide(_View(queue), now)
     metrics = {m.name: m for m in batcher.collect_policy(("m", "adaptive"))}
     assert metrics["wattserve_adaptive_late_delayed"].samples[0].value == 1
+
+
+def test_a_burst_moves_its_excess_early_so_the_rest_meet_the_objective() -> None:
+    """20 requests 5 ms old at 10 ms each in batches of 8 (80 ms a batch), 90 ms budget:
+    first come first served, the second and third batches (160 and 200 ms from now) are
+    late, and none is late alone yet (the rule until the fifteenth session moved none).
+    Counted with the batches the queue drains in, the 12 oldest move and the 8 youngest
+    go now, in time; 13 would move none more in time, 11 leaves a second batch late."""
+    batcher = _batcher()
+    now = monotonic()
+    queue, items = _queue(now, [5.0 - 0.01 * i for i in range(20)])
+    decision = batcher.decide(_View(queue), now)
+    assert queue.delayed == 12 and batcher.delayed_total == 12
+    assert decision == Dispatch(8, complete=True)
+    assert queue.pop(8) == items[12:]  # the youngest first; the moved ones after them
+    assert queue.pop(12) == items[:12]

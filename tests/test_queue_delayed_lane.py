@@ -68,3 +68,20 @@ def test_whole_requests_of_several_rows_batch_across_the_lanes():
     assert values(q.pop_batch(4)) == [2, 3]  # b (3 rows) + c (1): a's 2 rows would overflow
     assert q.delayed == 1 and q.rows == 2
     assert values(q.pop_batch(4)) == [1] and q.delayed == 0 and q.rows == 0
+
+
+def test_delay_oldest_moves_a_prefix_of_each_level_and_says_what_is_ahead():
+    """The count is asked per level in walk order, with the items every walk visits first
+    (the levels above, delayed ones included); a count past the level's size moves all."""
+    a, b, c = item(1, arrival=1), item(2, arrival=2), item(3, arrival=3)
+    low1, low2 = item(8, priority=2, arrival=0), item(9, priority=2, arrival=4)
+    q = queue_of(a, b, c, low1, low2)
+    asked = []
+
+    def count(ahead, lane):
+        asked.append((ahead, values(lane)))
+        return 2 if len(asked) == 1 else 5
+
+    assert q.delay_oldest(count) == 4 and q.delayed == 4
+    assert asked == [(0, [1, 2, 3]), (3, [8, 9])]
+    assert values(q) == [3, 1, 2, 8, 9] and len(q) == 5 and q.rows == 5

@@ -220,9 +220,9 @@ class Settings(BaseSettings):
     )
     slo_late_last: bool = Field(
         True,
-        description="adaptive: a queued request that can no longer meet slo_ms runs after the ones "
-        "that still can (as Triton's timeout_action DELAY), so a burst's backlog makes fewer "
-        "requests late; false: first come, first served.",
+        description="adaptive: the fewest oldest queued requests whose going first would make "
+        "others miss slo_ms run after the rest (as Triton's timeout_action DELAY), so a burst's "
+        "backlog makes fewer requests late; false: first come, first served.",
         json_schema_extra=PER_MODEL,
     )
     adaptive_unit: Literal["auto", "joules", "seconds"] = Field(

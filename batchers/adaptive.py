@@ -237,7 +237,7 @@ class AdaptiveBatcher(SloBatcher):
         age = None if oldest is None else now - oldest
         costs = self.cost_view()
         n = late_batch(on_time, late, age, costs, self.objective)
-        n = split_size(costs.seconds, n)  # rule 8 here too: the backlog drains faster
+        n = split_size(costs.seconds, n, costs.bias_s)  # rule 8 here too: the backlog drains faster
         self.last_decision = AdaptiveDecision(n, 0.0, n, "late queued")
         return Dispatch(n, complete=n >= self.config.max_batch_size)  # full: an engine thread may chain it
 
@@ -263,12 +263,13 @@ class AdaptiveBatcher(SloBatcher):
             sizes = [padded_size(b, self._engine_sizes) for b in range(n + 1)]
             sizes = [min(s, n) for s in sizes]
             seconds = np.maximum.accumulate(curve[sizes]).tolist()
-            first = split_size(seconds, n)
+            bias = self.costs.bias()
+            first = split_size(seconds, n, bias)
             self._full = AdaptiveDecision(first, 0.0, first, "full" if first == n else "split")
             self._view = CostView(
                 seconds=seconds,
                 margin_s=max(self.costs.margin(), self.latency.margin()),
-                bias_s=self.costs.bias(),
+                bias_s=bias,
                 joules=None if joules is None else np.maximum.accumulate(joules[sizes]).tolist(),
                 idle_w=self.costs.idle_watts,
             )

@@ -174,13 +174,13 @@ class Adaptive(Policy):
         if not self.late_last or not queue:
             return 0
         view = self._cost_view()
-        batch = split_size(view.seconds, self.max_batch)
+        batch = split_size(view.seconds, self.max_batch, view.bias_s)
         return doomed_prefix([t - a for a in queue], 0, view, self.objective, batch)
 
     def decide_late(self, t, queue, late):
         view = self._cost_view()
         n = late_batch(len(queue), late, t - queue[0] if queue else None, view, self.objective)
-        n = split_size(view.seconds, n)  # as the batcher does
+        n = split_size(view.seconds, n, view.bias_s)  # as the batcher does
         self._plan = (t, self._cost_view().seconds[n])
         return n
 

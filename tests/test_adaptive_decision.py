@@ -17,6 +17,7 @@ from wattserve.batchers.adaptive_decision import (
     decide,
     doomed,
     doomed_prefix,
+    late_batch,
     queueing_reserve,
     split_size,
 )
@@ -451,7 +452,7 @@ def test_answered_after_counts_whole_rounds_then_the_last_rounds_share() -> None
 
 
 def _fewest_by_scan(ages, ahead, view, objective, batch) -> int:
-    limit = objective.budget_s - view.held_back_waiting(objective)
+    limit = objective.budget_s - view.held_back(objective)
     total = ahead + len(ages)
     for moved in range(len(ages) + 1):
         rest = range(moved, len(ages))
@@ -483,3 +484,18 @@ def test_doomed_prefix_moves_nothing_unlearned_or_in_time() -> None:
     assert doomed_prefix([0.010, 0.005], 0, view, OBJ, 8) == 0
     # too old even alone (45 - 4 margin - 7 ms): moved, though nothing is queued behind it
     assert doomed_prefix([0.035], 0, view, OBJ, 8) == 1
+
+
+def test_a_split_pays_for_its_second_hand_off() -> None:
+    """12 as 8 + 4 saves 4.8 ms of compute on the served-CPU curve; a hand-off of 6 ms per
+    batch costs more than that, so the batch goes whole."""
+    assert split_size(SERVED_CPU.seconds, 12) == 8
+    assert split_size(SERVED_CPU.seconds, 12, extra_s=0.006) == 12
+
+
+def test_late_batches_are_sized_with_the_capped_margin() -> None:
+    """A margin past a quarter of the budget (a stalling host) does not shrink the batch
+    that serves the on-time requests with late ones: 45 ms budget, 11.25 ms held back
+    (not 30), 10 ms old: 23.75 ms left, 4 ms + 3 ms per request fits 6."""
+    view = CostView(affine(4, 3, 16), margin_s=0.030)
+    assert late_batch(2, 10, 0.010, view, OBJ) == 6

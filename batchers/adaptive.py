@@ -30,14 +30,16 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from time import monotonic
 from typing import Any
 
 import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from wattserve.batchers.adaptive_decision import (
+    Ages,
     CostView,
     Objective,
     QueueState,
@@ -62,6 +64,8 @@ from wattserve.batchers.slo_feedback import LatencyMargin, MissBackoff, outcomes
 from wattserve.batchers.slo_policy import SloBatcher, SloConfig, slo_config
 from wattserve.batchers.types import ItemState, QueueFull, WorkItem
 from wattserve.engines.base import Engine, WarmsItself, zeros_batch
+
+_arrival = attrgetter("arrival")  # a queued WorkItem's arrival time
 
 log = logging.getLogger("wattserve.batcher.adaptive")
 
@@ -221,7 +225,7 @@ class AdaptiveBatcher(SloBatcher):
         objective, batch, instances = self.objective, self._full.dispatch, len(self.instances)
 
         def doomed(ahead: int, lane: Sequence[WorkItem]) -> int:
-            return doomed_prefix(_Ages(lane, now), ahead, costs, objective, batch, instances)
+            return doomed_prefix(Ages(lane, now, _arrival), ahead, costs, objective, batch, instances)
 
         with queue.lock:  # the loop and the engine threads both decide
             if queue.regular:
@@ -517,25 +521,3 @@ def _time_sizes(engine, sizes: Sequence[int]) -> dict[int, float]:
             seconds = monotonic() - started
             out[size] = min(seconds, out.get(size, seconds))
     return out
-
-
-class _Ages(Sequence[float]):
-    """A lane's ages at ``now``, computed as read: ``doomed_prefix`` reads only the oldest
-    unless a backlog makes it look further (the decision runs on every arrival)."""
-
-    __slots__ = ("_lane", "_now")
-
-    def __init__(self, lane: Sequence[WorkItem], now: float) -> None:
-        self._lane, self._now = lane, now
-
-    def __len__(self) -> int:
-        return len(self._lane)
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return list(self)[index]
-        return self._now - self._lane[index].arrival
-
-    def __iter__(self) -> Iterator[float]:
-        now = self._now
-        return (now - item.arrival for item in self._lane)

@@ -91,8 +91,9 @@ most requests per ``value`` wins; without ``idle_w``, ``value = J(b)``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 MIN_WAIT_S = 0.0002  # a shorter wait costs more in wake-ups than it can gain
 MAX_MARGIN_SHARE = 0.25  # of the budget
@@ -411,16 +412,34 @@ def late_batch(
 
 def doomed(ages_s: Sequence[float], cost: CostView, objective: Objective, instances: int = 1) -> list[int]:
     """Positions (FIFO order) of queued requests that cannot meet the objective even if
-    every batch from now on is full: the one at position ``i`` rides in batch ``i // max``
-    of the ones ahead, each taking the full batch's predicted time (spread over
-    ``instances``). Used only when the user turns early rejection on."""
-    full = cost.max_batch_size
-    per_batch = cost.seconds[full]
-    first = cost.seconds[min(len(ages_s), full)]  # the first batch may be a partial one
-    margin = cost.held_back(objective)
-    out = []
-    for i, age in enumerate(ages_s):
-        rounds = i // (full * instances)
-        if age + first + rounds * per_batch + margin > objective.budget_s:
-            out.append(i)
-    return out
+    every batch from now on is full (``answered_after``, the drain rule 10 counts with).
+    Used only when the user turns early rejection on: unlike rule 10 it refuses only
+    requests that cannot make it whatever else is moved."""
+    full, total = cost.max_batch_size, len(ages_s)
+    limit = objective.budget_s - cost.held_back(objective)
+    return [
+        i for i, age in enumerate(ages_s) if age + answered_after(cost, full, i + 1, total, instances) > limit
+    ]
+
+
+class Ages(Sequence[float]):
+    """Queued requests' ages at ``now``, computed as read: ``doomed_prefix`` reads only the
+    oldest unless a backlog makes it look further, and the decision runs on every
+    arrival. ``arrival`` reads an item's arrival time (items are arrival times by default)."""
+
+    __slots__ = ("_arrival", "_items", "_now")
+
+    def __init__(self, items: Sequence[Any], now: float, arrival: Callable[[Any], float] = float) -> None:
+        self._items, self._now, self._arrival = items, now, arrival
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return list(self)[index]
+        return self._now - self._arrival(self._items[index])
+
+    def __iter__(self) -> Iterator[float]:
+        now, arrival = self._now, self._arrival
+        return (now - arrival(item) for item in self._items)

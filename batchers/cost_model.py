@@ -81,6 +81,7 @@ class CostModel:
         self._errors: deque[float] = deque(maxlen=error_window)  # observed - predicted + hand-off
         self._curve: np.ndarray | None = None  # cached predictions, index = size
         self._margin: float | None = None  # cached
+        self._bias: float | None = None  # cached with it
         self.observations = 0
 
     # ------------------------------------------------------------------ learning
@@ -101,7 +102,7 @@ class CostModel:
         if self._shape:
             predicted = self.seconds(size)
             self._errors.append(seconds - predicted)
-            self._margin = None
+            self._margin = self._bias = None
             ratio = min(max(seconds / predicted, 1.0 / RATIO_CLIP), RATIO_CLIP)
             self.scale *= ratio**self.scale_alpha
             self._shape.update(size, predicted * ratio / self.scale)
@@ -181,7 +182,7 @@ class CostModel:
         prediction error, so the margin covers the two together."""
         if seconds >= 0 and math.isfinite(seconds) and self._errors:
             self._errors[-1] += seconds
-            self._margin = None
+            self._margin = self._bias = None
 
     def margin(self) -> float:
         """Seconds held back: the percentile of (observed - predicted + hand-off) over the
@@ -197,9 +198,10 @@ class CostModel:
         """Seconds a batch takes beyond its prediction on average (hand-off included; 0
         until there are a few, never below 0): what each of several batches in a row adds,
         where ``margin`` is the tail of one."""
-        if len(self._errors) < 8:
-            return 0.0
-        return max(float(np.mean(np.fromiter(self._errors, float))), 0.0)
+        if self._bias is None:
+            errors = np.fromiter(self._errors, float) if len(self._errors) >= 8 else np.zeros(1)
+            self._bias = max(float(errors.mean()), 0.0)
+        return self._bias
 
     def joules(self, size: int) -> float | None:
         """Measured joules per batch of ``size`` (EWMA), or None where not measured."""

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import numpy as np
 from wattserve.batchers.adaptive import CAUTION, calibration_sizes, miss_ceiling
 from wattserve.batchers.adaptive_decision import (
+    Ages,
     CostView,
     Objective,
     QueueState,
@@ -80,9 +81,10 @@ class Policy(ABC):
         return next((i for i, arrival in enumerate(queue) if arrival >= cutoff), len(queue))
 
     def decide_late(self, t: float, queue: deque[float], late: int) -> int:
-        """How many to send while ``late`` requests wait behind ``queue`` (asked only where
-        ``late_age`` is finite): by default no waiting, everything up to the maximum, the
-        on-time ones first (the adaptive policy sizes it by the on-time ones' slack)."""
+        """How many to send while ``late`` requests wait behind ``queue`` (asked only while
+        ``late_count`` has moved some there): by default no waiting, everything up to the
+        maximum, the on-time ones first (the adaptive policy sizes it by the on-time ones'
+        slack)."""
         return min(len(queue) + late, self.max_batch)
 
 
@@ -175,7 +177,7 @@ class Adaptive(Policy):
             return 0
         view = self._cost_view()
         batch = split_size(view.seconds, self.max_batch, view.bias_s)
-        return doomed_prefix([t - a for a in queue], 0, view, self.objective, batch)
+        return doomed_prefix(Ages(queue, t), 0, view, self.objective, batch)
 
     def decide_late(self, t, queue, late):
         view = self._cost_view()

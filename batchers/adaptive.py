@@ -474,8 +474,8 @@ class AdaptiveBatcher(SloBatcher):
         yield backoffs
         delayed = CounterMetricFamily(
             "wattserve_adaptive_late_delayed",
-            "Requests moved behind the rest of the queue because they could no longer meet the "
-            "objective (slo_late_last).",
+            "Requests moved behind the rest of the queue because, served first, they would make "
+            "others miss the objective (slo_late_last).",
             labels=names,
         )
         delayed.add_metric(list(labels), self.delayed_total)

@@ -8,7 +8,9 @@
 # (default 1) passes over the rates, each round rotating the order of the servers, on engine
 # ENGINE (default torch; onnxruntime serves mobilenet_v2 ~3.5x faster on a 2-core CPU).
 # BEFORE=<another checkout> adds a third server, adaptive-before, running that checkout's
-# code (a same-run before/after).
+# code (a same-run before/after). FIXED="dynamic-2ms dynamic-20ms ..." adds fixed dynamic
+# configurations at those delays (each its own server), so that "wherever some fixed
+# configuration meets the objective" is asked of more than the default delay in the same run.
 # Table: python -m benchmarks.adaptive_live_table OUT
 set -euo pipefail
 model=$1 rates=$2 out=$3
@@ -21,6 +23,7 @@ configs=(adaptive dynamic-5ms)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 pids=()
+trap 'kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null || true' EXIT
 env "${common[@]}" WATTSERVE_PORT=18478 WATTSERVE_BATCHER=adaptive "$py" -m wattserve serve >"$out/adaptive.log" 2>&1 &
 pids+=($!)
 env "${common[@]}" WATTSERVE_PORT=18479 WATTSERVE_BATCHER=dynamic WATTSERVE_MAX_QUEUE_DELAY_MS=5 \
@@ -35,7 +38,16 @@ if [[ -n ${BEFORE:-} ]]; then
   pids+=($!)
   configs=(adaptive-before adaptive dynamic-5ms)
 fi
-trap 'kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null || true' EXIT
+next_port=18480
+for cfg in ${FIXED:-}; do
+  [[ $cfg =~ ^dynamic-([0-9.]+)ms$ ]] || { echo "FIXED: $cfg is not dynamic-<ms>ms" >&2; exit 2; }
+  port[$cfg]=$next_port
+  env "${common[@]}" WATTSERVE_PORT=$next_port WATTSERVE_BATCHER=dynamic WATTSERVE_MAX_QUEUE_DELAY_MS="${BASH_REMATCH[1]}" \
+    "$py" -m wattserve serve >"$out/$cfg.log" 2>&1 &
+  pids+=($!)
+  configs+=("$cfg")
+  next_port=$((next_port + 1))
+done
 for cfg in "${configs[@]}"; do
   p=${port[$cfg]}
   for _ in $(seq 240); do curl -sf "http://127.0.0.1:$p/v2/health/ready" >/dev/null && break; sleep 0.5; done

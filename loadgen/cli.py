@@ -52,6 +52,13 @@ def _name_value(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a length >= 0, got {value}")
+    return value
+
+
 def add_loadgen_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "loadgen",
@@ -134,7 +141,20 @@ def _add_target_arguments(p: argparse.ArgumentParser) -> None:
         type=_name_value,
         default=[],
         metavar="NAME=V",
-        help="fill an input with a constant instead of random data (e.g. steps=20)",
+        help="fill an input with a constant instead of random data (e.g. steps=20; a string for BYTES)",
+    )
+    t.add_argument(
+        "--string-length",
+        type=_non_negative_int,
+        default=None,
+        metavar="N",
+        help="characters in each random string of a BYTES input (default 128, as perf_analyzer)",
+    )
+    t.add_argument(
+        "--string-data",
+        default=None,
+        metavar="TEXT",
+        help="send TEXT in every element of every BYTES input instead of random strings",
     )
     t.add_argument(
         "--metrics-url",
@@ -344,7 +364,7 @@ async def _loadgen(args: argparse.Namespace) -> int:
     out = args.out or Path("results") / f"loadgen-{datetime.now():%Y%m%d-%H%M%S}"
     progress = None if args.no_progress else RichProgress(console)
     shapes = {k: [int(d) for d in v.split(",")] for k, v in args.input_shape}
-    fixed = {k: float(v) for k, v in args.input_value}
+    fixed: dict[str, float | str] = dict(args.input_value)
     protocol = "image" if args.images else args.protocol
     extra: dict[str, Any] = {}
     async with client.make_session(args.timeout) as session:
@@ -359,6 +379,8 @@ async def _loadgen(args: argparse.Namespace) -> int:
             fixed,
             args.ready_timeout,
             metrics_url=None if args.metrics_url == "none" else args.metrics_url,
+            string_data=args.string_data,
+            string_length=args.string_length,
         )
         console.print(
             f"target {target.url} model {target.model} protocol {target.protocol} "

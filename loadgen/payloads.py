@@ -2,6 +2,9 @@
 
 Bodies are built once, before the run, and cycled through, so the generator spends its time
 sending rather than encoding. Each body is a batch of one (the -1 batch dimension becomes 1).
+Strings (BYTES) are random ASCII of ``string_length`` characters, as perf_analyzer's
+``--string-length`` (default 128), or one given value (``--string-data``, ``--input-value``);
+BF16 goes as its raw 16 bits in the binary extension and as the numbers it holds in JSON.
 """
 
 from __future__ import annotations
@@ -15,13 +18,13 @@ from typing import Any
 import numpy as np
 import orjson
 from wattserve.engines.base import DATATYPE_TO_NUMPY
+from wattserve.server.bytes_tensors import serialize_bytes
 
 PROTOCOLS = ("auto", "binary", "json", "image")
 
 _DTYPES = DATATYPE_TO_NUMPY  # one table of KServe datatypes for server and client
-# Datatypes the generator has no random data for yet (strings need a length policy; BF16's
-# numpy type has no byte-order view): a run against such a model is refused up front.
-NO_RANDOM_DATA = ("BYTES", "BF16")
+STRING_LENGTH = 128  # perf_analyzer's --string-length default
+_STRING_ALPHABET = np.frombuffer(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", np.uint8)
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp"}
 
 
@@ -63,25 +66,68 @@ def input_specs(
                     f"input {name!r} has a variable dimension {list(inp['shape'])}; "
                     f"give a concrete shape with --input-shape {name}=..."
                 )
-        if datatype not in _DTYPES or datatype in NO_RANDOM_DATA:
-            raise ValueError(f"input {name!r}: datatype {datatype} is not supported for random data")
+        if datatype not in _DTYPES:
+            raise ValueError(f"input {name!r}: datatype {datatype} is not a KServe v2 datatype")
         specs.append(InputSpec(name, datatype, shape))
     if not specs:
         raise ValueError("model metadata lists no inputs")
     return specs
 
 
-def random_tensor(spec: InputSpec, rng: np.random.Generator, fixed: float | None = None) -> np.ndarray:
-    """Random data of the input's shape and type (standard normal floats, small integers)."""
+def random_tensor(
+    spec: InputSpec,
+    rng: np.random.Generator,
+    fixed: float | str | None = None,
+    string_length: int = STRING_LENGTH,
+) -> np.ndarray:
+    """Random data of the input's shape and type (standard normal floats, small integers,
+    ASCII strings of ``string_length``), or ``fixed`` in every element."""
+    if spec.datatype == "BYTES":
+        if fixed is not None:
+            return np.full(spec.shape, str(fixed).encode(), dtype=object)
+        return random_strings(spec.shape, rng, string_length)
     dtype = _DTYPES[spec.datatype]
     if fixed is not None:
-        return np.full(spec.shape, fixed, dtype=dtype)
-    if dtype.kind == "f":
+        try:
+            return np.full(spec.shape, float(fixed), dtype=dtype)
+        except ValueError:
+            raise ValueError(f"input {spec.name!r} ({spec.datatype}) needs a number, not {fixed!r}") from None
+    if dtype.kind == "f" or spec.datatype == "BF16":
         return rng.standard_normal(spec.shape).astype(dtype)
     if dtype.kind == "b":
         return rng.random(spec.shape) < 0.5
     high = 256 if dtype.itemsize == 1 else 100
     return rng.integers(0, high, size=spec.shape).astype(dtype)
+
+
+def random_strings(shape: tuple[int, ...], rng: np.random.Generator, length: int) -> np.ndarray:
+    """An object array of ``bytes``, each ``length`` random letters and digits."""
+    count = int(np.prod(shape, dtype=np.int64))
+    letters = _STRING_ALPHABET[rng.integers(0, len(_STRING_ALPHABET), size=(count, length))]
+    out = np.empty(count, dtype=object)
+    for i in range(count):
+        out[i] = letters[i].tobytes()
+    return out.reshape(shape)
+
+
+def _json_data(datatype: str, tensor: np.ndarray) -> list[Any]:
+    flat = tensor.reshape(-1)
+    if datatype == "BYTES":  # JSON strings (UTF-8 text)
+        return [v.decode() if isinstance(v, bytes) else str(v) for v in flat]
+    if datatype == "BF16":  # the numbers BF16 holds, exactly, as FP32
+        return flat.astype(np.float32).tolist()
+    return flat.tolist()
+
+
+def _raw(datatype: str, tensor: np.ndarray) -> bytes:
+    """One input's bytes in the binary extension: little-endian elements, BYTES each behind
+    a 4-byte length, BF16 as its 16 bits."""
+    if datatype == "BYTES":
+        return serialize_bytes(np.asarray(tensor, dtype=object))
+    array = np.ascontiguousarray(tensor, dtype=_DTYPES[datatype])
+    if datatype == "BF16":
+        return array.view(np.uint16).astype("<u2").tobytes()
+    return array.astype(array.dtype.newbyteorder("<")).tobytes()
 
 
 def json_body(specs: Sequence[InputSpec], tensors: Mapping[str, np.ndarray]) -> bytes:
@@ -93,7 +139,7 @@ def json_body(specs: Sequence[InputSpec], tensors: Mapping[str, np.ndarray]) -> 
                     "name": s.name,
                     "shape": list(s.shape),
                     "datatype": s.datatype,
-                    "data": tensors[s.name].reshape(-1).tolist(),
+                    "data": _json_data(s.datatype, tensors[s.name]),
                 }
                 for s in specs
             ]
@@ -106,7 +152,7 @@ def binary_body(specs: Sequence[InputSpec], tensors: Mapping[str, np.ndarray]) -
 
     Returns the body and the header length for ``Inference-Header-Content-Length``.
     """
-    raw = [np.ascontiguousarray(tensors[s.name]).astype(_DTYPES[s.datatype].newbyteorder("<")) for s in specs]
+    raw = [_raw(s.datatype, tensors[s.name]) for s in specs]
     header = orjson.dumps(
         {
             "inputs": [
@@ -114,14 +160,14 @@ def binary_body(specs: Sequence[InputSpec], tensors: Mapping[str, np.ndarray]) -
                     "name": s.name,
                     "shape": list(s.shape),
                     "datatype": s.datatype,
-                    "parameters": {"binary_data_size": int(r.nbytes)},
+                    "parameters": {"binary_data_size": len(r)},
                 }
                 for s, r in zip(specs, raw, strict=True)
             ],
             "parameters": {"binary_data_output": True},
         }
     )
-    return header + b"".join(r.tobytes() for r in raw), len(header)
+    return header + b"".join(raw), len(header)
 
 
 def tensor_requests(
@@ -130,15 +176,18 @@ def tensor_requests(
     protocol: str,
     count: int,
     seed: int,
-    fixed_values: Mapping[str, float] | None = None,
+    fixed_values: Mapping[str, float | str] | None = None,
+    string_length: int = STRING_LENGTH,
 ) -> list[PreparedRequest]:
     """``count`` distinct random requests for the ``json`` or ``binary`` protocol."""
+    if string_length < 0:
+        raise ValueError(f"string length must be >= 0, not {string_length}")
     rng = np.random.default_rng(seed)
     fixed = fixed_values or {}
     path = f"/v2/models/{model}/infer"
     out = []
     for _ in range(count):
-        tensors = {s.name: random_tensor(s, rng, fixed.get(s.name)) for s in specs}
+        tensors = {s.name: random_tensor(s, rng, fixed.get(s.name), string_length) for s in specs}
         if protocol == "json":
             out.append(PreparedRequest(path, json_body(specs, tensors), {"Content-Type": "application/json"}))
         elif protocol == "binary":

@@ -170,10 +170,12 @@ async def prepare_target(
     images: str | None = None,
     seed: int = 0,
     shapes: Mapping[str, Sequence[int]] | None = None,
-    fixed_values: Mapping[str, float] | None = None,
+    fixed_values: Mapping[str, float | str] | None = None,
     ready_timeout_s: float = 60.0,
     distinct: int = 16,
     metrics_url: str | None = "",
+    string_length: int | None = None,
+    string_data: str | None = None,
 ) -> Target:
     """Wait for readiness, read model metadata, build bodies, and check one request works.
 
@@ -181,7 +183,9 @@ async def prepare_target(
     refuses it. A probe that gets no answer within ``PROBE_TIMEOUT_S`` passed validation and
     sits in the queue (a static batcher waiting for a full batch does that), so it counts as
     accepted; only an error answer fails it. ``metrics_url``: "" for ``{url}/metrics``,
-    None to read no server metrics.
+    None to read no server metrics. BYTES inputs get random strings of ``string_length`` (None: 128), or
+    ``string_data`` in every element (perf_analyzer's ``--string-length``, ``--string-data``);
+    ``fixed_values`` names one input's value and comes first.
     """
     url = url.rstrip("/")
     await client.wait_ready(session, url, ready_timeout_s)
@@ -192,11 +196,15 @@ async def prepare_target(
         chosen, reqs = "image", payloads.image_requests(model, images)
     else:
         specs = payloads.input_specs(metadata, shapes)
+        length = payloads.STRING_LENGTH if string_length is None else string_length
+        if string_data is not None:
+            strings = {s.name: string_data for s in specs if s.datatype == "BYTES"}
+            fixed_values = {**strings, **(fixed_values or {})}
         candidates = ["binary", "json"] if protocol == "auto" else [protocol]
         chosen, reqs, errors = "", [], []
         for proto in candidates:
             count = distinct if proto == "binary" else max(2, distinct // 4)
-            trial = payloads.tensor_requests(model, specs, proto, count, seed, fixed_values)
+            trial = payloads.tensor_requests(model, specs, proto, count, seed, fixed_values, length)
             out = await client.send(session, url, trial[0], keep_detail=True, timeout_s=PROBE_TIMEOUT_S)
             if out.status in (stats.OK, "timeout"):
                 chosen, reqs = proto, trial

@@ -144,6 +144,13 @@ def _add_target_arguments(p: argparse.ArgumentParser) -> None:
         help="fill an input with a constant instead of random data (e.g. steps=20; a string for BYTES)",
     )
     t.add_argument(
+        "--input-data",
+        default="random",
+        metavar="random|zero|FILE|DIR",
+        help="what to send, as perf_analyzer's --input-data: random (default), zero, a JSON file "
+        '{"data": [{INPUT: VALUE, ...}, ...]} sent round robin, or a directory of one raw file per input',
+    )
+    t.add_argument(
         "--string-length",
         type=_non_negative_int,
         default=None,
@@ -353,6 +360,15 @@ def run_loadgen_command(args: argparse.Namespace) -> int:
     return run_async(_loadgen(args))
 
 
+async def _prepare_or_exit(prepare: Any, *args: Any, **kwargs: Any) -> Any:
+    """The target, or the reason the model cannot be driven as asked (a variable dimension
+    without --input-shape, input data that does not fit it) as one line, not a traceback."""
+    try:
+        return await prepare(*args, **kwargs)
+    except ValueError as exc:
+        raise SystemExit(f"loadgen: error: {exc}") from None
+
+
 async def _loadgen(args: argparse.Namespace) -> int:
     from . import client, report
     from .progress import RichProgress, make_console, step_line
@@ -368,7 +384,8 @@ async def _loadgen(args: argparse.Namespace) -> int:
     protocol = "image" if args.images else args.protocol
     extra: dict[str, Any] = {}
     async with client.make_session(args.timeout) as session:
-        target = await prepare_target(
+        target = await _prepare_or_exit(
+            prepare_target,
             session,
             args.url,
             args.model,
@@ -381,6 +398,7 @@ async def _loadgen(args: argparse.Namespace) -> int:
             metrics_url=None if args.metrics_url == "none" else args.metrics_url,
             string_data=args.string_data,
             string_length=args.string_length,
+            input_data=args.input_data,
         )
         console.print(
             f"target {target.url} model {target.model} protocol {target.protocol} "

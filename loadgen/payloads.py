@@ -48,9 +48,13 @@ class PreparedRequest:
 
 
 def input_specs(
-    metadata: Mapping[str, Any], shape_overrides: Mapping[str, Sequence[int]] | None = None
+    metadata: Mapping[str, Any],
+    shape_overrides: Mapping[str, Sequence[int]] | None = None,
+    allow_variable: bool = False,
 ) -> list[InputSpec]:
-    """Inputs from model metadata, with every -1 made concrete (batch 1 for the first dim)."""
+    """Inputs from model metadata, with every -1 made concrete (batch 1 for the first dim).
+
+    ``allow_variable`` keeps other -1 dimensions (input data that gives its own shapes)."""
     overrides = shape_overrides or {}
     specs = []
     for inp in metadata.get("inputs", []):
@@ -61,7 +65,7 @@ def input_specs(
             shape = tuple(int(d) for d in inp["shape"])
             if shape and shape[0] == -1:
                 shape = (1, *shape[1:])
-            if any(d < 0 for d in shape):
+            if any(d < 0 for d in shape) and not allow_variable:
                 raise ValueError(
                     f"input {name!r} has a variable dimension {list(inp['shape'])}; "
                     f"give a concrete shape with --input-shape {name}=..."
@@ -184,21 +188,34 @@ def tensor_requests(
         raise ValueError(f"string length must be >= 0, not {string_length}")
     rng = np.random.default_rng(seed)
     fixed = fixed_values or {}
+    tensor_sets = [
+        {s.name: random_tensor(s, rng, fixed.get(s.name), string_length) for s in specs} for _ in range(count)
+    ]
+    return encode_requests(model, specs, protocol, tensor_sets)
+
+
+def encode_requests(
+    model: str, specs: Sequence[InputSpec], protocol: str, tensor_sets: Sequence[Mapping[str, np.ndarray]]
+) -> list[PreparedRequest]:
+    """One ``json`` or ``binary`` request per set of input tensors; each input's shape is its
+    tensor's (given input data may vary it from request to request)."""
+    if protocol not in ("json", "binary"):
+        raise ValueError(f"tensor requests need protocol json or binary, not {protocol!r}")
     path = f"/v2/models/{model}/infer"
     out = []
-    for _ in range(count):
-        tensors = {s.name: random_tensor(s, rng, fixed.get(s.name), string_length) for s in specs}
+    for tensors in tensor_sets:
+        shaped = [InputSpec(s.name, s.datatype, tuple(np.shape(tensors[s.name]))) for s in specs]
         if protocol == "json":
-            out.append(PreparedRequest(path, json_body(specs, tensors), {"Content-Type": "application/json"}))
-        elif protocol == "binary":
-            body, header_len = binary_body(specs, tensors)
+            out.append(
+                PreparedRequest(path, json_body(shaped, tensors), {"Content-Type": "application/json"})
+            )
+        else:
+            body, header_len = binary_body(shaped, tensors)
             headers = {
                 "Content-Type": "application/octet-stream",
                 "Inference-Header-Content-Length": str(header_len),
             }
             out.append(PreparedRequest(path, body, headers))
-        else:
-            raise ValueError(f"tensor requests need protocol json or binary, not {protocol!r}")
     return out
 
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from . import client, payloads, promwindow, stats
 from .arrivals import BurstSpec, make_schedule
+from .input_data import load_input_data, zero_data
 from .payloads import PreparedRequest
 from .stats import RequestRecord
 
@@ -176,6 +177,7 @@ async def prepare_target(
     metrics_url: str | None = "",
     string_length: int | None = None,
     string_data: str | None = None,
+    input_data: str | None = None,
 ) -> Target:
     """Wait for readiness, read model metadata, build bodies, and check one request works.
 
@@ -185,7 +187,9 @@ async def prepare_target(
     accepted; only an error answer fails it. ``metrics_url``: "" for ``{url}/metrics``,
     None to read no server metrics. BYTES inputs get random strings of ``string_length`` (None: 128), or
     ``string_data`` in every element (perf_analyzer's ``--string-length``, ``--string-data``);
-    ``fixed_values`` names one input's value and comes first.
+    ``fixed_values`` names one input's value and comes first. ``input_data``: perf_analyzer's
+    ``--input-data`` (``random``, the default; ``zero``; a JSON file or a directory, see
+    ``input_data.py``), one request per entry, sent round robin.
     """
     url = url.rstrip("/")
     await client.wait_ready(session, url, ready_timeout_s)
@@ -195,16 +199,23 @@ async def prepare_target(
             raise ValueError("protocol image needs --images DIR")
         chosen, reqs = "image", payloads.image_requests(model, images)
     else:
-        specs = payloads.input_specs(metadata, shapes)
+        data_file = input_data if input_data not in (None, "random", "zero") else None
+        specs = payloads.input_specs(metadata, shapes, allow_variable=data_file is not None)
         length = payloads.STRING_LENGTH if string_length is None else string_length
         if string_data is not None:
             strings = {s.name: string_data for s in specs if s.datatype == "BYTES"}
             fixed_values = {**strings, **(fixed_values or {})}
+        if input_data == "zero":
+            fixed_values = {**zero_data(specs), **(fixed_values or {})}
+        tensor_sets = None if data_file is None else load_input_data(data_file, specs)
         candidates = ["binary", "json"] if protocol == "auto" else [protocol]
         chosen, reqs, errors = "", [], []
         for proto in candidates:
             count = distinct if proto == "binary" else max(2, distinct // 4)
-            trial = payloads.tensor_requests(model, specs, proto, count, seed, fixed_values, length)
+            if tensor_sets is not None:
+                trial = payloads.encode_requests(model, specs, proto, tensor_sets)
+            else:
+                trial = payloads.tensor_requests(model, specs, proto, count, seed, fixed_values, length)
             out = await client.send(session, url, trial[0], keep_detail=True, timeout_s=PROBE_TIMEOUT_S)
             if out.status in (stats.OK, "timeout"):
                 chosen, reqs = proto, trial

@@ -150,3 +150,43 @@ def test_loadgen_drives_string_and_bf16_models_without_errors(server: str, tmp_p
         (run,) = json.loads((out / "results.json").read_text())["runs"]
         assert run["target"]["protocol"] == "binary"
         assert run["sent"] == 40 and run["failed"] == 0 and run["completed"] == 40
+
+
+async def test_input_data_file_and_zero_reach_the_model(server: str, tmp_path: Path) -> None:
+    data = tmp_path / "strings.json"
+    data.write_text(
+        json.dumps({"data": [{"TEXT": ["first"]}, {"TEXT": {"content": ["second"], "shape": [1]}}]})
+    )
+    async with make_session(10) as session:
+        given = await prepare_target(session, server, "upper", "json", input_data=str(data), metrics_url=None)
+        zero = await prepare_target(session, server, "upper", "json", input_data="zero", metrics_url=None)
+    assert len(given.requests) == 2  # one per entry, sent round robin
+    answers = []
+    async with httpx.AsyncClient() as http:
+        for request in [*given.requests, zero.requests[0]]:
+            response = await http.post(
+                f"{server}{request.path}", content=request.body, headers=request.headers
+            )
+            assert response.status_code == 200, response.text
+            answers.append({o["name"]: o["data"] for o in response.json()["outputs"]})
+    assert [a["UPPER__0"] for a in answers] == [["FIRST"], ["SECOND"], [""]]
+    assert [a["LENGTH__1"] for a in answers] == [[5], [6], [0]]
+
+
+def test_loadgen_sends_a_perf_analyzer_input_data_file(server: str, tmp_path: Path) -> None:
+    data = tmp_path / "strings.json"
+    data.write_text(json.dumps({"data": [{"TEXT": ["a"]}, {"TEXT": ["bb"]}, {"TEXT": ["ccc"]}]}))
+    out = tmp_path / "run"
+    code = main(
+        ["loadgen", "--url", server, "--model", "upper", "--arrival", "constant", "--rate", "30",
+         "--warmup", "0.2", "--duration", "1", "--max-lag-ms", "200", "--metrics-url", "none",
+         "--input-data", str(data), "--out", str(out), "--no-progress"]
+    )  # fmt: skip
+    assert code == 0
+    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    assert run["sent"] == 30 and run["failed"] == 0
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"data": [{"WRONG": ["a"]}]}))
+    with pytest.raises(SystemExit, match=r"loadgen: error: .*no input 'WRONG'"):
+        main(["loadgen", "--url", server, "--model", "upper", "--rate", "5", "--duration", "1",
+              "--input-data", str(bad), "--out", str(tmp_path / "bad"), "--no-progress"])  # fmt: skip

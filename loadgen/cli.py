@@ -362,10 +362,11 @@ def run_loadgen_command(args: argparse.Namespace) -> int:
 
 async def _prepare_or_exit(prepare: Any, *args: Any, **kwargs: Any) -> Any:
     """The target, or the reason the model cannot be driven as asked (a variable dimension
-    without --input-shape, input data that does not fit it) as one line, not a traceback."""
+    without --input-shape, input data that does not fit it, a probe the model refused) as
+    one line, not a traceback."""
     try:
         return await prepare(*args, **kwargs)
-    except ValueError as exc:
+    except (ValueError, RuntimeError) as exc:
         raise SystemExit(f"loadgen: error: {exc}") from None
 
 

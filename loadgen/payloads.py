@@ -114,10 +114,17 @@ def random_strings(shape: tuple[int, ...], rng: np.random.Generator, length: int
     return out.reshape(shape)
 
 
+class UnencodableError(ValueError):
+    """Data one protocol cannot carry (bytes that are not UTF-8 text, in JSON)."""
+
+
 def _json_data(datatype: str, tensor: np.ndarray) -> list[Any]:
     flat = tensor.reshape(-1)
     if datatype == "BYTES":  # JSON strings (UTF-8 text)
-        return [v.decode() if isinstance(v, bytes) else str(v) for v in flat]
+        try:
+            return [v.decode() if isinstance(v, bytes) else str(v) for v in flat]
+        except UnicodeDecodeError:
+            raise UnencodableError("JSON cannot carry BYTES that are not UTF-8 text (use --binary)") from None
     if datatype == "BF16":  # the numbers BF16 holds, exactly, as FP32
         return flat.astype(np.float32).tolist()
     return flat.tolist()

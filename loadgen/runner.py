@@ -212,17 +212,24 @@ async def prepare_target(
         chosen, reqs, errors = "", [], []
         for proto in candidates:
             count = distinct if proto == "binary" else max(2, distinct // 4)
-            if tensor_sets is not None:
-                trial = payloads.encode_requests(model, specs, proto, tensor_sets)
-            else:
-                trial = payloads.tensor_requests(model, specs, proto, count, seed, fixed_values, length)
+            try:
+                if tensor_sets is not None:
+                    trial = payloads.encode_requests(model, specs, proto, tensor_sets)
+                else:
+                    trial = payloads.tensor_requests(model, specs, proto, count, seed, fixed_values, length)
+            except payloads.UnencodableError as exc:  # e.g. non-UTF-8 strings in JSON
+                errors.append(f"{proto}: {exc}")
+                continue
             out = await client.send(session, url, trial[0], keep_detail=True, timeout_s=PROBE_TIMEOUT_S)
             if out.status in (stats.OK, "timeout"):
                 chosen, reqs = proto, trial
                 break
             errors.append(f"{proto}: HTTP {out.status} {out.detail or ''}".strip())
         if not chosen:
-            raise RuntimeError(f"probe request to {model} failed: {'; '.join(errors)}")
+            hint = ""
+            if tensor_sets is None and any(s.datatype == "BYTES" for s in specs):
+                hint = " (random strings: a model that parses them needs --input-data or --string-data)"
+            raise RuntimeError(f"probe request to {model} failed: {'; '.join(errors)}{hint}")
     if chosen == "image":
         out = await client.send(session, url, reqs[0], keep_detail=True, timeout_s=PROBE_TIMEOUT_S)
         if out.status not in (stats.OK, "timeout"):

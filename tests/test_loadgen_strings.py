@@ -6,6 +6,7 @@ own decoders, and end to end against a real server whose model answers what it r
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -17,7 +18,14 @@ import pytest
 import torch
 from wattserve.loadgen.cli import main
 from wattserve.loadgen.client import make_session
-from wattserve.loadgen.payloads import InputSpec, binary_body, input_specs, json_body, tensor_requests
+from wattserve.loadgen.payloads import (
+    InputSpec,
+    UnencodableError,
+    binary_body,
+    input_specs,
+    json_body,
+    tensor_requests,
+)
 from wattserve.loadgen.runner import prepare_target
 from wattserve.server.bytes_tensors import deserialize_bytes
 from wattserve.server.settings import Settings
@@ -63,6 +71,8 @@ def test_fixed_strings_and_numbers() -> None:
     )
     doc = orjson.loads(request.body)
     assert doc["inputs"][0]["data"] == ["héllo", "héllo"] and doc["inputs"][1]["data"] == [20]
+    with pytest.raises(UnencodableError, match="not UTF-8"):
+        json_body(specs[:1], {"TEXT": np.array([[b"\xff", b"x"]], dtype=object)})
     with pytest.raises(ValueError, match="needs a number"):
         tensor_requests("m", specs, "json", count=1, seed=0, fixed_values={"steps": "many"})
 
@@ -187,6 +197,11 @@ def test_loadgen_sends_a_perf_analyzer_input_data_file(server: str, tmp_path: Pa
     assert run["sent"] == 30 and run["failed"] == 0
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"data": [{"WRONG": ["a"]}]}))
+    refused = tmp_path / "refused.json"  # fits the model, which refuses it: the probe's 400 in one line
+    refused.write_text(json.dumps({"data": [{"TEXT": {"b64": base64.b64encode(b"\xff\xfe").decode()}}]}))
+    with pytest.raises(SystemExit, match=r"loadgen: error: probe request to upper failed: binary: HTTP 400"):
+        main(["loadgen", "--url", server, "--model", "upper", "--rate", "5", "--duration", "1",
+              "--input-data", str(refused), "--out", str(tmp_path / "refused"), "--no-progress"])  # fmt: skip
     with pytest.raises(SystemExit, match=r"loadgen: error: .*no input 'WRONG'"):
         main(["loadgen", "--url", server, "--model", "upper", "--rate", "5", "--duration", "1",
               "--input-data", str(bad), "--out", str(tmp_path / "bad"), "--no-progress"])  # fmt: skip

@@ -6,8 +6,9 @@ such data in two forms, read here unchanged:
 
 - a JSON file ``{"data": [{INPUT: VALUE, ...}, ...]}``, one entry per request, sent round
   robin; VALUE is the flattened (or nested) row-major content, ``{"content": [...],
-  "shape": [...]}`` for an input with variable dimensions, or ``{"b64": "..."}`` for raw
-  bytes (numbers: little-endian elements; BYTES: one element, those bytes). Shapes leave
+  "shape": [...]}`` for an input with variable dimensions, or ``{"b64": "..."}`` for the
+  tensor's bytes as they go on the wire (numbers: little-endian elements; BYTES: each
+  element behind its 4-byte little-endian length, as perf_analyzer sends them). Shapes leave
   out the batch dimension of a batching model (a batch of one is sent), as perf_analyzer's;
 - a directory with one file per input, named as the input: raw little-endian elements for a
   batch-1 request, or for BYTES one UTF-8 string per line.
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 from wattserve.engines.base import DATATYPE_TO_NUMPY
+from wattserve.server.bytes_tensors import BytesTensorError, deserialize_bytes
 
 from .payloads import InputSpec
 
@@ -82,7 +84,7 @@ def _value(where: str, spec: InputSpec, value: Any) -> np.ndarray:
             except (ValueError, TypeError) as exc:
                 raise InputDataError(f"{where}: b64 is not base64 ({exc})") from None
             if spec.datatype == "BYTES":
-                return _sized(where, np.array([raw], dtype=object), shape)
+                return _bytes_from_wire(where, raw, shape)
             return _sized(where, _from_raw(where, spec, raw), shape)
         if "content" not in value:
             raise InputDataError(f'{where}: expected "content" or "b64"')
@@ -124,6 +126,17 @@ def _sized(where: str, flat: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return flat.reshape(shape)
 
 
+def _bytes_from_wire(where: str, raw: bytes, shape: tuple[int, ...]) -> np.ndarray:
+    if any(d < 0 for d in shape):
+        raise InputDataError(f'{where}: the input has variable dimensions {list(shape)}; give "shape"')
+    try:
+        return deserialize_bytes(raw, where, shape)
+    except BytesTensorError as exc:
+        raise InputDataError(
+            f"{where}: b64 of a BYTES input is its elements each behind a 4-byte length ({exc})"
+        ) from None
+
+
 def _from_raw(where: str, spec: InputSpec, raw: bytes) -> np.ndarray:
     dtype = DATATYPE_TO_NUMPY[spec.datatype]
     if len(raw) % dtype.itemsize:
@@ -142,8 +155,10 @@ def _from_directory(folder: Path, specs: Sequence[InputSpec]) -> dict[str, np.nd
             raise InputDataError(f"{folder}: no file {spec.name!r} for input {spec.name!r}")
         raw = file.read_bytes()
         if spec.datatype == "BYTES":
-            try:
-                lines = raw.decode().splitlines()
+            try:  # one element per line, as perf_analyzer reads them
+                lines = raw.decode().split("\n")
+                if lines and lines[-1] == "":
+                    lines.pop()
             except UnicodeDecodeError as exc:
                 raise InputDataError(f"{where}: a BYTES input's file holds UTF-8 lines ({exc})") from None
             tensors[spec.name] = _sized(

@@ -31,11 +31,13 @@ def write(tmp_path: Path, doc) -> Path:
 
 
 def test_json_entries_become_one_request_each_in_order(tmp_path) -> None:
+    """Content as numbers and strings, content with a shape, and b64 (BYTES: its elements
+    each behind a 4-byte length, the form perf_analyzer sends unchanged)."""
     specs = input_specs(META, allow_variable=True)
     assert specs[2].shape == (1, -1)
     path = write(tmp_path, {"data": [
         {"x": [1, 2, 3], "text": ["héllo"], "ids": {"content": [[5, 6]], "shape": [2]}},
-        {"x": [[4, 5, 6]], "text": {"b64": base64.b64encode(b"\x00\xffraw").decode()},
+        {"x": [[4, 5, 6]], "text": {"b64": base64.b64encode(b"\x05\x00\x00\x00\x00\xffraw").decode()},
          "ids": {"content": [7, 8, 9, 10], "shape": [1, 4]}},
     ]})  # fmt: skip
     first, second = load_input_data(path, specs)
@@ -83,6 +85,10 @@ def test_b64_numbers_are_little_endian_elements_and_bf16_its_16_bits(tmp_path) -
         ({"data": [{"x": {"b64": "AAA="}, "text": ["a"], "ids": {"content": [1], "shape": [1]}}]}, "whole number of FP32"),
         ({"data": [{"x": [1, 2, 3], "text": ["a"], "ids": {"content": [1], "shape": [1, 1, 1]}}]}, "does not fit"),
         ({"data": [{"x": [1, 2, 3], "text": ["a"], "ids": {"shape": [1]}}]}, 'expected "content" or "b64"'),
+        # b64 of a BYTES input is the wire form, as perf_analyzer sends it: raw PNG bytes read
+        # "\x89PNG" as a 1.2 GB length
+        ({"data": [{"x": [1, 2, 3], "text": {"b64": base64.b64encode(b"\x89PNG\r\n").decode()},
+                    "ids": {"content": [1], "shape": [1]}}]}, "each behind a 4-byte length"),
     ],
 )  # fmt: skip
 def test_misfits_name_the_entry_and_input(tmp_path, doc, message) -> None:

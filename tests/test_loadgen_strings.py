@@ -198,7 +198,9 @@ def test_loadgen_sends_a_perf_analyzer_input_data_file(server: str, tmp_path: Pa
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"data": [{"WRONG": ["a"]}]}))
     refused = tmp_path / "refused.json"  # fits the model, which refuses it: the probe's 400 in one line
-    refused.write_text(json.dumps({"data": [{"TEXT": {"b64": base64.b64encode(b"\xff\xfe").decode()}}]}))
+    refused.write_text(
+        json.dumps({"data": [{"TEXT": {"b64": base64.b64encode(b"\x02\x00\x00\x00\xff\xfe").decode()}}]})
+    )
     with pytest.raises(SystemExit, match=r"loadgen: error: probe request to upper failed: binary: HTTP 400"):
         main(["loadgen", "--url", server, "--model", "upper", "--rate", "5", "--duration", "1",
               "--input-data", str(refused), "--out", str(tmp_path / "refused"), "--no-progress"])  # fmt: skip

@@ -360,16 +360,6 @@ def run_loadgen_command(args: argparse.Namespace) -> int:
     return run_async(_loadgen(args))
 
 
-async def _prepare_or_exit(prepare: Any, *args: Any, **kwargs: Any) -> Any:
-    """The target, or the reason the model cannot be driven as asked (a variable dimension
-    without --input-shape, input data that does not fit it, a probe the model refused) as
-    one line, not a traceback."""
-    try:
-        return await prepare(*args, **kwargs)
-    except (ValueError, RuntimeError) as exc:
-        raise SystemExit(f"loadgen: error: {exc}") from None
-
-
 async def _loadgen(args: argparse.Namespace) -> int:
     from . import client, report
     from .progress import RichProgress, make_console, step_line
@@ -385,22 +375,25 @@ async def _loadgen(args: argparse.Namespace) -> int:
     protocol = "image" if args.images else args.protocol
     extra: dict[str, Any] = {}
     async with client.make_session(args.timeout) as session:
-        target = await _prepare_or_exit(
-            prepare_target,
-            session,
-            args.url,
-            args.model,
-            protocol,
-            args.images,
-            args.seed,
-            shapes,
-            fixed,
-            args.ready_timeout,
-            metrics_url=None if args.metrics_url == "none" else args.metrics_url,
-            string_data=args.string_data,
-            string_length=args.string_length,
-            input_data=args.input_data,
-        )
+        try:  # a model that cannot be driven as asked (a variable dimension without
+            # --input-shape, input data that does not fit it, a probe it refused): one line
+            target = await prepare_target(
+                session,
+                args.url,
+                args.model,
+                protocol,
+                args.images,
+                args.seed,
+                shapes,
+                fixed,
+                args.ready_timeout,
+                metrics_url=None if args.metrics_url == "none" else args.metrics_url,
+                string_data=args.string_data,
+                string_length=args.string_length,
+                input_data=args.input_data,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise SystemExit(f"loadgen: error: {exc}") from None
         console.print(
             f"target {target.url} model {target.model} protocol {target.protocol} "
             f"metrics {'yes' if target.metrics_url else 'not available'}"

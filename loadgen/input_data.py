@@ -76,21 +76,21 @@ def _entry(path: Path, index: int, entry: Any, specs: Sequence[InputSpec]) -> di
 def _value(where: str, spec: InputSpec, value: Any) -> np.ndarray:
     shape: tuple[int, ...] = spec.shape
     if isinstance(value, dict):
+        if "b64" not in value and "content" not in value:
+            raise InputDataError(f'{where}: expected "content" or "b64"')
         if "shape" in value:
             shape = _shape(where, spec, value["shape"])
-        if "b64" in value:
-            try:
-                raw = base64.b64decode(value["b64"], validate=True)
-            except (ValueError, TypeError) as exc:
-                raise InputDataError(f"{where}: b64 is not base64 ({exc})") from None
-            if spec.datatype == "BYTES":
-                return _bytes_from_wire(where, raw, shape)
-            return _sized(where, _from_raw(where, spec, raw), shape)
-        if "content" not in value:
-            raise InputDataError(f'{where}: expected "content" or "b64"')
+    _concrete(where, shape)
+    if isinstance(value, dict) and "b64" in value:
+        try:
+            raw = base64.b64decode(value["b64"], validate=True)
+        except (ValueError, TypeError) as exc:
+            raise InputDataError(f"{where}: b64 is not base64 ({exc})") from None
+        if spec.datatype == "BYTES":
+            return _bytes_from_wire(where, raw, shape)
+        return _sized(where, _from_raw(where, spec, raw), shape)
+    if isinstance(value, dict):
         value = value["content"]
-    elif any(d < 0 for d in shape):
-        raise InputDataError(f'{where}: the input has variable dimensions {list(spec.shape)}; give "shape"')
     try:
         flat = np.asarray(value, dtype=object).reshape(-1)
     except ValueError as exc:  # ragged nesting
@@ -100,11 +100,15 @@ def _value(where: str, spec: InputSpec, value: Any) -> np.ndarray:
             raise InputDataError(f"{where}: a BYTES input takes strings")
         return _sized(where, np.array([v.encode() for v in flat], dtype=object), shape)
     try:
-        array = np.asarray(flat.tolist(), dtype=np.float64 if spec.datatype in ("FP16", "BF16") else None)
-        array = array.astype(DATATYPE_TO_NUMPY[spec.datatype])
+        array = np.asarray(flat.tolist()).astype(DATATYPE_TO_NUMPY[spec.datatype])
     except (ValueError, TypeError) as exc:
         raise InputDataError(f"{where}: not {spec.datatype} numbers ({exc})") from None
     return _sized(where, array, shape)
+
+
+def _concrete(where: str, shape: tuple[int, ...]) -> None:
+    if any(d < 0 for d in shape):
+        raise InputDataError(f'{where}: the input has variable dimensions {list(shape)}; give "shape"')
 
 
 def _shape(where: str, spec: InputSpec, given: Any) -> tuple[int, ...]:
@@ -118,8 +122,7 @@ def _shape(where: str, spec: InputSpec, given: Any) -> tuple[int, ...]:
 
 
 def _sized(where: str, flat: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    if any(d < 0 for d in shape):
-        raise InputDataError(f'{where}: the input has variable dimensions {list(shape)}; give "shape"')
+    _concrete(where, shape)
     want = int(np.prod(shape, dtype=np.int64))
     if flat.size != want:
         raise InputDataError(f"{where}: {flat.size} elements for shape {list(shape)} ({want} elements)")
@@ -127,8 +130,6 @@ def _sized(where: str, flat: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _bytes_from_wire(where: str, raw: bytes, shape: tuple[int, ...]) -> np.ndarray:
-    if any(d < 0 for d in shape):
-        raise InputDataError(f'{where}: the input has variable dimensions {list(shape)}; give "shape"')
     try:
         return deserialize_bytes(raw, where, shape)
     except BytesTensorError as exc:

@@ -227,7 +227,7 @@ async def prepare_target(
             errors.append(f"{proto}: HTTP {out.status} {out.detail or ''}".strip())
         if not chosen:
             hint = ""
-            if tensor_sets is None and any(s.datatype == "BYTES" for s in specs):
+            if tensor_sets is None and string_data is None and any(s.datatype == "BYTES" for s in specs):
                 hint = " (random strings: a model that parses them needs --input-data or --string-data)"
             raise RuntimeError(f"probe request to {model} failed: {'; '.join(errors)}{hint}")
     if chosen == "image":

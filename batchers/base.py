@@ -47,7 +47,6 @@ from wattserve.batchers.types import (
     ClientGone,
     DeadlineExceeded,
     Draining,
-    ItemState,
     QueueFull,
     Result,
     WorkItem,
@@ -136,8 +135,7 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
             raise DeadlineExceeded("deadline passed before the request was queued")
         loop = self._loop or asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
-        item.future = future
-        item.state = ItemState.QUEUED
+        item.enqueue(future)
         self.queue.push(item)
         self._queue_changed()
         timer = None
@@ -235,7 +233,7 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
     def _abandon(self, item: WorkItem) -> None:
         """Its waiter is gone (cancelled): never compute it, never answer it."""
         self._unqueue(item)
-        item.state = ItemState.DONE
+        item.abandon()
 
     def _answer_error(self, item: WorkItem, exc: BaseException) -> None:
         item.finish(error=exc)

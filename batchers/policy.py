@@ -16,8 +16,12 @@ answer is one of two values, as vLLM's scheduler or Ray Serve's batching queue h
 
 A decision only reads: the queue (``view.queue``, under its lock while deciding), whether
 a drain has begun (``view.closing``; a policy then never waits), ``now`` and the policy's
-own configuration and learned state. It may raise: the scheduler then fails the request at
-the head of the queue, which the decision was about, and asks again (``Scheduler.next_batch``).
+own configuration and learned state. One policy does not keep this yet: the adaptive
+batcher's ``decide`` records its decision and pending wait, and moves late requests to the
+queue's late lane (``PriorityFifo.delay_oldest``); making it pure (its bookkeeping in a step
+the scheduler calls under the queue's lock) is open work. It may raise: the scheduler then
+fails the request at the head of the queue, which the decision was about, and asks again
+(``Scheduler.next_batch``).
 """
 
 from __future__ import annotations

@@ -269,6 +269,10 @@ class RequestBatcher(Batcher[Engine]):
         thread (under the queue's lock); must only read, and never wait once
         ``view.closing`` is set (a drain flushes what is queued)."""
 
+    def observe(self, decision: Decision, now: float) -> None:
+        """What the policy records of ``decision`` once applied (``batchers.policy``);
+        nothing by default: most policies keep nothing of their decisions."""
+
     async def run(self) -> None:
         """The batching loop; started by the server's lifespan, ends after ``drain``."""
         loop = self._loop = asyncio.get_running_loop()

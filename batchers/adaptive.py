@@ -155,11 +155,12 @@ class AdaptiveBatcher(SloBatcher):
         self.arrivals = ArrivalModel()
         self.last_decision: AdaptiveDecision | None = None
         self._engine_sizes = self.engine.batch_sizes
-        # the arrival windows are written on the loop (arrivals) and by ``observe`` (on the
-        # loop or an engine thread); reentrant, as a learning step may ask the rate
+        # the arrival windows are written on the loop (arrivals) and read by decisions on
+        # the loop and on engine threads; reentrant, as a learning step may ask the rate
         self._arrivals_lock = threading.RLock()
-        # learning runs on every instance's engine thread (and calibration on the loop):
-        # one at a time, each ending in a new published plan
+        # learning (``batch_finished``, calibration) runs on the loop while engine threads
+        # decide and scrapes read the cost model: one step at a time, each ending in a new
+        # published plan
         self._learning = threading.Lock()
         self._plan = self._plan_from_models()
         self.pipeline = not config.reject_late  # shedding runs on the loop, before every decision

@@ -3,9 +3,9 @@ the same view and time it gives the same answer, and neither the policy nor the 
 changed by asking. What a policy keeps of its decisions it records in ``observe``, and a
 queue move is part of its answer (``Delay``), applied by the scheduler (``decide_once``).
 
-The adaptive batcher is the policy that learns while it decides: its learning runs on every
-instance's engine thread, concurrently with decisions on the loop and on other engine
-threads. The interleaving test runs a learning step between every two lines a decision
+The adaptive batcher is the policy that learns while it decides: its learning runs on the
+event loop as each batch is answered, while an engine thread that has just finished a batch
+decides the next one. The interleaving test runs a learning step between every two lines a decision
 executes (a trace hook standing in for the other thread, which can take the GIL at any
 line), which is every interleaving of one learning step with a decision, deterministically.
 """
@@ -246,7 +246,7 @@ def _two_instances() -> AdaptiveBatcher:
 
 
 def _learning_step(batcher: AdaptiveBatcher) -> Callable[[], None]:
-    """What another instance's engine thread does when its batch of two is answered."""
+    """What the event loop does when another instance's batch of two is answered."""
 
     def learn() -> None:
         now = monotonic()
@@ -262,8 +262,8 @@ def _learning_step(batcher: AdaptiveBatcher) -> Callable[[], None]:
 
 @pytest.mark.parametrize("queue", sorted(QUEUES))
 def test_a_decision_is_whole_whatever_another_instance_learns_meanwhile(queue: str) -> None:
-    """Two instances: a decision (loop or engine thread) while the other instance's thread
-    learns from its batch. On the main of 2026-12-03 this raised inside ``cost_view``
+    """Two instances: a decision on one instance's engine thread while the loop learns from
+    the other instance's batch. On the main of 2026-12-03 this raised inside ``cost_view``
     (``'NoneType' object is not subscriptable``): a learning step cleared the cached view
     between the decision's building it and reading it."""
     batcher = _two_instances()

@@ -77,10 +77,10 @@ MAX_WAITS_KEPT = 256  # planned waits awaiting their batch's answer
 # learns only from misses), rising to two at the back-off's floor (a shared host's stalls
 # and bursts come in episodes, which a queue of independent service times understates).
 # Chosen on live pairs, the host replays and the simulation, not derived (docs/adaptive.md,
-# "Eleventh session" and "Fourteenth session"): with half of one from the start (until the
-# fourteenth session) waits at 200 req/s still held requests 30-40 ms just before a burst,
-# which then missed live where a dynamic batcher's did not; one costs 2-7% engine time at
-# 5-30% load in the simulation (half: 1-8% less).
+# "Simulation" and "Not done"; the sessions' runs are in its history): with half of one from
+# the start (until the fourteenth session) waits at 200 req/s still held requests 30-40 ms
+# just before a burst, which then missed live where a dynamic batcher's did not; one costs
+# 2-7% engine time at 5-30% load in the simulation (half: 1-8% less).
 CAUTION = (1.0, 2.0)
 
 

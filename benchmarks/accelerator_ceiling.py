@@ -176,7 +176,10 @@ def perf_analyzer_grpc(tool: str, grpc_url: str, connections: int, seconds: floa
         cmd = [tool, "-m", "identity", "-u", grpc_url, "-i", "grpc", "--concurrency-range", str(connections),
                "--measurement-interval", str(int(seconds * 1000)), "-f", str(csv),
                "--stability-percentage", "25", "--max-trials", "6"]  # fmt: skip
-        subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=seconds * 10 + 60)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 10 + 60)
+        if done.returncode != 0 or not csv.exists():
+            tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+            raise RuntimeError(f"perf_analyzer exited {done.returncode}: {' / '.join(tail)}")
         lines = csv.read_text().splitlines()
     header, row = lines[0].split(","), lines[1].split(",")
     record = dict(zip(header, row, strict=False))
@@ -208,7 +211,11 @@ def measure(target: Target, protocol: str, args: argparse.Namespace, preset: Pre
     elif protocol == "grpc":
         if not args.perf_analyzer or not target.grpc:
             return None
-        run = perf_analyzer_grpc(args.perf_analyzer, target.grpc, args.connections, args.seconds)
+        try:
+            run = perf_analyzer_grpc(args.perf_analyzer, target.grpc, args.connections, args.seconds)
+        except RuntimeError as exc:  # one failed run is reported, not the whole benchmark lost
+            print(f"{target.name} grpc: {exc}")
+            return None
     else:
         raise SystemExit(f"unknown protocol {protocol!r}")
     elapsed = time.monotonic() - started

@@ -26,13 +26,14 @@ RUN apt-get update && apt-get install -y --no-install-recommends \
 RUN python3.11 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 # Empty TORCH_INDEX_URL / NVIDIA_INDEX_URL: only pip's configured indexes (scripts/build_image.sh
-# passes the machine's own as PIP_EXTRA_INDEX_URL / PIP_FIND_LINKS / PIP_CONSTRAINT).
+# passes the machine's own as PIP_EXTRA_INDEX_URL / PIP_FIND_LINKS / PIP_CONSTRAINT / PIP_CERT).
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126
 ARG NVIDIA_INDEX_URL=https://pypi.nvidia.com
 ARG CUDA_OPTIONAL=0
 ARG PIP_EXTRA_INDEX_URL
 ARG PIP_FIND_LINKS
 ARG PIP_CONSTRAINT
+ARG PIP_CERT
 RUN pip install --upgrade pip \
     && pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} torch torchvision
 WORKDIR /src

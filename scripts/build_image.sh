@@ -17,8 +17,8 @@
 #
 # pip inside the build reaches what pip on this machine reaches: the package registry plus the
 # local indexes and wheel folders this machine's pip configuration names (`pip config list`:
-# extra-index-url file:///..., find-links /..., constraint). Those folders are mounted read-only into the
-# build at the same paths and handed to pip as PIP_EXTRA_INDEX_URL / PIP_FIND_LINKS / PIP_CONSTRAINT build args.
+# extra-index-url file:///..., find-links /..., constraint, cert). Those folders and files are mounted read-only into the
+# build at the same paths and handed to pip as PIP_EXTRA_INDEX_URL / PIP_FIND_LINKS / PIP_CONSTRAINT / PIP_CERT build args.
 # apt inside the GPU build reaches Debian's mirrors (the base's sources.list), as the host does.
 # Needs root (or a working user namespace) and: mmdebstrap buildah (apt-get install mmdebstrap
 # buildah podman uidmap).
@@ -95,6 +95,12 @@ pip_sources() {
   path="$(sed -n "s/^[a-z:.]*constraint='\(.*\)'$/\1/p" <<<"$config" | head -n 1)"
   if [ -f "$path" ]; then
     PIP_FLAGS+=(-v "$path:$path:ro" --build-arg "PIP_CONSTRAINT=$path")
+  fi
+  # The CA bundle pip trusts here (it may hold a proxy's CA that Debian's bundle lacks).
+  path="$(sed -n "s/^[a-z:.]*cert='\(.*\)'$/\1/p" <<<"$config" | head -n 1)"
+  path="${PIP_CERT:-$path}"
+  if [ -f "$path" ]; then
+    PIP_FLAGS+=(-v "$path:/run/pip-ca.crt:ro" --build-arg "PIP_CERT=/run/pip-ca.crt")
   fi
   # pip takes several URLs in one variable, space-separated.
   indexes="$(tr ' ' '\n' <<<"$indexes" | awk 'NF && !seen[$0]++' | paste -sd' ')"

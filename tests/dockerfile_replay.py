@@ -146,7 +146,9 @@ def replay(dockerfile: Path, context: Path, into: Path) -> list[Stage]:
             args = [a for a in args if not a.startswith("--")]
             if "--from" in flags:
                 origin = next((s for s in stages[:-1] if flags["--from"] in (s.name, str(s.index))), None)
-                present = origin is not None and all((origin.root / a.lstrip("/")).exists() for a in args[:-1])
+                present = origin is not None and all(
+                    (origin.root / a.lstrip("/")).exists() for a in args[:-1]
+                )
                 if origin is None or not present:
                     stage.skipped.append(value)  # another image, or what a RUN made
                     continue

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 from dockerfile_parse import DockerfileParser
-from tests.dockerfile_replay import replay
 from wattserve.server.settings import Settings
+
+from tests.dockerfile_replay import replay
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILES = ("Dockerfile", "Dockerfile.cpu")
@@ -62,7 +63,10 @@ def test_replay_follows_stages_workdir_flags_and_dockerignore(tmp_path: Path) ->
     assert (build.root / "src/other/x.py").exists()
     assert (runtime.root / "app/pkg/sub/mod.py").exists()
     assert runtime.builds == []
-    assert runtime.skipped == ["--from=build /opt/venv /opt/venv", "--from=docker.io/library/alpine /bin/sh /bin/sh"]
+    assert runtime.skipped == [
+        "--from=build /opt/venv /opt/venv",
+        "--from=docker.io/library/alpine /bin/sh /bin/sh",
+    ]
 
 
 def test_replay_refuses_a_source_the_context_lacks(tmp_path: Path) -> None:
@@ -86,7 +90,9 @@ def test_copy_set_builds_a_wheel_with_every_package(dockerfile: str, tmp_path: P
              str(out), str(source)],
             capture_output=True, text=True,
         )  # fmt: skip
-        assert done.returncode == 0, f"{dockerfile}: the wheel does not build from its COPY set:\n{done.stderr[-3000:]}"
+        assert done.returncode == 0, (
+            f"{dockerfile}: the wheel does not build from its COPY set:\n{done.stderr[-3000:]}"
+        )
         (wheel,) = out.glob("wattserve-*.whl")
         names = set(zipfile.ZipFile(wheel).namelist())
         missing = [p for p in packages if f"{p.replace('.', '/')}/__init__.py" not in names]

@@ -29,7 +29,10 @@ TARGET="${1:-cpu}"
 BASE="${WATTSERVE_BASE_IMAGE:-localhost/wattserve-base:bookworm}"
 CPU_TAG="${WATTSERVE_IMAGE_CPU:-localhost/wattserve:cpu}"
 GPU_TAG="${WATTSERVE_IMAGE_GPU:-localhost/wattserve:gpu-steps}"
-export STORAGE_DRIVER=vfs BUILDAH_ISOLATION=chroot
+# vfs storage in a root of its own (scripts/containers-storage.conf), chroot isolation: no
+# overlay filesystem, no container runtime needed for RUN steps.
+export CONTAINERS_STORAGE_CONF="${CONTAINERS_STORAGE_CONF:-$PWD/scripts/containers-storage.conf}"
+export BUILDAH_ISOLATION=chroot
 MIRROR="${WATTSERVE_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 SECURITY_MIRROR="${WATTSERVE_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}"
 
@@ -40,7 +43,8 @@ done
 log() { echo "[build_image $(date -u +%H:%M:%S)] $*" >&2; }
 
 # The base: what python:3.11-slim gives the Dockerfiles (python3 3.11 with venv and pip,
-# CA certificates, tzdata, netbase), from Debian's own packages. minbase + docs/man/locales
+# CA certificates, tzdata, netbase), from Debian's own packages; pip comes into each venv
+# through ensurepip (python3.11-venv brings its wheel), as the Dockerfiles make venvs. minbase + docs/man/locales
 # left out as Debian's -slim images do. /usr/local/bin/python3 -> /usr/bin/python3.11 so that
 # paths written for python:3.11-slim hold.
 build_base() {
@@ -52,7 +56,7 @@ build_base() {
   work="$(mktemp -d /tmp/wattserve-base.XXXXXX)"
   log "mmdebstrap bookworm -> $work/rootfs.tar"
   mmdebstrap --variant=minbase --mode=root --format=tar \
-    --include=python3.11,python3.11-venv,python3-pip,ca-certificates,tzdata,netbase \
+    --include=python3.11,python3.11-venv,ca-certificates,tzdata,netbase \
     --dpkgopt='path-exclude=/usr/share/man/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' \
     --dpkgopt='path-exclude=/usr/share/doc/*' \
@@ -136,9 +140,10 @@ build_cpu() {
   pip_sources
   local torch start
   torch="$(torch_packages)"
+  # --format docker: the OCI image format has no HEALTHCHECK (buildah drops it with a warning).
   log "buildah bud Dockerfile.cpu -> $CPU_TAG (torch: $torch)"
   start=$(date +%s)
-  buildah bud --layers=false --isolation chroot --pull=never \
+  buildah bud --layers=false --isolation chroot --pull=never --format docker \
     --build-arg "BASE_IMAGE=$BASE" --build-arg "TORCH_PACKAGES=$torch" --build-arg TORCH_INDEX_URL= \
     "${PIP_FLAGS[@]}" -f Dockerfile.cpu -t "$CPU_TAG" .
   log "CPU image built in $(( $(date +%s) - start )) s"
@@ -155,7 +160,7 @@ build_gpu() {
   local start
   log "buildah bud Dockerfile (CUDA steps on $BASE) -> $GPU_TAG"
   start=$(date +%s)
-  buildah bud --layers=false --isolation chroot --pull=never \
+  buildah bud --layers=false --isolation chroot --pull=never --format docker \
     --build-arg "BASE_IMAGE=$BASE" --build-arg "RUNTIME_IMAGE=$BASE" \
     --build-arg TORCH_INDEX_URL= --build-arg NVIDIA_INDEX_URL= --build-arg CUDA_OPTIONAL=1 \
     "${PIP_FLAGS[@]}" -f Dockerfile -t "$GPU_TAG" .

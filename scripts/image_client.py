@@ -6,16 +6,22 @@
   python scripts/image_client.py drain HTTP_PORT MODEL N -- STOP_COMMAND...
       N requests in flight (the model must be slow: identity_delay_ms), then STOP_COMMAND
       (e.g. podman kill --signal TERM NAME); every accepted request must be answered 200
+  python scripts/image_client.py prometheus PROM_PORT DASHBOARD_JSON
+      a Prometheus scraping the image (deploy/prometheus/prometheus.yml's job): its target is
+      up, and every query of the Grafana dashboard runs there; prints how many return data
 Exits non-zero, with the reason, when a check fails.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -62,7 +68,9 @@ def infer(http_port: int, grpc_port: int, model: str) -> None:
         a, b = by_http.as_numpy(name), by_grpc.as_numpy(name)
         assert a is not None and b is not None, name
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-        print(f"{model}: {name} {list(a.shape)} {a.dtype} HTTP == gRPC (first values {a.ravel()[:3].tolist()})")
+        print(
+            f"{model}: {name} {list(a.shape)} {a.dtype} HTTP == gRPC (first values {a.ravel()[:3].tolist()})"
+        )
 
 
 def drain(http_port: int, model: str, n: int, stop: list[str]) -> None:
@@ -93,6 +101,42 @@ def drain(http_port: int, model: str, n: int, stop: list[str]) -> None:
         raise SystemExit(f"lost in the drain: {failed}")
 
 
+def _query(prom_port: int, expr: str) -> dict:
+    url = f"http://127.0.0.1:{prom_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)
+
+
+def prometheus(prom_port: int, dashboard: str, timeout_s: float = 60) -> None:
+    """The compose stack's Prometheus half: the scrape works and the dashboard's queries run."""
+    deadline = time.monotonic() + timeout_s
+    up: list = []
+    while time.monotonic() < deadline:
+        try:
+            up = _query(prom_port, 'up{job="wattserve",deployment="compose"} == 1')["data"]["result"]
+        except OSError:
+            up = []
+        if up:
+            break
+        time.sleep(1)
+    if not up:
+        raise SystemExit("Prometheus does not see the wattserve target up")
+    print(f"Prometheus: target {up[0]['metric']['instance']} up (job wattserve, deployment compose)")
+    series = _query(prom_port, 'count({__name__=~"wattserve_.+"})')["data"]["result"]
+    print(f"Prometheus: {series[0]['value'][1] if series else 0} wattserve_* series scraped")
+    panels = json.loads(Path(dashboard).read_text())["panels"]
+    exprs = [t["expr"] for p in panels for t in p.get("targets", []) if "expr" in t]
+    with_data = 0
+    for expr in exprs:
+        for name, value in (("$__rate_interval", "15s"), ("$model", ".*"), ("$batcher", ".*")):
+            expr = expr.replace(name, value)
+        answer = _query(prom_port, expr)
+        if answer["status"] != "success":
+            raise SystemExit(f"dashboard query fails: {expr}: {answer}")
+        with_data += bool(answer["data"]["result"])
+    print(f"Grafana dashboard: {len(exprs)} queries run on Prometheus, {with_data} return data")
+
+
 def main(argv: list[str]) -> None:
     command, *args = argv
     if command == "wait":
@@ -102,6 +146,8 @@ def main(argv: list[str]) -> None:
     elif command == "drain":
         sep = args.index("--")
         drain(int(args[0]), args[1], int(args[2]), args[sep + 1 :])
+    elif command == "prometheus":
+        prometheus(int(args[0]), args[1])
     else:
         raise SystemExit(__doc__)
 

@@ -7,6 +7,7 @@ scripts/check_image.sh."""
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 import tomllib
@@ -14,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 from dockerfile_parse import DockerfileParser
 from wattserve.server.settings import Settings
 
@@ -126,3 +128,24 @@ def test_runtime_stage_is_unprivileged_checked_and_drains(dockerfile: str) -> No
     assert stage["CMD"][-1].startswith("["), stage["CMD"]
     assert stage["STOPSIGNAL"] == ["SIGTERM"]
     assert "build-essential" not in " ".join(stage.get("RUN", [])), "the compiler belongs in the build stage"
+
+
+def _default(value: str) -> str:
+    """Compose's ``${VAR:-default}`` as compose would read it with VAR unset."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
+
+
+def test_compose_service_matches_the_image_and_the_settings() -> None:
+    compose = yaml.safe_load((ROOT / "deploy/docker-compose.yml").read_text())
+    service = compose["services"]["wattserve"]
+    assert (
+        ROOT / "deploy" / service["build"]["context"] / _default(service["build"]["dockerfile"])
+    ).is_file()
+    env = service["environment"]
+    published = {int(p.split(":")[-1]) for p in service["ports"]}
+    assert {int(env["WATTSERVE_PORT"]), int(env["WATTSERVE_GRPC_PORT"])} <= published
+    grace = int(service["stop_grace_period"].removesuffix("s"))
+    assert grace > Settings().drain_timeout_s, "compose would SIGKILL before the drain times out"
+    scrape = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    target = scrape["scrape_configs"][0]["static_configs"][0]["targets"][0]
+    assert target == f"wattserve:{env['WATTSERVE_PORT']}"

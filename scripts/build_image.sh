@@ -115,22 +115,26 @@ pip_sources() {
 }
 
 # PyPI's torch for x86_64 Linux is the CUDA build (its wheel ~550 MB plus several GB of
-# nvidia-* wheels). The CPU-only wheels live on PyTorch's own index, which this machine cannot
-# reach; a CPU-only torch wheel on local disk (find-links) is used when there is one, with the
-# torchvision release made for it (from PyPI: a CUDA build whose C++ ops then do not load;
-# wattserve uses only torchvision's Python models and transforms).
+# nvidia-* wheels); the CPU-only builds live on PyTorch's own index (download.pytorch.org),
+# which this machine cannot reach. A CPU-only torch wheel on local disk (find-links) is used
+# only with a CPU-only torchvision beside it: PyPI's torchvision is built against CUDA torch,
+# and with a CPU torch its import fails ("operator torchvision::nms does not exist"). Without
+# the pair: pip's own choice under the machine's constraints (the CUDA build).
 torch_packages() {
   if [ -n "${WATTSERVE_TORCH_PACKAGES:-}" ]; then
     echo "$WATTSERVE_TORCH_PACKAGES"; return
   fi
-  local wheel version minor
+  local torch_wheel vision_wheel version minor
   for dir in $(python3 -m pip config list 2>/dev/null | sed -n "s/^[a-z:.]*find-links='\(.*\)'$/\1/p") ${PIP_FIND_LINKS:-}; do
-    wheel="$(ls "$dir"/torch-*+cpu-cp311-*x86_64.whl 2>/dev/null | sort -V | tail -n 1 || true)"
-    if [ -n "$wheel" ]; then
-      version="$(basename "$wheel" | cut -d- -f2)"        # 2.13.0+cpu
-      minor="$(cut -d. -f2 <<<"$version")"                 # 13
-      echo "torch==$version torchvision==0.$((minor + 15)).*"; return
+    torch_wheel="$(find "$dir" -maxdepth 1 -name 'torch-*+cpu-cp311-*x86_64.whl' | sort -V | tail -n 1)"
+    [ -n "$torch_wheel" ] || continue
+    version="$(basename "$torch_wheel" | cut -d- -f2)"    # 2.13.0+cpu
+    minor="$(cut -d. -f2 <<<"$version")"                   # 13 -> torchvision 0.28
+    vision_wheel="$(find "$dir" -maxdepth 1 -name "torchvision-0.$((minor + 15)).*+cpu-cp311-*x86_64.whl" | sort -V | tail -n 1)"
+    if [ -n "$vision_wheel" ]; then
+      echo "torch==$version torchvision==$(basename "$vision_wheel" | cut -d- -f2)"; return
     fi
+    log "$torch_wheel has no CPU-only torchvision beside it: using the CUDA torch build"
   done
   echo "torch torchvision"
 }

@@ -125,7 +125,8 @@ torch_packages() {
     echo "$WATTSERVE_TORCH_PACKAGES"; return
   fi
   local torch_wheel vision_wheel version minor
-  for dir in $(python3 -m pip config list 2>/dev/null | sed -n "s/^[a-z:.]*find-links='\(.*\)'$/\1/p") ${PIP_FIND_LINKS:-}; do
+  for dir in $( { python3 -m pip config list 2>/dev/null | sed -n "s/^[a-z:.]*find-links='\(.*\)'$/\1/p"; \
+                  tr ' ' '\n' <<<"${PIP_FIND_LINKS:-}"; } | awk 'NF && !seen[$0]++'); do
     torch_wheel="$(find "$dir" -maxdepth 1 -name 'torch-*+cpu-cp311-*x86_64.whl' | sort -V | tail -n 1)"
     [ -n "$torch_wheel" ] || continue
     version="$(basename "$torch_wheel" | cut -d- -f2)"    # 2.13.0+cpu

@@ -10,9 +10,10 @@
 # NOT PULLED ON THE DEVELOPMENT MACHINE: nvidia/cuda cannot be pulled there (no registry, no
 # GPU). scripts/build_image.sh gpu builds every step after FROM on a Debian bookworm base made
 # there (BASE_IMAGE and RUNTIME_IMAGE pointed at it, CUDA_OPTIONAL=1): apt, the venv, pip with
-# the CUDA wheels, the package checks, the runtime stage. The one step that needs the CUDA
-# toolkit itself, pycuda's compile against cuda.h, is then skipped and says so in the log; with
-# the nvidia/cuda base (CUDA_OPTIONAL=0, the default) a missing cuda.h fails the build instead.
+# the CUDA torch and onnxruntime-gpu, the package checks, the runtime stage. Two steps cannot
+# run there and say SKIPPED in the log: TensorRT (its wheels come only from pypi.nvidia.com,
+# not reachable there) and pycuda's compile against cuda.h (the CUDA toolkit's header). With
+# the defaults (CUDA_OPTIONAL=0) either one missing fails the build instead.
 # Two stages: the compiler, python3.11-dev and the CUDA headers (the -devel base, ~4 GB more)
 # stay in the first; the runtime stage is the -runtime base plus the virtual environment.
 ARG BASE_IMAGE=nvidia/cuda:12.6.3-cudnn-devel-ubuntu22.04
@@ -46,15 +47,23 @@ COPY telemetry ./telemetry
 COPY loadgen ./loadgen
 # Not the [onnx] extra: it names the CPU 'onnxruntime', and with both installed whichever
 # landed last owns the 'onnxruntime' module. onnxruntime-gpu alone, then check that.
-# The [tensorrt] extra's two parts apart: tensorrt-cu12 is wheels; pycuda compiles against
-# the CUDA toolkit's cuda.h, which only the nvidia/cuda -devel base has.
-RUN pip install ${NVIDIA_INDEX_URL:+--extra-index-url "$NVIDIA_INDEX_URL"} \
-        '.[diffusion]' 'tensorrt-cu12>=10,<11' 'onnx>=1.16' 'onnxscript>=0.1' 'onnxruntime-gpu>=1.19' \
+RUN pip install '.[diffusion]' 'onnx>=1.16' 'onnxscript>=0.1' 'onnxruntime-gpu>=1.19' \
     && python -c "import importlib.metadata as md; \
 names = {d.metadata['Name'].lower() for d in md.distributions()}; \
 assert 'onnxruntime' not in names, 'the CPU onnxruntime is installed beside onnxruntime-gpu'; \
-assert md.version('tensorrt-cu12').split('.')[0] == '10', md.version('tensorrt-cu12'); \
-print('onnxruntime-gpu', md.version('onnxruntime-gpu'), 'tensorrt-cu12', md.version('tensorrt-cu12'))"
+print('onnxruntime-gpu', md.version('onnxruntime-gpu'), 'torch', md.version('torch'))"
+# The [tensorrt] extra's two parts apart. TensorRT 10 on PyPI is stub sdists that download
+# the wheels from NVIDIA's index while installing (no binary wheels on PyPI); pycuda compiles
+# against the CUDA toolkit's cuda.h, which only the nvidia/cuda -devel base has.
+RUN if [ -n "$NVIDIA_INDEX_URL" ]; then \
+        pip install --extra-index-url "$NVIDIA_INDEX_URL" 'tensorrt-cu12>=10,<11' \
+        && python -c "import importlib.metadata as md; v = md.version('tensorrt-cu12'); \
+assert v.split('.')[0] == '10', v; print('tensorrt-cu12', v)"; \
+    elif [ "$CUDA_OPTIONAL" = 1 ]; then \
+        echo "SKIPPED: tensorrt-cu12 (no NVIDIA_INDEX_URL; CUDA_OPTIONAL=1)"; \
+    else \
+        echo "tensorrt-cu12 needs NVIDIA's index (NVIDIA_INDEX_URL)" >&2; exit 1; \
+    fi
 RUN if [ -e /usr/local/cuda/include/cuda.h ]; then \
         PATH=/usr/local/cuda/bin:$PATH pip install 'pycuda>=2024.1' && python -c "import pycuda; print('pycuda', pycuda.VERSION_TEXT)"; \
     elif [ "$CUDA_OPTIONAL" = 1 ]; then \

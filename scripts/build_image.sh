@@ -8,20 +8,20 @@
 #
 # Environment:
 #   WATTSERVE_IMAGE_CPU   tag of the CPU image   (default localhost/wattserve:cpu)
-#   WATTSERVE_IMAGE_GPU   tag of the CUDA image's steps built on the Debian base
+#   WATTSERVE_IMAGE_GPU   tag of the CUDA Dockerfile's steps built on the Debian base
 #                         (default localhost/wattserve:gpu-steps; NOT a GPU image, see Dockerfile)
 #   WATTSERVE_BASE_IMAGE  tag of the local base  (default localhost/wattserve-base:bookworm)
 #   WATTSERVE_REBUILD_BASE=1   make the base again even if it exists
-#   WATTSERVE_TORCH_PACKAGES   the torch requirement(s) for the CPU image (default: the CPU-only
-#                         torch wheel on this machine's disk when there is one, see below)
+#   WATTSERVE_TORCH_PACKAGES   torch requirement(s) for the CPU image (default: a CPU-only
+#                         torch + torchvision pair on local disk if there is one, see below)
 #
-# pip inside the build reaches what pip on this machine reaches: the package registry plus the
-# local indexes and wheel folders this machine's pip configuration names (`pip config list`:
-# extra-index-url file:///..., find-links /..., constraint, cert). Those folders and files are mounted read-only into the
-# build at the same paths and handed to pip as PIP_EXTRA_INDEX_URL / PIP_FIND_LINKS / PIP_CONSTRAINT / PIP_CERT build args.
-# apt inside the GPU build reaches Debian's mirrors (the base's sources.list), as the host does.
-# Needs root (or a working user namespace) and: mmdebstrap buildah (apt-get install mmdebstrap
-# buildah podman uidmap).
+# pip inside the build reaches what pip on this machine reaches: the package registry plus
+# the local indexes, wheel folders, constraints file and CA bundle this machine's pip
+# configuration names (`pip config list`). They are mounted read-only into the build and
+# handed to pip as PIP_EXTRA_INDEX_URL / PIP_FIND_LINKS / PIP_CONSTRAINT / PIP_CERT build
+# args. apt inside the GPU build reaches Debian's mirrors (the base's sources.list).
+# Needs root and: apt-get install -y mmdebstrap buildah (podman, runc for check_image.sh).
+# Measured here: docs/deployment.md "Container images".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -273,7 +273,10 @@ class Settings(BaseSettings):
         description="Refuse (503 + Retry-After) a request when the queue already holds more "
         "than this many seconds of work at the rate it measurably drains; a queued request that "
         "has waited this long anyway is answered the same way, not computed; "
-        "0 = count bound only.",
+        "0 = count bound only. A repository model gets 0 (Triton's queue semantics: only its "
+        "queue policy's timeouts bound a wait) unless this is set, for the process or in its "
+        "parameters.",
+        json_schema_extra=PER_MODEL,
     )
     max_header_bytes: int = Field(64 * 1024, ge=1024, description="Largest request header (431 beyond).")
     header_timeout_s: float = Field(

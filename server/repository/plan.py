@@ -267,6 +267,10 @@ def _model_settings(
         update["model"] = name
     if "batcher" not in update:
         update["batcher"] = base.batcher if "batcher" in base.model_fields_set else "dynamic"
+    if "max_queue_wait_s" not in update and "max_queue_wait_s" not in base.model_fields_set:
+        # a bound the user did not ask for must not undercut the config's own delays and
+        # timeouts (L0_batcher's 10 s max_queue_delay): Triton has none, so none here
+        update["max_queue_wait_s"] = 0.0
     update["max_batch_size"] = max(1, config.max_batch_size)
     if config.max_batch_size < 0:
         raise ConfigError(f"{source}: field 'max_batch_size' must be >= 0")

@@ -99,6 +99,12 @@ class Settings(BaseSettings):
         description="Exit at start-up if any repository model fails to load (Triton's "
         "--exit-on-error); without a repository the one model's failure is always fatal.",
     )
+    allow_unsupported_config: bool = Field(
+        False,
+        description="Load a repository model whose config.pbtxt sets fields wattserve does not "
+        "implement, without them (a warning names each); by default such a model fails to load "
+        "naming the field and why.",
+    )
     engine: EngineName = Field(
         "torch", description="Engine: torch, onnxruntime or tensorrt.", json_schema_extra=PER_MODEL
     )

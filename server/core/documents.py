@@ -10,6 +10,7 @@ from wattserve.batchers.dynamic import DynamicBatcher, DynamicConfig
 from wattserve.batchers.status import Status
 from wattserve.server.core.admission import Refused, select
 from wattserve.server.model_set import ModelSet, ModelState, UnknownModel
+from wattserve.server.repository import model_config_pb2 as pb
 from wattserve.server.repository.plan import config_datatype
 from wattserve.server.runtime import ModelRuntime
 
@@ -85,12 +86,18 @@ def triton_config(runtime: ModelRuntime) -> dict[str, Any]:
             {"name": s.name, "data_type": config_datatype(s.datatype), "dims": list(s.shape)} for s in specs
         ]
 
+    # an input's format (FORMAT_NCHW) is the config's own word to clients (Triton's image_client)
+    formats = {t.name: pb.ModelInput.Format.Name(t.format) for t in runtime.config.input
+               if t.format} if runtime.config is not None else {}  # fmt: skip
     max_batch = running.max_batch_size if running is not None else serving.max_batch_size
     config: dict[str, Any] = {
         "name": runtime.name,
         "platform": runtime.platform or engine.platform,
         "max_batch_size": max_batch if runtime.batching else 0,
-        "input": tensors(engine.inputs),
+        "input": [
+            {**t, **({"format": formats[t["name"]]} if t["name"] in formats else {})}
+            for t in tensors(engine.inputs)
+        ],
         "output": tensors(engine.outputs),
         "instance_group": [
             {"count": len(runtime.devices), "kind": "KIND_GPU" if "cuda" in engine.device else "KIND_CPU"}

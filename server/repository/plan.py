@@ -1,8 +1,9 @@
 """A Triton model repository -> one ``ModelPlan`` per served model version.
 
 ``<root>/<model>/config.pbtxt`` + ``<root>/<model>/<version>/<file>``. Config fields keep
-Triton's meaning (see ``HONOURED`` in ``config.py``; anything else set is a warning that
-names it). wattserve's own choices go in ``parameters`` (Triton's place for backend keys):
+Triton's meaning (see ``HONOURED`` in ``config.py``; anything else set fails the load
+naming it, unless ``--allow-unsupported-config``: then a warning names it). wattserve's own
+choices go in ``parameters`` (Triton's place for backend keys):
 
 - ``batcher``: one of the policies in ``batchers/registry.py`` (static, dynamic, continuous,
   iteration, adaptive, aimd). Unset: ``WATTSERVE_BATCHER`` when it is set, else dynamic.
@@ -40,9 +41,9 @@ from wattserve.server.repository import python_models
 from wattserve.server.repository.config import (
     CONFIG_FILE,
     ConfigError,
+    check_supported,
     read_config,
     select_versions,
-    unhonoured_fields,
 )
 from wattserve.server.repository.override import LoadOverride
 from wattserve.server.serving_config import ServingConfig
@@ -148,10 +149,11 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
         from wattserve.server.ensemble_graph import ensemble_plans
 
         return ensemble_plans(config, model_dir, base, source)
-    warnings = [f"{source}: field '{f}' is not implemented by wattserve; ignored"
-                for f in unhonoured_fields(config)]  # fmt: skip
+    allow = base.allow_unsupported_config
+    warnings = check_supported(config, kind, source, allow)
     if kind == "python":  # auto_complete_config, and what a Python model may not ask for
         python_models.prepare(config, model_dir, base, source, warnings)
+        warnings += check_supported(config, kind, f"{source} (as auto_complete_config left it)", allow)
     settings = _model_settings(config, base, kind, name, source, warnings)
     batching = config.max_batch_size > 0
     devices = _instance_devices(config, base, source, warnings)
@@ -318,17 +320,14 @@ def _instance_devices(
         return None
     devices: list[str] = []
     kinds = pb.ModelInstanceGroup
-    for i, group in enumerate(config.instance_group):
+    for group in config.instance_group:
         count = _group_count(group)
         if group.kind == kinds.KIND_GPU:
             gpus: list[int | None] = [*group.gpus] or [None]
             devices += [f"cuda:{g}" if g is not None else "cuda" for g in gpus for _ in range(count)]
         elif group.kind == kinds.KIND_CPU:
             devices += ["cpu"] * count
-        else:
-            if group.kind == kinds.KIND_MODEL:
-                warnings.append(f"{source}: instance_group[{i}].kind KIND_MODEL is not implemented; "
-                                f"device {base.device!r} used")  # fmt: skip
+        else:  # KIND_AUTO (KIND_MODEL was refused, or cleared by --allow-unsupported-config)
             devices += [base.device] * count
     return devices
 
@@ -355,6 +354,10 @@ def config_tensors(tensors: Any, source: str, what: str) -> tuple[list[TensorSpe
             raise ConfigError(f"{source}: {what}[{i}] ({t.name}) data_type TYPE_{name} is not "
                               "supported by wattserve")  # fmt: skip
         dims = tuple(int(d) for d in t.dims)
+        if isinstance(t, pb.ModelInput) and t.format != pb.ModelInput.FORMAT_NONE and len(dims) != 3:
+            layout = pb.ModelInput.Format.Name(t.format)
+            raise ConfigError(f"{source}: {what}[{i}] ({t.name}) format {layout}: model input NHWC/NCHW "
+                              "require 3 dims")  # fmt: skip
         if any(d < VARIABLE for d in dims):
             raise ConfigError(f"{source}: {what}[{i}] ({t.name}) dims {list(dims)}: a dimension is a "
                               "size >= 0 or -1 (variable)")  # fmt: skip

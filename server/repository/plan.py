@@ -6,7 +6,9 @@ naming it, unless ``--allow-unsupported-config``: then a warning names it). watt
 choices go in ``parameters`` (Triton's place for backend keys):
 
 - ``batcher``: one of the policies in ``batchers/registry.py`` (static, dynamic, continuous,
-  iteration, adaptive, aimd). Unset: ``WATTSERVE_BATCHER`` when it is set, else dynamic.
+  iteration, adaptive, aimd, single). Unset: ``WATTSERVE_BATCHER`` when it is set, else
+  dynamic when the config has ``dynamic_batching`` and single (Triton's default scheduler:
+  each request its own execution) when it has not.
 - ``builtin``: with ``backend: "wattserve"``, which built-in model (a name in
   ``wattserve.engines.registry.MODELS``); defaults to the directory name.
 - ``check_values``: "true" rejects NaN/Inf in float inputs with a 400.
@@ -156,7 +158,7 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
         warnings += check_supported(config, kind, f"{source} (as auto_complete_config left it)", allow)
     settings = _model_settings(config, base, kind, name, source, warnings)
     batching = config.max_batch_size > 0
-    devices = _instance_devices(config, base, source, warnings)
+    devices = _instance_devices(config, base, source, warnings, kind)
     steps = kind == "builtin" and MODELS[settings.model].steps
     serving = ServingConfig.from_settings(settings, devices, steps=steps)  # the one translation
     file_name = config.default_model_filename or default_file
@@ -267,8 +269,10 @@ def _model_settings(
         update["model"] = builtin
     else:
         update["model"] = name
-    if "batcher" not in update:
-        update["batcher"] = base.batcher if "batcher" in base.model_fields_set else "dynamic"
+    if "batcher" not in update and "batcher" in base.model_fields_set:
+        update["batcher"] = base.batcher
+    elif "batcher" not in update:  # Triton batches across requests only when the config asks
+        update["batcher"] = "dynamic" if config.HasField("dynamic_batching") else "single"
     if "max_queue_wait_s" not in update and "max_queue_wait_s" not in base.model_fields_set:
         # a bound the user did not ask for must not undercut the config's own delays and
         # timeouts (L0_batcher's 10 s max_queue_delay): Triton has none, so none here
@@ -312,19 +316,38 @@ def _group_count(group: pb.ModelInstanceGroup) -> int:
     return group.count if group.count > 0 else 1  # Triton: count defaults to 1
 
 
+# kinds whose engines run on a GPU: Triton's default placement (one instance per visible GPU)
+GPU_KINDS = {"onnx", "torchscript", "tensorrt", "builtin"}
+
+
+def visible_gpus() -> int:
+    """CUDA devices this process sees (0 on a CPU-only host): where Triton places instances
+    that name no GPU."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def _instance_devices(
-    config: pb.ModelConfig, base: Settings, source: str, warnings: list[str]
+    config: pb.ModelConfig, base: Settings, source: str, warnings: list[str], kind: str = ""
 ) -> list[str] | None:
-    """One device per instance: ``count`` on each listed GPU (Triton), CPU, or auto."""
+    """One device per instance: ``count`` on each listed GPU (Triton), CPU, or auto. As in
+    Triton, no ``instance_group`` is one instance per visible GPU (one on the server's device
+    on a CPU-only host, or when the user chose a device), and KIND_GPU without ``gpus`` is
+    ``count`` on every visible GPU."""
     if not config.instance_group:
-        return None
+        gpus_seen = visible_gpus() if kind in GPU_KINDS and base.device == "auto" else 0
+        return [f"cuda:{g}" for g in range(gpus_seen)] or None
     devices: list[str] = []
     kinds = pb.ModelInstanceGroup
-    for group in config.instance_group:
+    for i, group in enumerate(config.instance_group):
         count = _group_count(group)
         if group.kind == kinds.KIND_GPU:
-            gpus: list[int | None] = [*group.gpus] or [None]
-            devices += [f"cuda:{g}" if g is not None else "cuda" for g in gpus for _ in range(count)]
+            gpus = [*group.gpus] or list(range(visible_gpus()))
+            if not gpus:  # Triton refuses it too: there is no GPU to place it on
+                raise ConfigError(f"{source}: instance_group[{i}] has kind KIND_GPU but no GPUs are "
+                                  "available (no CUDA device is visible)")  # fmt: skip
+            devices += [f"cuda:{g}" for g in gpus for _ in range(count)]
         elif group.kind == kinds.KIND_CPU:
             devices += ["cpu"] * count
         else:  # KIND_AUTO (KIND_MODEL was refused, or cleared by --allow-unsupported-config)

@@ -85,6 +85,7 @@ class ModelRuntime:
         self._prepare: Any = None  # the engine fills optional inputs, keys batches (PreparesInputs)
         self._one_row = False  # a step engine: one row per request (its state is one row)
         self._variable: list[str] | None = None  # inputs with -1 dims: their shapes key batches
+        self._optional: list[str] | None = None  # optional inputs: which are present keys batches
         self._collector: Any = None  # the batcher's own Prometheus collector, if any
         self._batch_observer: ServingObserver | None = None  # watches the batcher for the gauges
         self.ready = False
@@ -124,6 +125,7 @@ class ModelRuntime:
         self._one_row = isinstance(self.engine, StepEngine)
         variable = [spec.name for spec in self.engine.inputs if spec.variable]
         self._variable = variable or None
+        self._optional = [spec.name for spec in self.engine.inputs if spec.optional] or None
         observer.watch(batcher)
         self._batch_observer = observer
         self._collector = batcher.collector(self.name)
@@ -196,6 +198,7 @@ class ModelRuntime:
         self._prepare = None
         self._one_row = False
         self._variable = None
+        self._optional = None
 
     # ------------------------------------------------------------------ requests
     def make_item(self, request: InferRequest) -> WorkItem:
@@ -223,7 +226,10 @@ class ModelRuntime:
         item.rows = request.rows
         item.context = request  # id, requested outputs: for engines that take requests
         if self._variable is not None:  # only same-shape requests share a batch
-            item.shape_key = tuple(inputs[name].shape[1:] for name in self._variable)
+            item.shape_key = tuple(inputs[n].shape[1:] if n in inputs else None for n in self._variable)
+        if self._optional is not None:  # ... and the same optional inputs present
+            present = tuple(name in inputs for name in self._optional)
+            item.shape_key = (item.shape_key, present) if item.shape_key is not None else present
         return item
 
     def work_item(self, inputs: dict[str, Any], priority: int, timeout_us: int | None) -> WorkItem:

@@ -48,7 +48,12 @@ HONOURED: dict[str, set[str]] = {
 }  # fmt: skip
 # ... and those honoured only by one kind of model (plan.PLATFORMS' kinds)
 HONOURED_BY_KIND: dict[str, dict[str, set[str]]] = {
-    "python": {"ModelConfig": {"model_transaction_policy"}, "ModelTransactionPolicy": {"decoupled"}},
+    "python": {
+        "ModelConfig": {"model_transaction_policy"},
+        "ModelTransactionPolicy": {"decoupled"},
+        "ModelInput": {"optional"},  # the model's request lacks the input: get_input_tensor_by_name None
+    },
+    "onnx": {"ModelInput": {"optional"}},  # not fed: the graph's default (an initializer)
     "ensemble": {  # server/ensemble_graph.py
         "ModelConfig": {"ensemble_scheduling"},
         "ModelEnsembling": {"step"},
@@ -66,7 +71,7 @@ WHY = {
     "batch_input": "ragged batching is not implemented",
     "batch_output": "ragged batching is not implemented",
     "input.allow_ragged_batch": "ragged batching is not implemented",
-    "input.optional": "optional inputs are not implemented: every input is required",
+    "input.optional": "optional inputs are implemented for ONNX Runtime and Python models only",
     "dynamic_batching.preserve_ordering": "answers leave as their batches finish",
     "dynamic_batching.priority_queue_policy": "only default_queue_policy is implemented",
     "instance_group.rate_limiter": "the rate limiter is not implemented",

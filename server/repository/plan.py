@@ -385,8 +385,9 @@ def config_tensors(tensors: Any, source: str, what: str) -> tuple[list[TensorSpe
             raise ConfigError(f"{source}: {what}[{i}] ({t.name}) dims {list(dims)}: a dimension is a "
                               "size >= 0 or -1 (variable)")  # fmt: skip
         shape = tuple(int(d) for d in t.reshape.shape) if t.HasField("reshape") else dims
-        outer.append(TensorSpec(t.name, dims, datatype))
-        inner.append(TensorSpec(t.name, shape, datatype))
+        optional = isinstance(t, pb.ModelInput) and t.optional  # Triton's: a request may leave it out
+        outer.append(TensorSpec(t.name, dims, datatype, optional=optional))
+        inner.append(TensorSpec(t.name, shape, datatype, optional=optional))
     return outer, inner
 
 
@@ -433,7 +434,8 @@ def _onnx_file(model: ModelFile, config: EngineConfig) -> Engine:
 
     max_batch = config.max_batch_size if model.batching else 1
     return OnnxRuntimeEngine(model.path, name=model.name, max_batch_size=max_batch, device=config.device,
-                             threads=config.torch_threads, batched=model.batching)  # fmt: skip
+                             threads=config.torch_threads, batched=model.batching,
+                             optional=[s.name for s in model.inputs if s.optional])  # fmt: skip
 
 
 def _torchscript_file(model: ModelFile, config: EngineConfig) -> Engine:

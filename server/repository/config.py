@@ -27,6 +27,7 @@ HONOURED: dict[str, set[str]] = {
     "ModelConfig": {
         "name", "platform", "backend", "version_policy", "max_batch_size", "input", "output",
         "dynamic_batching", "instance_group", "parameters", "default_model_filename",
+        "model_warmup",  # server/repository/warmup.py
     },
     "ModelInput": {"name", "data_type", "format", "dims", "reshape"},  # format: checked, reported
     "ModelOutput": {"name", "data_type", "dims", "reshape", "label_filename"},  # labels: classification
@@ -45,6 +46,7 @@ HONOURED: dict[str, set[str]] = {
     "Specific": {"versions"},
     "ParametersEntry": {"key", "value"},
     "ModelParameter": {"string_value"},
+    "ModelWarmup": {"name", "batch_size", "inputs", "count"},  # inputs: a map, its entries whole
 }  # fmt: skip
 # ... and those honoured only by one kind of model (plan.PLATFORMS' kinds)
 HONOURED_BY_KIND: dict[str, dict[str, set[str]]] = {
@@ -65,7 +67,6 @@ HONOURED_BY_KIND: dict[str, dict[str, set[str]]] = {
 WHY = {
     "sequence_batching": "stateful models (the sequence batcher) are not implemented",
     "response_cache": "there is no response cache",
-    "model_warmup": "warm-up samples are not implemented (every batch size is warmed with zeros)",
     "optimization": "Triton's backend optimization settings are not applied",
     "model_repository_agents": "repository agents are not implemented",
     "batch_input": "ragged batching is not implemented",

@@ -48,6 +48,7 @@ from wattserve.server.repository.config import (
     select_versions,
 )
 from wattserve.server.repository.override import LoadOverride
+from wattserve.server.repository.warmup import warmed, warmup_samples
 from wattserve.server.serving_config import ServingConfig
 from wattserve.server.settings import MODEL_PARAMETERS, Settings
 
@@ -170,12 +171,13 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
     if not chosen:
         raise ConfigError(f"{model_dir}: no version folder matches the version policy "
                           f"(found {versions or 'none'})")  # fmt: skip
+    samples = warmup_samples(config, model_dir, source)  # Triton's model_warmup: run before READY
     plans = []
     for version in chosen:
         path = model_dir / str(version) / file_name
         if kind != "builtin" and not path.is_file():
             raise ConfigError(f"{path}: missing ({platform} needs {file_name} in each version folder)")
-        factory = _engine_factory(kind, path, name, config, batching, source)
+        factory = warmed(_engine_factory(kind, path, name, config, batching, source), samples)
         plans.append(ModelPlan(name, str(version), serving, factory, batching=batching,
                                platform=platform, warnings=warnings, config=config))  # fmt: skip
     for warning in warnings:

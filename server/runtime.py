@@ -19,7 +19,7 @@ import numpy as np
 from wattserve.batchers.base import Batcher, engine_thread
 from wattserve.batchers.iteration_metrics import IterationMetrics
 from wattserve.batchers.registry import build_batcher
-from wattserve.batchers.types import Draining, RequestError, Result, WorkItem
+from wattserve.batchers.types import Draining, QueueFull, RequestError, Result, WorkItem
 from wattserve.engines.base import (
     Engine,
     PreparesInputs,
@@ -235,8 +235,8 @@ class ModelRuntime:
     def work_item(self, inputs: dict[str, Any], priority: int, timeout_us: int | None) -> WorkItem:
         """A one-row work item (``inputs`` with the batch axis) with Triton's priority and
         timeout: the deadline is the default timeout, shortened by the request's own."""
-        s = self.queue_policy
-        level = priority or s.default_priority
+        level = priority or self.queue_policy.default_priority
+        s = self.queue_policy.at(level)  # the level's own policy (priority_queue_policy), else the default
         now = monotonic()
         default_s = s.default_timeout_ms / 1e3 if s.default_timeout_ms is not None else None
         if timeout_us is not None and s.allow_timeout_override:
@@ -262,6 +262,9 @@ class ModelRuntime:
         outcome = "success"
         result: Result | None = None
         try:
+            bound = self.queue_policy.at(item.priority).max_queue_size
+            if bound and self.batcher.queue.level_size(item.priority) >= bound:
+                raise QueueFull(f"Exceeds maximum queue size (priority level {item.priority} holds {bound})")
             result = await self.batcher.submit(item)
             return result
         except RequestError as exc:

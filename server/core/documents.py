@@ -124,7 +124,7 @@ def _dynamic_batching(runtime: ModelRuntime, running: Any) -> dict[str, Any]:
     else:
         preferred, delay_s = spec.preferred_batch_sizes, spec.max_queue_delay_ms / 1e3
         levels, queue_size = spec.priority_levels, spec.max_queue_size
-    return {
+    doc = {
         "preferred_batch_size": list(preferred),
         "max_queue_delay_microseconds": round(delay_s * 1e6),
         "priority_levels": levels,
@@ -135,4 +135,17 @@ def _dynamic_batching(runtime: ModelRuntime, running: Any) -> dict[str, Any]:
             "allow_timeout_override": queue.allow_timeout_override,
             "timeout_action": queue.timeout_action.upper(),
         },
+    }
+    if queue.levels:  # Triton's priority_queue_policy: each level's own
+        doc["priority_queue_policy"] = {str(level): _queue_doc(p) for level, p in queue.levels.items()}
+    return doc
+
+
+def _queue_doc(policy: Any) -> dict[str, Any]:
+    """One level's queue policy as Triton's JSON writes it."""
+    return {
+        "max_queue_size": policy.max_queue_size,
+        "default_timeout_microseconds": round((policy.default_timeout_ms or 0) * 1000),
+        "allow_timeout_override": policy.allow_timeout_override,
+        "timeout_action": policy.timeout_action.upper(),
     }

@@ -34,7 +34,7 @@ HONOURED: dict[str, set[str]] = {
     "ModelTensorReshape": {"shape"},
     "ModelDynamicBatching": {
         "preferred_batch_size", "max_queue_delay_microseconds", "priority_levels",
-        "default_priority_level", "default_queue_policy",
+        "default_priority_level", "default_queue_policy", "priority_queue_policy",
     },
     "ModelQueuePolicy": {
         "timeout_action", "default_timeout_microseconds", "allow_timeout_override", "max_queue_size",
@@ -74,7 +74,6 @@ WHY = {
     "input.allow_ragged_batch": "ragged batching is not implemented",
     "input.optional": "optional inputs are implemented for ONNX Runtime and Python models only",
     "dynamic_batching.preserve_ordering": "answers leave as their batches finish",
-    "dynamic_batching.priority_queue_policy": "only default_queue_policy is implemented",
     "instance_group.rate_limiter": "the rate limiter is not implemented",
     "instance_group.kind": "KIND_MODEL is not implemented",
     "ensemble_scheduling.max_inflight_requests": "each step's model bounds its own queue",

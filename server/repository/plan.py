@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ from wattserve.server.repository.config import (
 )
 from wattserve.server.repository.override import LoadOverride
 from wattserve.server.repository.warmup import warmed, warmup_samples
-from wattserve.server.serving_config import ServingConfig
+from wattserve.server.serving_config import QueuePolicy, ServingConfig
 from wattserve.server.settings import MODEL_PARAMETERS, Settings
 
 log = logging.getLogger("wattserve.repository")
@@ -162,6 +162,8 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
     devices = _instance_devices(config, base, source, warnings, kind)
     steps = kind == "builtin" and MODELS[settings.model].steps
     serving = ServingConfig.from_settings(settings, devices, steps=steps)  # the one translation
+    if config.dynamic_batching.priority_queue_policy:
+        serving = replace(serving, queue=_level_policies(config, serving.queue, source))
     file_name = config.default_model_filename or default_file
 
     versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
@@ -312,6 +314,25 @@ def _dynamic_batching(db: pb.ModelDynamicBatching, source: str, warnings: list[s
         if policy.max_queue_size > 0:  # Triton's 0 is unbounded; wattserve keeps its bound
             out["max_queue_size"] = policy.max_queue_size
     return out
+
+
+def _level_policies(config: pb.ModelConfig, default: QueuePolicy, source: str) -> QueuePolicy:
+    """Triton's ``priority_queue_policy``: each listed level's own queue policy (timeout,
+    its action, override, and a bound on that level's queued requests)."""
+    db = config.dynamic_batching
+    levels = {}
+    for level, policy in sorted(db.priority_queue_policy.items()):
+        if not 1 <= level <= max(1, db.priority_levels):
+            raise ConfigError(f"{source}: dynamic_batching.priority_queue_policy has level {level}; the "
+                              f"levels are 1..{max(1, db.priority_levels)} (priority_levels)")  # fmt: skip
+        levels[int(level)] = replace(
+            default,
+            default_timeout_ms=policy.default_timeout_microseconds / 1000.0 or None,
+            allow_timeout_override=policy.allow_timeout_override,
+            timeout_action="delay" if policy.timeout_action == pb.ModelQueuePolicy.DELAY else "reject",
+            max_queue_size=policy.max_queue_size,
+        )
+    return replace(default, levels=levels)
 
 
 def _group_count(group: pb.ModelInstanceGroup) -> int:

@@ -86,6 +86,7 @@ class ModelRuntime:
         self._one_row = False  # a step engine: one row per request (its state is one row)
         self._variable: list[str] | None = None  # inputs with -1 dims: their shapes key batches
         self._optional: list[str] | None = None  # optional inputs: which are present keys batches
+        self._last_answer: asyncio.Future[None] | None = None  # preserve_ordering: the latest request's turn
         self._collector: Any = None  # the batcher's own Prometheus collector, if any
         self._batch_observer: ServingObserver | None = None  # watches the batcher for the gauges
         self.ready = False
@@ -255,7 +256,25 @@ class ModelRuntime:
             self.batcher.cancel(item)
 
     async def infer(self, item: WorkItem) -> Result:
-        """Submit one request's work item; its one outcome is counted."""
+        """Submit one request's work item; its one outcome is counted. With Triton's
+        ``preserve_ordering`` an answer (result or error) leaves only after the answer of the
+        request that came before it."""
+        if not self.serving.preserve_ordering:
+            return await self._infer(item)
+        previous, mine = self._last_answer, asyncio.get_running_loop().create_future()
+        self._last_answer = mine
+        try:
+            result = await self._infer(item)
+        except asyncio.CancelledError:  # the client left: the next waits for the one before
+            _release_after(previous, mine)
+            raise
+        except BaseException:
+            await _wait_turn(previous, mine)
+            raise
+        await _wait_turn(previous, mine)
+        return result
+
+    async def _infer(self, item: WorkItem) -> Result:
         if self.batcher is None:  # unloaded between admission and submit
             raise Draining(f"model {self.name!r} is unloading")
         started = monotonic()
@@ -290,6 +309,31 @@ class ModelRuntime:
             stats.record_success(elapsed, result)
         elif outcome != "cancelled":
             stats.record_failure(elapsed)
+
+
+async def _wait_turn(previous: asyncio.Future[None] | None, mine: asyncio.Future[None]) -> None:
+    """preserve_ordering: wait until the request before this one is answered, then let the
+    next one go."""
+    try:
+        if previous is not None and not previous.done():
+            await asyncio.shield(previous)
+    except asyncio.CancelledError:
+        _release_after(previous, mine)
+        raise
+    _release_after(None, mine)
+
+
+def _release_after(previous: asyncio.Future[None] | None, mine: asyncio.Future[None]) -> None:
+    """Mark this request answered once ``previous`` is (now, if there is none)."""
+
+    def release(_: object = None) -> None:
+        if not mine.done():
+            mine.set_result(None)
+
+    if previous is None or previous.done():
+        release()
+    else:
+        previous.add_done_callback(release)
 
 
 def bind_models(engines: Sequence[Engine], make_caller: Any, loop: asyncio.AbstractEventLoop) -> None:

@@ -48,6 +48,7 @@ class ServingConfig:
     check_values: bool = False  # reject NaN/Inf in float inputs (400)
     warmup: bool = True
     drain_timeout_s: float = 30.0
+    preserve_ordering: bool = False  # Triton's dynamic_batching.preserve_ordering: answers in arrival order
 
     @property
     def policy(self) -> str:

@@ -34,7 +34,7 @@ HONOURED: dict[str, set[str]] = {
     "ModelTensorReshape": {"shape"},
     "ModelDynamicBatching": {
         "preferred_batch_size", "max_queue_delay_microseconds", "priority_levels",
-        "default_priority_level", "default_queue_policy", "priority_queue_policy",
+        "default_priority_level", "default_queue_policy", "priority_queue_policy", "preserve_ordering",
     },
     "ModelQueuePolicy": {
         "timeout_action", "default_timeout_microseconds", "allow_timeout_override", "max_queue_size",
@@ -73,7 +73,6 @@ WHY = {
     "batch_output": "ragged batching is not implemented",
     "input.allow_ragged_batch": "ragged batching is not implemented",
     "input.optional": "optional inputs are implemented for ONNX Runtime and Python models only",
-    "dynamic_batching.preserve_ordering": "answers leave as their batches finish",
     "instance_group.rate_limiter": "the rate limiter is not implemented",
     "instance_group.kind": "KIND_MODEL is not implemented",
     "ensemble_scheduling.max_inflight_requests": "each step's model bounds its own queue",

@@ -162,6 +162,8 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
     devices = _instance_devices(config, base, source, warnings, kind)
     steps = kind == "builtin" and MODELS[settings.model].steps
     serving = ServingConfig.from_settings(settings, devices, steps=steps)  # the one translation
+    if config.dynamic_batching.preserve_ordering:
+        serving = replace(serving, preserve_ordering=True)
     if config.dynamic_batching.priority_queue_policy:
         serving = replace(serving, queue=_level_policies(config, serving.queue, source))
     file_name = config.default_model_filename or default_file

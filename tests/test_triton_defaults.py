@@ -97,8 +97,12 @@ def test_unbatched_and_batched_models_over_http_and_grpc(tmp_path, monkeypatch):
 
 def test_instances_follow_tritons_placement(tmp_path, monkeypatch):
     """``visible_gpus`` replaced by a double (this machine has no CUDA device)."""
-    model = write(tmp_path, "m", ONNX, "model.onnx")
-    gpu_any = write(tmp_path, "g", ONNX + "instance_group [ { count: 2 kind: KIND_GPU } ]\n", "model.onnx")
+    torchscript = ONNX.replace('"onnxruntime_onnx"', '"pytorch_libtorch"')
+    model = write(tmp_path, "m", torchscript, "model.pt")
+    gpu_any = write(
+        tmp_path, "g", torchscript + "instance_group [ { count: 2 kind: KIND_GPU } ]\n", "model.pt"
+    )
+    onnx_model = write(tmp_path, "o", ONNX, "model.onnx")
     monkeypatch.setattr(plan_module, "visible_gpus", lambda: 0)  # CPU-only host
     assert plan_model(model, Settings())[0].serving.devices == (Settings().device,)  # one instance
     with pytest.raises(ConfigError, match=r"instance_group\[0\] has kind KIND_GPU but no GPUs are available"):
@@ -107,3 +111,10 @@ def test_instances_follow_tritons_placement(tmp_path, monkeypatch):
     assert plan_model(model, Settings())[0].serving.devices == ("cuda:0", "cuda:1")
     assert plan_model(model, Settings(device="cpu"))[0].serving.devices == ("cpu",)  # the user's device
     assert plan_model(gpu_any, Settings())[0].serving.devices == ("cuda:0", "cuda:0", "cuda:1", "cuda:1")
+    import onnxruntime
+
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():  # this CPU build
+        # an ONNX Runtime without its CUDA provider cannot use the GPUs: one instance, as before
+        assert plan_model(onnx_model, Settings())[0].serving.devices == (Settings().device,)
+    else:
+        assert plan_model(onnx_model, Settings())[0].serving.devices == ("cuda:0", "cuda:1")

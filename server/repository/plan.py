@@ -341,8 +341,9 @@ def _group_count(group: pb.ModelInstanceGroup) -> int:
     return group.count if group.count > 0 else 1  # Triton: count defaults to 1
 
 
-# kinds whose engines run on a GPU: Triton's default placement (one instance per visible GPU)
-GPU_KINDS = {"onnx", "torchscript", "tensorrt", "builtin"}
+# kinds whose engines may run on a GPU: Triton's default placement (one instance per visible
+# GPU). Built-ins keep the server's WATTSERVE_DEVICE and WATTSERVE_INSTANCES.
+GPU_KINDS = {"onnx", "torchscript", "tensorrt"}
 
 
 def visible_gpus() -> int:
@@ -353,6 +354,18 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def _runs_on_gpu(kind: str) -> bool:
+    """Whether this kind's engine can use a GPU here (Triton places only such models on
+    GPUs): an ONNX Runtime build without its CUDA provider runs on the CPU."""
+    if kind not in GPU_KINDS:
+        return False
+    if kind == "onnx":
+        import onnxruntime
+
+        return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    return True
+
+
 def _instance_devices(
     config: pb.ModelConfig, base: Settings, source: str, warnings: list[str], kind: str = ""
 ) -> list[str] | None:
@@ -361,7 +374,7 @@ def _instance_devices(
     on a CPU-only host, or when the user chose a device), and KIND_GPU without ``gpus`` is
     ``count`` on every visible GPU."""
     if not config.instance_group:
-        gpus_seen = visible_gpus() if kind in GPU_KINDS and base.device == "auto" else 0
+        gpus_seen = visible_gpus() if base.device == "auto" and _runs_on_gpu(kind) else 0
         return [f"cuda:{g}" for g in range(gpus_seen)] or None
     devices: list[str] = []
     kinds = pb.ModelInstanceGroup

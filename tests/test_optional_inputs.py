@@ -114,6 +114,8 @@ def test_a_request_may_leave_an_optional_input_out_over_http_and_grpc(served, mo
         results = [f.result() for f in futures]
     for (_, a, b), y in zip(cases, results, strict=True):
         np.testing.assert_allclose(y, a + (b if b is not None else DEFAULT_B), rtol=1e-6)
+    config = httpx.get(f"{url}/v2/models/{model}/config").json()  # what runs, as Triton writes it
+    assert [(t["name"], t.get("optional", False)) for t in config["input"]] == [("A", False), ("B", True)]
     missing_a = httpx.post(f"{url}/v2/models/{model}/infer", json={"inputs": [
         {"name": "B", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})  # fmt: skip
     assert missing_a.status_code == 400 and "missing input(s) ['A']" in missing_a.json()["error"]

@@ -89,15 +89,23 @@ def triton_config(runtime: ModelRuntime) -> dict[str, Any]:
     # an input's format (FORMAT_NCHW) is the config's own word to clients (Triton's image_client)
     formats = {t.name: pb.ModelInput.Format.Name(t.format) for t in runtime.config.input
                if t.format} if runtime.config is not None else {}  # fmt: skip
+
+    def inputs() -> list[dict[str, Any]]:
+        """Each input as it runs: with its format, and ``optional`` where a request may omit it."""
+        docs = tensors(engine.inputs)
+        for doc, spec in zip(docs, engine.inputs, strict=True):
+            if spec.name in formats:
+                doc["format"] = formats[spec.name]
+            if spec.optional:
+                doc["optional"] = True
+        return docs
+
     max_batch = running.max_batch_size if running is not None else serving.max_batch_size
     config: dict[str, Any] = {
         "name": runtime.name,
         "platform": runtime.platform or engine.platform,
         "max_batch_size": max_batch if runtime.batching else 0,
-        "input": [
-            {**t, **({"format": formats[t["name"]]} if t["name"] in formats else {})}
-            for t in tensors(engine.inputs)
-        ],
+        "input": inputs(),
         "output": tensors(engine.outputs),
         "instance_group": [
             {"count": len(runtime.devices), "kind": "KIND_GPU" if "cuda" in engine.device else "KIND_CPU"}

@@ -73,6 +73,12 @@ class PriorityFifo:
     def __len__(self) -> int:
         return self._count
 
+    def level_size(self, level: int) -> int:
+        """Requests queued at priority ``level`` (on time and delayed): Triton's per-level
+        ``max_queue_size`` counts them."""
+        with self.lock:
+            return len(self._on_time[level - 1]) + len(self._delayed[level - 1])
+
     def __iter__(self) -> Iterator[WorkItem]:
         with self.lock:
             snapshot = [item for level in self._levels for item in level]

@@ -75,15 +75,15 @@ def test_model_and_engine_names_have_one_home():
 
 def test_the_settings_a_model_may_set_are_marked_on_their_fields():
     """The per-model parameters of a config.pbtxt: the 24 from before they moved onto the
-    fields, and adaptive_unit (a field that loses its mark would silently stop being a model
-    parameter)."""
+    fields, adaptive_unit, and max_queue_wait_s (a repository model's own time bound; a field
+    that loses its mark would silently stop being a model parameter)."""
     assert {
         "batcher", "engine", "weights", "seed", "fp16", "channels_last", "identity_elements",
         "identity_delay_ms", "torch_threads", "cuda_graphs", "engine_batch_sizes", "batch_sizes_only",
         "trt_profiles", "onnx_path", "diffusion_model", "diffusion_scheduler", "diffusion_default_steps",
         "check_values", "warmup",
         "identity_delay_per_item_ms", "slo_ms", "slo_percentile", "slo_headroom_ms", "slo_reject",
-        "adaptive_unit", "slo_late_last",
+        "adaptive_unit", "slo_late_last", "max_queue_wait_s",
     } == MODEL_PARAMETERS  # fmt: skip
 
 

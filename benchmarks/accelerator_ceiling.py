@@ -168,7 +168,9 @@ def binary_body(elements: int) -> tuple[bytes, dict[str, str]]:
     return header + array.tobytes(), headers
 
 
-def perf_analyzer_grpc(tool: str, grpc_url: str, connections: int, seconds: float) -> dict:
+def perf_analyzer_grpc(
+    tool: str, grpc_url: str, connections: int, seconds: float, headers: tuple[str, ...] = ()
+) -> dict:
     """perf_analyzer over gRPC at ``connections`` concurrent requests: its throughput."""
     with tempfile.TemporaryDirectory() as tmp:
         csv = Path(tmp) / "pa.csv"
@@ -176,6 +178,8 @@ def perf_analyzer_grpc(tool: str, grpc_url: str, connections: int, seconds: floa
         cmd = [tool, "-m", "identity", "-u", grpc_url, "-i", "grpc", "--concurrency-range", str(connections),
                "--measurement-interval", str(int(seconds * 1000)), "-f", str(csv),
                "--stability-percentage", "25", "--max-trials", "6"]  # fmt: skip
+        for header in headers:
+            cmd += ["-H", header]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 10 + 60)
         if done.returncode != 0 or not csv.exists():
             tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
@@ -197,6 +201,7 @@ class Target:
     grpc: str | None
     metrics: str
     workers: int
+    grpc_headers: tuple[str, ...] = ()  # perf_analyzer -H KEY:VALUE (Triton's restricted APIs)
 
 
 def measure(target: Target, protocol: str, args: argparse.Namespace, preset: Preset) -> dict | None:
@@ -212,7 +217,9 @@ def measure(target: Target, protocol: str, args: argparse.Namespace, preset: Pre
         if not args.perf_analyzer or not target.grpc:
             return None
         try:
-            run = perf_analyzer_grpc(args.perf_analyzer, target.grpc, args.connections, args.seconds)
+            run = perf_analyzer_grpc(
+                args.perf_analyzer, target.grpc, args.connections, args.seconds, target.grpc_headers
+            )
         except RuntimeError as exc:  # one failed run is reported, not the whole benchmark lost
             print(f"{target.name} grpc: {exc}")
             return None
@@ -222,6 +229,8 @@ def measure(target: Target, protocol: str, args: argparse.Namespace, preset: Pre
     after_cpu, after_exec = cpu_by_role(target.pid), executions(target.metrics)
     inferences = after_exec[0] - before_exec[0]
     execs = after_exec[1] - before_exec[1]
+    if run["non_2xx"]:  # wrk's req/s counts error answers too: only what was served counts
+        run["rps"] = max(run["rps"] - run["non_2xx"] / elapsed, 0.0)
     served = inferences or run["rps"] * elapsed
     cpu_us = {role: (after_cpu.get(role, 0.0) - before_cpu.get(role, 0.0)) / served * 1e6
               for role in after_cpu} if served else {}  # fmt: skip
@@ -262,9 +271,23 @@ def triton_target(preset: Preset, args: argparse.Namespace) -> Iterator[Target]:
            "--max-batch-size", str(preset.max_batch_size), "--delay-ms", str(preset.delay_ms),
            "--delay-per-item-ms", str(preset.delay_per_item_ms)]  # fmt: skip
     env = {"LD_LIBRARY_PATH": libdir}
-    with process(cmd, env, f"http://127.0.0.1:{http}/v2/health/ready", timeout=300) as proc:
+    # the model's readiness, not the server's: PyTriton binds the model after Triton is up
+    with process(cmd, env, f"http://127.0.0.1:{http}/v2/models/identity/ready", timeout=300) as proc:
+        token = access_token(proc.pid)
+        headers = (f"triton-grpc-protocol-triton-access-token:{token}",) if token else ()
         yield Target("triton (PyTriton)", proc.pid, f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}",
-                     f"http://127.0.0.1:{metrics}/metrics", 1)  # fmt: skip
+                     f"http://127.0.0.1:{metrics}/metrics", 1, headers)  # fmt: skip
+
+
+def access_token(root: int) -> str | None:
+    """The token PyTriton gave tritonserver for its restricted APIs (statistics, metadata
+    that perf_analyzer asks for), read from tritonserver's command line."""
+    for pid in process_tree(root):
+        with contextlib.suppress(OSError):
+            match = re.search(rb"triton-access-token=([\w\-]+)", Path(f"/proc/{pid}/cmdline").read_bytes())
+            if match:
+                return match.group(1).decode()
+    return None
 
 
 def engine_alone(preset: Preset, sizes: tuple[int, ...] = (64, 256), calls: int = 30) -> dict[int, float]:
@@ -331,13 +354,13 @@ def main(argv: list[str] | None = None) -> None:
                 if row is not None:
                     rows.append(row)
     print(
-        f"\n{'server':<20} {'protocol':<12} {'req/s':>9} {'/ceiling':>9} {'batch':>6} {'p99 ms':>7}  CPU us/request by role"
+        f"\n{'server':<20} {'protocol':<12} {'req/s':>9} {'/ceiling':>9} {'batch':>6} {'p99 ms':>7} {'errors':>7}  CPU us/request by role"
     )
     for r in rows:
         roles = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r["cpu_us_per_request"].items()))
         batch = f"{r['mean_batch']:.1f}" if r["mean_batch"] else "-"
         p99 = f"{r['p99_ms']:.1f}" if r.get("p99_ms") is not None else "-"
-        print(f"{r['server']:<20} {r['protocol']:<12} {r['rps']:>9,.0f} {r['ceiling_share']:>9.3f} {batch:>6} {p99:>7}  "
+        print(f"{r['server']:<20} {r['protocol']:<12} {r['rps']:>9,.0f} {r['ceiling_share']:>9.3f} {batch:>6} {p99:>7} {r['non_2xx']:>7}  "
               f"{roles} (total {r['cpu_us_per_request_total']:.0f})")  # fmt: skip
     for line in refused:
         print(line)

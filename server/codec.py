@@ -310,7 +310,8 @@ def _loads(text: bytes) -> Any:
             doc = rapidjson.loads(text, number_mode=_RAPIDJSON_MODE)
         except (ValueError, RecursionError) as exc2:  # rapidjson.JSONDecodeError is a ValueError
             raise BadRequest(_json_error(str(exc2))) from None
-    check_depth(doc)
+    if text.count(b"[") + text.count(b"{") > MAX_JSON_DEPTH:  # else too few to nest that deep
+        check_depth(doc)
     return doc
 
 

@@ -101,15 +101,17 @@ def measure(
     servers: list[tuple[str, Path, dict[str, str]]], args: argparse.Namespace, data_file: Path
 ) -> dict:
     """Every server up at once, then each mode run on each server in turn, ``--repeats``
-    times: a load on this shared machine that comes and goes falls on all of them alike.
+    times, the modes' order reversed every other round: a load on this shared machine that
+    comes and goes falls on all of them alike, and no mode always meets a cold server.
     Per server and mode, the run with the median served rate is kept."""
     runs: dict[str, dict[str, list[dict]]] = {name: {mode: [] for mode in MODES} for name, _, _ in servers}
     tool = perf_analyzer_path()
     with contextlib.ExitStack() as stack:
         urls = {name: f"127.0.0.1:{stack.enter_context(wattserve_process({**SERVER_ENV, **env}, root=root)).port}"
                 for name, root, env in servers}  # fmt: skip
-        for _ in range(args.repeats):
-            for mode, (data, fmt) in MODES.items():
+        for repeat in range(args.repeats):
+            order = list(MODES.items())
+            for mode, (data, fmt) in order if repeat % 2 == 0 else order[::-1]:  # no mode always first
                 rate = args.json_rate if fmt == "json" else args.rate
                 for name in urls:
                     result = {

@@ -10,7 +10,8 @@ NaN/Infinity tokens. Two candidate costs, each measured beside ordinary inputs:
    json (the fallback before). Also the event loop's longest stall while the body is parsed
    on a worker thread, as the server does past 256 KB: a parser that holds the GIL stalls
    the loop (and the engine thread) for as long as it runs.
-2. compute: mobilenet_v2 on torch CPU and ONNX Runtime, batches of 1 and 8, ordinary images
+2. compute: one torch multiply over normal vs subnormal values (the assist alone), and
+   mobilenet_v2 on torch CPU and ONNX Runtime, batches of 1 and 8, ordinary images
    vs random bits vs every element subnormal, with subnormals computed (IEEE) or flushed
    (``WATTSERVE_FLUSH_DENORMAL``), each on an engine thread as the server runs it.
 
@@ -50,32 +51,37 @@ def body(values: np.ndarray) -> bytes:
     return json.dumps(doc).encode()  # NaN, Infinity, -Infinity as perf_analyzer writes them
 
 
-def median_ms(fn: Callable[[], Any], repeats: int) -> float:
-    fn()
-    times = []
+def interleaved_ms(cases: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Median ms of each case, the cases timed in turn round after round, so a load on this
+    shared machine that comes and goes falls on all of them alike."""
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for fn in cases.values():
+        fn()  # warm
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * float(np.median(times))
+        for name, fn in cases.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: 1e3 * float(np.median(t)) for name, t in times.items()}
 
 
 async def loop_stall_ms(parse: Callable[[], Any], repeats: int) -> float:
-    """The event loop's longest gap between 1 ms ticks while ``parse`` runs on a thread."""
-    worst = 0.0
+    """The event loop's longest gap between 1 ms ticks while ``parse`` runs on a thread
+    (median over ``repeats`` parses)."""
+    stalls = []
     for _ in range(repeats):
         done = asyncio.create_task(asyncio.to_thread(parse))
-        last = time.perf_counter()
+        worst, last = 0.0, time.perf_counter()
         while not done.done():
             await asyncio.sleep(0.001)
             now = time.perf_counter()
-            worst = max(worst, now - last)
-            last = now
+            worst, last = max(worst, now - last), now
         await done
-    return 1e3 * worst
+        stalls.append(worst)
+    return 1e3 * float(np.median(stalls))
 
 
-def decode_costs(repeats: int) -> dict[str, dict[str, float]]:
+def decode_costs(repeats: int) -> dict[str, Any]:
     import json as stdlib_json
 
     from wattserve.server.codec import _loads
@@ -88,14 +94,34 @@ def decode_costs(repeats: int) -> dict[str, dict[str, float]]:
         "codec, NaN/Infinity tokens": lambda: _loads(tokens),
         "stdlib json, NaN/Infinity tokens (before)": lambda: stdlib_json.loads(tokens),
     }
-    out = {}
+    decode = interleaved_ms(cases, repeats)
+    out: dict[str, Any] = {}
     for name, fn in cases.items():
-        out[name] = {"decode_ms": median_ms(fn, repeats), "loop_stall_ms": asyncio.run(loop_stall_ms(fn, 3))}
+        out[name] = {"decode_ms": decode[name], "loop_stall_ms": asyncio.run(loop_stall_ms(fn, 5))}
     out["_body"] = {
         "bytes": len(tokens),
         "nan_tokens": tokens.count(b"NaN"),
         "inf_tokens": tokens.count(b"Infinity"),
     }
+    return out
+
+
+def multiply_costs(repeats: int) -> dict[str, dict[str, float]]:
+    """One torch multiply over 4M FP32 values, normal vs subnormal, IEEE vs flushed: the
+    microcode assist on its own, without a network around it."""
+    import torch
+    from wattserve.batchers.executor import engine_thread
+
+    normal = torch.from_numpy(np.random.default_rng(0).uniform(1.0, 2.0, 1 << 22).astype(np.float32))
+    subnormal = normal * float(np.finfo(np.float32).tiny) / 4
+    out = {}
+    for flush in (False, True):
+        thread = engine_thread(0, flush_denormal=flush)
+        try:
+            calls = {"normal": lambda: normal * 1.5, "subnormal": lambda: subnormal * 1.5}
+            out["flushed" if flush else "IEEE"] = thread.submit(interleaved_ms, calls, repeats).result()
+        finally:
+            thread.shutdown(wait=True)
     return out
 
 
@@ -133,8 +159,10 @@ def compute_costs(repeats: int, batches: list[int]) -> dict[str, dict[str, float
                         inputs = {"ordinary": ordinary, "random bits": random_bits((n, *SHAPE), seed=n),
                                   "all subnormal": (ordinary * np.float32(0.5 * tiny)).astype(np.float32)}  # fmt: skip
                         key = f"{engine_name} batch {n} {'flushed' if flush else 'IEEE'}"
-                        out[key] = {name: thread.submit(median_ms, lambda x=x, e=engine: e.infer({"input": x}), repeats).result()
-                                    for name, x in inputs.items()}  # fmt: skip
+                        calls = {
+                            name: lambda x=x, e=engine: e.infer({"input": x}) for name, x in inputs.items()
+                        }
+                        out[key] = thread.submit(interleaved_ms, calls, repeats).result()
                         print(
                             f"  {key:<30} " + "  ".join(f"{k} {v:7.1f} ms" for k, v in out[key].items()),
                             flush=True,
@@ -147,7 +175,7 @@ def compute_costs(repeats: int, batches: list[int]) -> dict[str, dict[str, float
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--skip-compute", action="store_true", help="decode only (seconds)")
     args = p.parse_args(argv)
@@ -160,6 +188,10 @@ def main(argv: list[str] | None = None) -> None:
                   f"loop stall {r['loop_stall_ms']:6.1f} ms")  # fmt: skip
     doc: dict[str, Any] = {"decode": decode}
     if not args.skip_compute:
+        print("torch multiply over 4M FP32 values (median ms, on an engine thread)")
+        doc["multiply"] = multiply_costs(args.repeats)
+        for mode, r in doc["multiply"].items():
+            print(f"  {mode:<8} normal {r['normal']:6.2f} ms  subnormal {r['subnormal']:6.2f} ms")
         print("compute (median ms per batch, on an engine thread)")
         doc["compute"] = compute_costs(args.repeats, args.batches)
     print(f"saved {save('random_data_costs', doc)}")

@@ -103,11 +103,12 @@ def measure(
     """Every server up at once, then each mode run on each server in turn, ``--repeats``
     times, the modes' order reversed every other round: a load on this shared machine that
     comes and goes falls on all of them alike, and no mode always meets a cold server.
-    Per server and mode, the run with the median served rate is kept."""
+    Per server and mode, each figure's median over the runs (all of them kept)."""
     runs: dict[str, dict[str, list[dict]]] = {name: {mode: [] for mode in MODES} for name, _, _ in servers}
     tool = perf_analyzer_path()
     with contextlib.ExitStack() as stack:
-        urls = {name: f"127.0.0.1:{stack.enter_context(wattserve_process({**SERVER_ENV, **env}, root=root)).port}"
+        base = {**SERVER_ENV, "WATTSERVE_TORCH_THREADS": str(args.torch_threads)}
+        urls = {name: f"127.0.0.1:{stack.enter_context(wattserve_process({**base, **env}, root=root)).port}"
                 for name, root, env in servers}  # fmt: skip
         for repeat in range(args.repeats):
             order = list(MODES.items())
@@ -124,10 +125,12 @@ def measure(
 
 
 def _median_run(runs: list[dict]) -> dict:
-    good = sorted((r for r in runs if "error" not in r), key=lambda r: r["served_per_s"])
+    """Each figure's median over the runs that completed (every run kept under ``runs``)."""
+    good = [r for r in runs if "error" not in r]
     if not good:
-        return runs[-1]
-    return {**good[(len(good) - 1) // 2], "runs": len(runs), "failed_runs": len(runs) - len(good)}
+        return {**runs[-1], "runs": runs}
+    figures = {key: float(np.median([r[key] for r in good])) for key in good[0]}
+    return {**figures, "runs": runs, "failed_runs": len(runs) - len(good)}
 
 
 def _row(r: dict) -> str:
@@ -158,6 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json-rate", type=float, default=2.0, help="offered requests/s, JSON modes")
     p.add_argument("--window-ms", type=int, default=4000, help="perf_analyzer's measurement interval")
     p.add_argument("--repeats", type=int, default=1, help="runs of each mode on each server (median kept)")
+    p.add_argument("--torch-threads", type=int, default=1,
+                   help="each server's torch threads: 1 by default, since on a shared 2-CPU machine an "
+                   "OpenMP team one of whose threads is descheduled waits at every barrier")  # fmt: skip
     p.add_argument("--root", action="append", default=[], metavar="NAME=DIR",
                    help="another checkout to serve the same way (the code before a fix)")  # fmt: skip
     p.add_argument("--variant", action="append", default=[], type=parse_variant, metavar="NAME:VAR=VALUE")
@@ -180,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
             "modes": measured[name],
             "ratios": ratios(measured[name]),
         }
-    print("\nmedian runs")
+    print("\nmedians over the runs")
     for name, server in doc["servers"].items():
         for mode, r in server["modes"].items():
             print(f"  {name:>8} {mode:<16} {_row(r)}")

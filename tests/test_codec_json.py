@@ -88,3 +88,19 @@ def test_nested_tensor_data_within_the_limit_is_served():
     body = json.dumps(doc).replace("0.0,", "NaN,", 1).encode()  # nested rows, through the NaN path
     got = parse(body).inputs["input"]
     assert np.isnan(got[0, 0]) and np.array_equal(got.ravel()[1:], data.ravel()[1:])
+
+
+def test_tokens_anywhere_and_token_like_strings_parse_alike():
+    """A token first seen past the first 64 KB (orjson tries, then rapidjson), and an
+    ordinary body whose id says NaN (rapidjson at once): both read as Python's json reads them."""
+    values = [0.5] * 20000 + [float("nan"), float("inf")]
+    late = json.dumps({"inputs": [{"name": "input", "shape": [1, len(values)], "datatype": "FP32",
+                                   "data": values}]}).encode()  # fmt: skip
+    assert late.find(b"NaN") > 64 * 1024
+    spec = TensorSpec("input", (len(values),), "FP32")
+    got = parse_infer_request(late, None, [spec], [OUT], max_batch_size=8).inputs["input"][0]
+    assert np.array_equal(got, np.asarray(values, np.float32), equal_nan=True)
+    named = json.dumps({"id": "NaN-Infinity", "inputs": [{"name": "input", "shape": [1, 4096], "datatype": "FP32",
+                                                          "data": [1.0] * 4096}]}).encode()  # fmt: skip
+    request = parse(named)
+    assert request.id == "NaN-Infinity" and (request.inputs["input"] == 1.0).all()

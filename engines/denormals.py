@@ -1,10 +1,10 @@
 """Subnormal floats on CPU engines: computed as IEEE says (the default), or flushed to zero.
 
 x86 CPUs compute an operation whose input or result is subnormal (nonzero, below ~1.2e-38
-in FP32) through a microcode assist, many times slower than the ordinary path (on this
-machine a multiply over 4M subnormal FP32 values took ~4.5x the time of normal ones,
-docs/engines.md). Flushing (FTZ: subnormal results become 0; DAZ: subnormal inputs are read
-as 0) removes the assist and changes results only where a subnormal appears.
+in FP32) through a slower path (a microcode assist on Intel; on this AMD EPYC a torch
+multiply over 4M subnormal FP32 values took 1.3x the time of normal ones, docs/engines.md,
+and mobilenet_v2 did not slow down at all). Flushing (FTZ: subnormal results become 0;
+DAZ: subnormal inputs are read as 0) removes the assist and changes results only where a subnormal appears.
 
 The mode lives in each thread's MXCSR register, and a thread starts with its creator's, so
 it is set once where an engine instance's thread starts (``batchers.executor.engine_thread``),

@@ -126,8 +126,8 @@ class Settings(BaseSettings):
     flush_denormal: bool = Field(
         False,
         description="CPU engines (torch, TorchScript, ONNX Runtime): read and write subnormal floats "
-        "as zero (FTZ/DAZ), which x86 otherwise computes in slow microcode. Off: IEEE results, as "
-        "Triton's backends compute them. No effect on CUDA/TensorRT kernels.",
+        "as zero (FTZ/DAZ), which x86 CPUs compute on a slow path (microcode on Intel). Off: IEEE "
+        "results, as Triton's backends compute them. No effect on CUDA/TensorRT kernels.",
         json_schema_extra=PER_MODEL,
     )
     identity_elements: int = Field(

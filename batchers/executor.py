@@ -56,7 +56,7 @@ def padded_size(n: int, batch_sizes: Sequence[int] | None) -> int:
     return min(fitting) if fitting else n
 
 
-def engine_thread(index: int) -> ThreadPoolExecutor:
+def engine_thread(index: int, flush_denormal: bool = False) -> ThreadPoolExecutor:
     """The one thread that builds, warms and runs engine instance ``index``.
 
     One thread per engine for its whole life, not just for its batches: GNU OpenMP (torch's
@@ -64,7 +64,15 @@ def engine_thread(index: int) -> ThreadPoolExecutor:
     OpenMP threads than CPUs its workers stop spinning between parallel regions and sleep
     on a futex instead. An engine built on one thread and run on another left two teams on
     a 2-CPU machine: mobilenet_v2 at batch 1 took ~250 context switches per call instead of
-    ~0.5 (see docs/architecture.md)."""
+    ~0.5 (see docs/architecture.md).
+
+    ``flush_denormal``: the thread (and the OpenMP / ONNX Runtime threads it starts) reads
+    and writes subnormal floats as zero (``engines.denormals``)."""
+    if flush_denormal:
+        from wattserve.engines.denormals import flush_denormals_on_this_thread
+
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"engine-{index}",
+                                  initializer=flush_denormals_on_this_thread)  # fmt: skip
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"engine-{index}")
 
 

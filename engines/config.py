@@ -26,6 +26,7 @@ class EngineConfig:
     fp16: bool = False
     channels_last: bool = True
     fuse_conv_bn: bool = True
+    flush_denormal: bool = False  # CPU engines: subnormal floats read and written as zero
     torch_threads: int | None = None
     identity_elements: int = 16
     identity_delay_ms: float = 0.0

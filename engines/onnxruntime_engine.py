@@ -83,7 +83,7 @@ def _cuda_device_present() -> bool:
         return False
 
 
-def session_options(threads: int | None, spin: bool = False):
+def session_options(threads: int | None, spin: bool = False, flush_denormal: bool = False):
     """Session options tuned for one engine instance per worker thread.
 
     - full graph optimizations (constant folding, conv+activation fusion, layout transforms);
@@ -91,7 +91,9 @@ def session_options(threads: int | None, spin: bool = False):
     - intra-op threads = ``threads`` or every core; one inter-op thread;
     - spinning off: ORT's worker threads otherwise busy-wait between batches, burning a core
       (and watts) while idle and stealing CPU from the event loop; measured cost on this
-      machine is in benchmarks/engines_cpu.py (``--spin``).
+      machine is in benchmarks/engines_cpu.py (``--spin``);
+    - ``flush_denormal``: its intra-op threads read and write subnormal floats as zero
+      (``engines.denormals``; ORT's default, like Triton's backend, is IEEE).
     """
     ort = _import_ort()
     opts = ort.SessionOptions()
@@ -102,6 +104,8 @@ def session_options(threads: int | None, spin: bool = False):
     opts.enable_cpu_mem_arena = True
     opts.enable_mem_pattern = True
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if flush_denormal:
+        opts.add_session_config_entry("session.set_denormal_as_zero", "1")
     return opts
 
 
@@ -121,6 +125,7 @@ class OnnxRuntimeEngine:
         spin: bool = False,
         batched: bool = True,
         optional: Sequence[str] = (),
+        flush_denormal: bool = False,
     ) -> None:
         """``optional``: inputs a request may leave out (Triton's ``optional: true``); each
         must be a graph input with a default (an initializer of that name), which ONNX Runtime
@@ -135,7 +140,7 @@ class OnnxRuntimeEngine:
         self.batch_sizes: Sequence[int] | None = None
         self.onnx_path = path
         self._session = ort.InferenceSession(
-            str(path), sess_options=session_options(threads, spin), providers=providers
+            str(path), sess_options=session_options(threads, spin, flush_denormal), providers=providers
         )
         self.providers = self._session.get_providers()
         if self.device.startswith("cuda") and "CUDAExecutionProvider" not in self.providers:
@@ -167,6 +172,7 @@ class OnnxRuntimeEngine:
             max_batch_size=config.max_batch_size,
             device=config.device,
             threads=config.torch_threads,
+            flush_denormal=config.flush_denormal,
         )
 
     def _optional_inputs(self, names: Sequence[str], batched: bool) -> list[TensorSpec]:

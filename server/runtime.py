@@ -103,7 +103,7 @@ class ModelRuntime:
         try:
             for index, device in enumerate(self.devices):
                 engine_config = self.serving.engine.on(device)
-                threads.append(engine_thread(index))
+                threads.append(engine_thread(index, engine_config.flush_denormal))
                 engines.append(await loop.run_in_executor(threads[-1], self._engine_factory, engine_config))
             if self.serving.warmup and warms_with_zeros(engines[0].inputs):
                 await asyncio.gather(

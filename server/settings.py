@@ -129,6 +129,13 @@ class Settings(BaseSettings):
         description="Fold each BatchNorm into the convolution before it when a torchvision model "
         "loads (inference only; outputs agree with the unfolded model to float rounding).",
     )
+    flush_denormal: bool = Field(
+        False,
+        description="CPU engines (torch, TorchScript, ONNX Runtime): read and write subnormal floats "
+        "as zero (FTZ/DAZ), which x86 CPUs compute on a slow path (microcode on Intel). Off: IEEE "
+        "results, as Triton's backends compute them. No effect on CUDA/TensorRT kernels.",
+        json_schema_extra=PER_MODEL,
+    )
     identity_elements: int = Field(
         16, ge=1, description="Element count of the identity model.", json_schema_extra=PER_MODEL
     )

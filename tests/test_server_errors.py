@@ -66,6 +66,10 @@ BAD_CASES = {
     "negative timeout": dict(body={**GOOD, "parameters": {"timeout": -1}}),
     "unknown output": dict(body={**GOOD, "outputs": [{"name": "nope"}]}),
     "too large": dict(content=b"{" + b" " * 5000 + b"}"),
+    # Triton's L0_http: 101 levels refused in its words, with or without NaN tokens
+    "too deep": dict(content=b'{"inputs":' + b"[" * 100 + b"]" * 100 + b"}"),
+    "too deep with nan": dict(content=b'{"x":NaN,"inputs":' + b"[" * 100 + b"]" * 100 + b"}"),
+    "malformed nan json": dict(content=b'{"inputs":[{"name":"x","data":[NaN,1,]}]}'),
 }
 
 
@@ -88,6 +92,9 @@ EXPECTED_WORDS = {
     "negative timeout": "timeout",
     "unknown output": "unknown output",
     "too large": "limit",
+    "too deep": "JSON nesting depth exceeds maximum allowed limit (100)",
+    "too deep with nan": "JSON nesting depth exceeds maximum allowed limit (100)",
+    "malformed nan json": "malformed JSON",
 }
 
 

@@ -83,7 +83,7 @@ def test_the_settings_a_model_may_set_are_marked_on_their_fields():
         "trt_profiles", "onnx_path", "diffusion_model", "diffusion_scheduler", "diffusion_default_steps",
         "check_values", "warmup",
         "identity_delay_per_item_ms", "slo_ms", "slo_percentile", "slo_headroom_ms", "slo_reject",
-        "adaptive_unit", "slo_late_last", "max_queue_wait_s",
+        "adaptive_unit", "slo_late_last", "max_queue_wait_s", "flush_denormal",
     } == MODEL_PARAMETERS  # fmt: skip
 
 

@@ -473,7 +473,8 @@ def _onnx_file(model: ModelFile, config: EngineConfig) -> Engine:
     max_batch = config.max_batch_size if model.batching else 1
     return OnnxRuntimeEngine(model.path, name=model.name, max_batch_size=max_batch, device=config.device,
                              threads=config.torch_threads, batched=model.batching,
-                             optional=[s.name for s in model.inputs if s.optional])  # fmt: skip
+                             optional=[s.name for s in model.inputs if s.optional],
+                             flush_denormal=config.flush_denormal)  # fmt: skip
 
 
 def _torchscript_file(model: ModelFile, config: EngineConfig) -> Engine:

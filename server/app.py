@@ -99,7 +99,8 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
 
         # read by runtime.start(), after telemetry started: the meter follows the engine's
         # device (its GPU; RAPL or nothing for a CPU engine; nothing is made up)
-        runtime.batcher_hooks.update(energy_meter_for=telemetry.meter_for, on_batch=record_batch)
+        runtime.batcher_hooks.update(energy_meter_for=telemetry.meter_for, on_batch=record_batch,
+                                     on_cache_hit=telemetry.record_cached)  # fmt: skip
         # Python models' BLS calls reach this server's models (server/core/model_caller.py)
         runtime.batcher_hooks["call_model"] = lambda loop: model_caller(lambda: models, loop)
         return runtime

@@ -304,6 +304,9 @@ class ModelRuntime:
             if outputs is not None:  # a hit: no queue, no engine
                 hit = Result(outputs, 0.0, 0.0, 0)
                 self.metrics.statistics.record_cache_hit(monotonic() - started)
+                on_hit = self.batcher_hooks.get("on_cache_hit")
+                if on_hit is not None:  # telemetry: an inference with no engine energy
+                    on_hit(item.rows)
                 self.record_outcome("success", started, hit)
                 return hit
             lookup_s = monotonic() - started

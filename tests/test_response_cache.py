@@ -237,3 +237,51 @@ def test_a_decoupled_model_with_the_cache_is_refused_with_tritons_words(tmp_path
     with pytest.raises(ConfigError, match="Response Cache does not currently support model 'counter' with "
                        "'decoupled' transaction policy"):  # fmt: skip
         plan_config(model, Settings(cache_config="local,size=4096"), config, "config.pbtxt")
+
+
+def test_engine_threads_and_the_loop_share_the_cache_safely():
+    """Many threads putting and getting at once: the byte count stays exact and bounded."""
+    import threading
+
+    cache = ResponseCache(20_000)
+    answer = {"OUT": np.ones(50, dtype=np.float32)}
+    errors: list[BaseException] = []
+
+    def work(offset: int) -> None:
+        try:
+            for i in range(300):
+                key = f"{offset}-{i % 40}".encode()
+                cache.put(key, answer)
+                got = cache.get(key)
+                assert got is None or got["OUT"].shape == (50,)
+        except BaseException as exc:  # surfaced below, on the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert cache.used <= cache.size
+    assert cache.used == sum(cost for _, cost in cache._entries.values())
+
+
+def test_a_hit_serves_every_output_form_binary_and_classification(tmp_path):
+    write(tmp_path, "counter")
+    settings = Settings(model_repository=tmp_path, telemetry=False, cache_config="local,size=65536")
+    with threaded_server(settings) as (url, _):
+        request = {**body([4, 3, 2, 1]), "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}},
+                                                      {"name": "CALLS"}]}  # fmt: skip
+        first = httpx.post(url + "/v2/models/counter/infer", json=request)
+        hit = httpx.post(url + "/v2/models/counter/infer", json=request)
+        assert first.status_code == hit.status_code == 200
+        assert hit.content == first.content  # the same bytes, binary section included
+        assert hit.headers["x-batch-size"] == "0"  # no batch ran
+        top = {**body([4, 3, 2, 1]), "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 2}},
+                                                  {"name": "CALLS"}]}  # fmt: skip
+        for _ in range(2):
+            answer = httpx.post(url + "/v2/models/counter/infer", json=top)
+            assert answer.status_code == 200, answer.text
+            outputs = {o["name"]: o["data"] for o in answer.json()["outputs"]}
+            assert outputs["OUTPUT0"] == ["8.000000:0", "6.000000:1"] and outputs["CALLS"] == [1]

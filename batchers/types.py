@@ -48,6 +48,8 @@ class WorkItem:
     # what the front end knew of the request beyond its tensors (its id, requested outputs,
     # a stream's response sink): read only by engines that take requests (RunsRequests)
     context: object = None
+    # the response cache's key for this request (server/response_cache.py); None: not cached
+    cache_key: bytes | None = None
 
     def enqueue(self, future: asyncio.Future[Result]) -> None:
         """-> queued, owed one answer through ``future`` (``Batcher.submit``)."""

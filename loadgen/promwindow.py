@@ -21,6 +21,7 @@ LabelKey = tuple[tuple[str, str], ...]
 
 INFERENCES = "wattserve_inferences_total"
 BATCHES = "wattserve_batch_executions_total"
+CACHE_HITS = "nv_cache_num_hits_per_model"  # response-cache hits (only with a cache configured)
 PADDED = "wattserve_batch_padded_slots_total"
 BATCH_SIZE = "wattserve_batch_size"
 QUEUE = "wattserve_queue_duration_seconds"
@@ -106,7 +107,12 @@ def window_stats(
         "mean_request_ms": _ms(delta.hist_mean(REQUEST)),
         "requests_by_outcome": delta.by_label(REQUESTS, "outcome"),
     }
-    out.update(_telemetry(delta, inside, inferences))
+    # a response-cache hit is an inference answered with no engine energy: energy per
+    # inference divides by the computed and the cached ones alike
+    cached = delta.total(CACHE_HITS)
+    out["cached_inferences"] = cached
+    answered = inferences + cached if inferences is not None and cached is not None else inferences
+    out.update(_telemetry(delta, inside, answered))
     out["policy"] = _series_table(delta, inside, inferences, is_policy)
     return out
 

@@ -31,6 +31,7 @@ from wattserve.server.metrics import ServingMetrics, server_metrics
 from wattserve.server.middleware import http_error, internal_error, invalid_parameters
 from wattserve.server.model_plan import EngineFactory, ModelPlan, ModelSource, SettingsSource
 from wattserve.server.model_set import ModelSet, ModelSetActivity
+from wattserve.server.response_cache import ResponseCache, parse_cache_config
 from wattserve.server.routes.generate import generate_routes
 from wattserve.server.routes.health import health_router
 from wattserve.server.routes.images import images_router
@@ -69,6 +70,8 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     telemetry = TelemetryService(settings.telemetry_config(), registry)  # same registry: one /metrics
     body_budget = BodyBudget(settings.max_inflight_body_bytes)
     restrictions = parse_restricted_api(settings.restricted_api)  # a bad value fails at start
+    # Triton's --cache-config: one response cache shared by the models that enable it
+    cache = ResponseCache(parse_cache_config(settings.cache_config)) if settings.cache_config else None
 
     def make_runtime(plan: ModelPlan) -> ModelRuntime:
         if plan.platform == "ensemble":  # no engine or batcher: its steps use their models'
@@ -85,13 +88,19 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
                                version=plan.version, batching=plan.batching, platform=plan.platform,
                                config=plan.config)  # fmt: skip
         runtime.class_labels = labels
+        if plan.serving.response_cache:
+            runtime.response_cache = cache
+            if cache is None:  # Triton: enabled on both sides or not used; said, not silent
+                log.warning("%s: response_cache is enabled but no cache is configured (--cache-config "
+                            "local,size=BYTES); served without one", plan.name)  # fmt: skip
 
         def record_batch(batch_size: int, energy: Any) -> None:
             telemetry.record_batch(plan.name, policy, batch_size, energy)
 
         # read by runtime.start(), after telemetry started: the meter follows the engine's
         # device (its GPU; RAPL or nothing for a CPU engine; nothing is made up)
-        runtime.batcher_hooks.update(energy_meter_for=telemetry.meter_for, on_batch=record_batch)
+        runtime.batcher_hooks.update(energy_meter_for=telemetry.meter_for, on_batch=record_batch,
+                                     on_cache_hit=telemetry.record_cached)  # fmt: skip
         # Python models' BLS calls reach this server's models (server/core/model_caller.py)
         runtime.batcher_hooks["call_model"] = lambda loop: model_caller(lambda: models, loop)
         return runtime
@@ -102,7 +111,8 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     models = ModelSet(model_source(settings, engine_factory), make_runtime, strict=strict,
                       mode=settings.model_control_mode, startup=settings.load_model,
                       poll_s=settings.repository_poll_secs)  # fmt: skip
-    registry.register(TritonMetrics(models, telemetry))  # Triton's nv_* names, read at scrape time
+    # Triton's nv_* names, read at scrape time
+    registry.register(TritonMetrics(models, telemetry, cache=cache))
     trimmer = IdleTrimmer(ModelSetActivity(models), settings.idle_trim_s) if settings.tune_malloc else None
     # Triton's shared-memory, trace and logging extensions (one of each per app)
     shm = SharedMemoryRegistry(settings.allow_client_shm, cuda=CudaRuntimeIpc())

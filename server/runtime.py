@@ -36,6 +36,7 @@ from wattserve.server.classification import ClassLabels
 from wattserve.server.codec import InferRequest
 from wattserve.server.metrics import ServingMetrics
 from wattserve.server.model_plan import EngineFactory
+from wattserve.server.response_cache import ResponseCache, request_key
 from wattserve.server.serving_config import ServingConfig
 
 log = logging.getLogger("wattserve.runtime")
@@ -88,6 +89,8 @@ class ModelRuntime:
         self._optional: list[str] | None = None  # optional inputs: which are present keys batches
         self._last_answer: asyncio.Future[None] | None = None  # preserve_ordering: the latest request's turn
         self._collector: Any = None  # the batcher's own Prometheus collector, if any
+        # the server's response cache when this model's config enables it (set by the app)
+        self.response_cache: ResponseCache | None = None
         self._batch_observer: ServingObserver | None = None  # watches the batcher for the gauges
         self.ready = False
         self.draining = False
@@ -124,6 +127,9 @@ class ModelRuntime:
         self._validate = self.engine.validate if isinstance(self.engine, ValidatesInputs) else None
         self._prepare = self.engine.prepare if isinstance(self.engine, PreparesInputs) else None
         self._one_row = isinstance(self.engine, StepEngine)
+        if self._one_row and self.response_cache is not None:  # iterative (seeded, stepped): not cached
+            log.warning("%s: response_cache is not used for a step (iteration-level) model", self.name)
+            self.response_cache = None
         variable = [spec.name for spec in self.engine.inputs if spec.variable]
         self._variable = variable or None
         self._optional = [spec.name for spec in self.engine.inputs if spec.optional] or None
@@ -218,6 +224,19 @@ class ModelRuntime:
                              f"{request.rows}")  # fmt: skip
         if self._validate is not None:  # model-specific checks (-> 400), once per request
             self._validate(inputs)
+        item = self._make_item(request, inputs)
+        if self.response_cache is not None:
+            item.cache_key = self._cache_key(request)
+        return item
+
+    def _cache_key(self, request: InferRequest) -> bytes | None:
+        """The request's response-cache key, or None when it is not cached: no cache, or the
+        request carries its own parameters or a response stream (either may change the answer)."""
+        if request.parameters or request.response_sink is not None:
+            return None
+        return request_key(self.name, self.version, request.inputs, request.outputs)
+
+    def _make_item(self, request: InferRequest, inputs: dict[str, Any]) -> WorkItem:
         if self._prepare is not None:  # optional inputs filled in; the engine's batch key
             inputs, key = self._prepare(inputs)
             item = self.work_item(inputs, request.priority, request.timeout_us)
@@ -278,6 +297,19 @@ class ModelRuntime:
         if self.batcher is None:  # unloaded between admission and submit
             raise Draining(f"model {self.name!r} is unloading")
         started = monotonic()
+        cache, key = self.response_cache, item.cache_key
+        lookup_s = 0.0
+        if cache is not None and key is not None:
+            outputs = cache.get(key)
+            if outputs is not None:  # a hit: no queue, no engine
+                hit = Result(outputs, 0.0, 0.0, 0)
+                self.metrics.statistics.record_cache_hit(monotonic() - started)
+                on_hit = self.batcher_hooks.get("on_cache_hit")
+                if on_hit is not None:  # telemetry: an inference with no engine energy
+                    on_hit(item.rows)
+                self.record_outcome("success", started, hit)
+                return hit
+            lookup_s = monotonic() - started
         outcome = "success"
         result: Result | None = None
         try:
@@ -285,6 +317,8 @@ class ModelRuntime:
             if bound and self.batcher.queue.level_size(item.priority) >= bound:
                 raise QueueFull(f"Exceeds maximum queue size (priority level {item.priority} holds {bound})")
             result = await self.batcher.submit(item)
+            if cache is not None and key is not None:  # a miss: stored after success only
+                self._store(cache, key, lookup_s, result)
             return result
         except RequestError as exc:
             outcome = exc.outcome
@@ -296,7 +330,18 @@ class ModelRuntime:
             outcome = "error"
             raise
         finally:
+            if result is None and cache is not None and key is not None:  # a miss that failed
+                self.metrics.statistics.record_cache_miss(lookup_s)  # (nothing stored)
             self.record_outcome(outcome, started, result)
+
+    def _store(self, cache: ResponseCache, key: bytes, lookup_s: float, result: Result) -> None:
+        """Insert a computed answer; Triton's cache_miss time is the lookup plus the insert
+        (the queue and compute between them are not cache time)."""
+        t0 = monotonic()
+        if not cache.put(key, result.outputs):
+            log.warning("%s: an answer over %d bytes does not fit the response cache; not stored",
+                        self.name, cache.size)  # fmt: skip
+        self.metrics.statistics.record_cache_miss(lookup_s + monotonic() - t0)
 
     def record_outcome(self, outcome: str, started: float, result: Result | None) -> None:
         """One request's one outcome: counted, its latency and Triton's statistics recorded

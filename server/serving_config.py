@@ -49,6 +49,9 @@ class ServingConfig:
     warmup: bool = True
     drain_timeout_s: float = 30.0
     preserve_ordering: bool = False  # Triton's dynamic_batching.preserve_ordering: answers in arrival order
+    response_cache: bool = (
+        False  # Triton's response_cache.enable: uses the server's cache, if one is configured
+    )
 
     @property
     def policy(self) -> str:

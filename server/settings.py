@@ -24,6 +24,7 @@ from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.registry import BatcherName, batcher_help
 from wattserve.engines.catalog import BUILTIN_MODELS, EngineName
 from wattserve.engines.config import EngineConfig
+from wattserve.server.response_cache import parse_cache_config
 from wattserve.telemetry.service import TelemetryConfig
 
 # json_schema_extra of the fields a repository model's ``parameters`` may set for itself
@@ -104,6 +105,13 @@ class Settings(BaseSettings):
         description="Load a repository model whose config.pbtxt sets fields wattserve does not "
         "implement, without them (a warning names each); by default such a model fails to load "
         "naming the field and why.",
+    )
+    cache_config: str | None = Field(
+        None,
+        description="Triton's --cache-config: 'local,size=BYTES' makes one response cache of that "
+        "many bytes, shared by the models whose config.pbtxt sets response_cache { enable: true } "
+        "(a repeated request is answered without queue or engine; least recently used answers "
+        "leave first). Unset: no cache, and models that enable it load without one.",
     )
     engine: EngineName = Field(
         "torch", description="Engine: torch, onnxruntime or tensorrt.", json_schema_extra=PER_MODEL
@@ -363,6 +371,13 @@ class Settings(BaseSettings):
         "power model (docs/telemetry.md). Every engine is metered on it; every figure says "
         "source=simulated.",
     )
+
+    @field_validator("cache_config")
+    @classmethod
+    def _check_cache_config(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_cache_config(value)  # a bad value fails at start, naming what is wrong
+        return value
 
     @field_validator("simulated_gpu")
     @classmethod

@@ -66,6 +66,9 @@ class ModelStatistics:
     inference_count: int = 0
     execution_count: int = 0
     last_inference_ms: int = 0
+    # response cache (server/response_cache.py): hits are successes without queue or compute
+    cache_hit: Duration = field(default_factory=Duration)  # lookup + reading the answer back
+    cache_miss: Duration = field(default_factory=Duration)  # lookup + insert (after success)
 
     def record_batch(
         self,
@@ -104,8 +107,16 @@ class ModelStatistics:
 
     def phase(self, name: str) -> Duration:
         """One phase of successful requests (queue, compute_input/infer/output): counted
-        once per request, as Triton counts them."""
-        return Duration(self.success.count, getattr(self, f"{name}_ns"))
+        once per computed request, as Triton counts them (cache hits are in ``success`` only)."""
+        return Duration(self.success.count - self.cache_hit.count, getattr(self, f"{name}_ns"))
+
+    def record_cache_hit(self, seconds: float) -> None:
+        """A request answered from the response cache (then counted a success, too)."""
+        self.cache_hit.add(seconds)
+
+    def record_cache_miss(self, seconds: float) -> None:
+        """A request looked up and not found: its lookup and (after success) insert time."""
+        self.cache_miss.add(seconds)
 
     def record_failure(self, seconds: float) -> None:
         self.fail.add(seconds)
@@ -113,7 +124,6 @@ class ModelStatistics:
     def triton(self, name: str, version: str, rejected: int = 0) -> dict[str, Any]:
         """One entry of Triton's ``model_stats`` list. ``rejected``: requests refused before
         queueing (bad input, full queue), counted as failures with no duration, as Triton does."""
-        zero = Duration().doc()
         fail = {"count": self.fail.count + rejected, "ns": self.fail.ns}
         return {
             "name": name,
@@ -128,8 +138,8 @@ class ModelStatistics:
                 "compute_input": self.phase("compute_input").doc(),
                 "compute_infer": self.phase("compute_infer").doc(),
                 "compute_output": self.phase("compute_output").doc(),
-                "cache_hit": zero,
-                "cache_miss": zero,
+                "cache_hit": self.cache_hit.doc(),
+                "cache_miss": self.cache_miss.doc(),
             },
             "response_stats": {},
             "batch_stats": [d.doc(size) for size, d in sorted(self.batches.items())],

@@ -57,8 +57,11 @@ def _cumulative(name: str, documentation: str) -> Metric:
 class TritonMetrics(Collector):
     """``registry.register(TritonMetrics(models, telemetry))``: the ``nv_*`` families."""
 
-    def __init__(self, models: Any, telemetry: Any = None, proc: Path = Path("/proc")) -> None:
+    def __init__(
+        self, models: Any, telemetry: Any = None, proc: Path = Path("/proc"), cache: Any = None
+    ) -> None:
         self.models = models
+        self.cache = cache  # the response cache: its nv_cache_* families only when one is configured
         self.telemetry = telemetry
         self.proc = proc
         self._cpu_last = _cpu_times(proc)  # utilization is over the time since the last scrape
@@ -109,6 +112,34 @@ class TritonMetrics(Collector):
             batcher = runtime.batcher
             pending.add_metric([entry.name, entry.version], batcher.queue_depth if batcher is not None else 0)
         yield from (success, failure, count, execs, *durations.values(), pending)
+        if self.cache is not None:
+            yield from self._cache_families()
+
+    def _cache_families(self) -> Iterator[Metric]:
+        """Triton's per-model response cache counters (cumulative microseconds), from the
+        statistics' ``cache_hit`` / ``cache_miss``; as Triton, only with a cache configured."""
+        families = [
+            (_cumulative(name, help_), key, field)
+            for name, help_, key, field in (
+                ("nv_cache_num_hits_per_model", "Number of cache hits per model", "cache_hit", "count"),
+                ("nv_cache_num_misses_per_model", "Number of cache misses per model", "cache_miss", "count"),
+                ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
+                 "cache_hit", "ns"),
+                ("nv_cache_miss_duration_per_model",
+                 "Total cache miss (insert+lookup) duration per model, in microseconds", "cache_miss", "ns"),
+            )
+        ]  # fmt: skip
+        for entry in self.models.entries():
+            runtime = entry.runtime
+            if runtime is None:
+                continue
+            stats = runtime.metrics.statistics
+            labels = {"model": entry.name, "version": entry.version}
+            for family, key, field in families:
+                duration = getattr(stats, key)
+                value = duration.count if field == "count" else duration.ns // 1000
+                family.add_sample(family.name, labels, value)
+        yield from (family for family, _, _ in families)
 
     # ------------------------------------------------------------------ GPUs (NVML present)
     def _gpus(self) -> Iterator[Metric]:

@@ -111,11 +111,13 @@ class _Tick(NamedTuple):
     metered_inferences: int
     attributed: float
     stale: tuple[str, ...]
+    cached: int = 0  # requests' rows answered from the response cache (no engine energy)
 
 
 @dataclass
 class _Counts:
     inferences: int = 0
+    cached: int = 0
     batches: int = 0
     metered_inferences: int = 0
     attributed: float = 0.0
@@ -430,6 +432,12 @@ class TelemetryService:
             return
         energy.when_done(batch_size, (model, batcher), self._observe_span)
 
+    def record_cached(self, rows: int) -> None:
+        """Count ``rows`` inferences answered from the response cache: no batch ran, so they
+        add no energy, and joules per inference divides the window's energy by them too."""
+        with self._lock:
+            self._counts.cached += rows
+
     def _observe_span(self, span: BatchSpan) -> None:
         joules, size = span.attributed_joules, span.size or 0
         if joules is None or size <= 0:
@@ -468,6 +476,7 @@ class TelemetryService:
                     metered_inferences=c.metered_inferences,
                     attributed=c.attributed,
                     stale=tuple(a.device for a in accounts if not a.ok),
+                    cached=c.cached,
                 )
             )
 
@@ -493,6 +502,7 @@ class TelemetryService:
             "idle_joules": None,
             "average_power_watts": None,
             "inferences": None,
+            "cached_inferences": None,
             "batches": None,
             "metered_inferences": None,
             "attributed_joules": None,
@@ -515,6 +525,8 @@ class TelemetryService:
         busy, idle = last.busy - first.busy, last.idle - first.idle
         energy = busy + idle
         inferences = last.inferences - first.inferences
+        cached = last.cached - first.cached
+        answered = inferences + cached  # a cache hit: an inference with zero engine energy
         duration = last.wall - first.wall
         report.update(
             start=first.wall,
@@ -525,11 +537,12 @@ class TelemetryService:
             idle_joules=idle,
             average_power_watts=energy / duration if duration > 0 else None,
             inferences=inferences,
+            cached_inferences=cached,
             batches=last.batches - first.batches,
             metered_inferences=last.metered_inferences - first.metered_inferences,
             attributed_joules=last.attributed - first.attributed,
-            joules_per_inference=energy / inferences if inferences else None,
-            busy_joules_per_inference=busy / inferences if inferences else None,
+            joules_per_inference=energy / answered if answered else None,
+            busy_joules_per_inference=busy / answered if answered else None,
             stale_devices=sorted({d for t in inside for d in t.stale}),
         )
         return report

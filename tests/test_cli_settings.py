@@ -64,7 +64,9 @@ def representative(name: str) -> tuple[list[str], str]:
     elif kind is Path:
         text = "/tmp/wattserve-flag-test"
     elif kind is str:
-        text = {"model": "identity", "simulated_gpu": "superlinear"}.get(name, f"{name}-value")
+        text = {"model": "identity", "simulated_gpu": "superlinear", "cache_config": "local,size=4096"}.get(
+            name, f"{name}-value"
+        )
     else:
         raise AssertionError(f"no representative value for {name}: {field.annotation}; add one")
     return [flag, text], text

@@ -188,3 +188,32 @@ def test_policy_state_is_kept_per_window_apart_from_telemetry() -> None:
     assert rows[("wattserve_slo_requests_total", "met")]["delta"] == 3
     assert rows[("wattserve_slo_requests_total", "missed")]["delta"] == 1
     assert w["telemetry"] == []  # policy state is not device telemetry
+
+
+def test_response_cache_hits_divide_the_energy_as_inferences_with_none_of_their_own() -> None:
+    """nv_cache_num_hits_per_model (Triton's, untyped as the server exports it) counts requests
+    answered without the engine: energy per inference is the window's energy over computed
+    and cached inferences."""
+    reg = CollectorRegistry()
+    m = ServingMetrics("m", "dynamic", reg)
+    energy = Counter("wattserve_energy_joules", "", ["device", "source", "state"], registry=reg)
+
+    def text(hits: int) -> str:
+        return generate_latest(reg).decode() + (
+            "# HELP nv_cache_num_hits_per_model Number of cache hits per model\n"
+            "# TYPE nv_cache_num_hits_per_model untyped\n"
+            f'nv_cache_num_hits_per_model{{model="m",version="1"}} {hits}\n'
+        )
+
+    start = parse(text(5), "m")
+    m.observe_batch(10, 0.01)
+    energy.labels("gpu0", "nvml_counter", "busy").inc(30.0)
+    energy.labels("gpu0", "nvml_counter", "idle").inc(10.0)
+    end = parse(text(35), "m")
+    w = window_stats(start, end)
+    assert w["inferences"] == 10 and w["cached_inferences"] == 30
+    assert w["energy_per_inference_j"] == pytest.approx(40.0 / 40)
+    no_cache = window_stats(
+        parse(generate_latest(reg).decode(), "m"), parse(generate_latest(reg).decode(), "m")
+    )
+    assert no_cache["cached_inferences"] is None  # no cache configured: no such series

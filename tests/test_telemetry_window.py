@@ -87,3 +87,23 @@ def test_window_lists_devices_that_failed_inside_it(rig):
     assert report["stale_devices"] == ["gpu1"]
     # the failing GPU's gap is booked when it answers again, so the total stays whole
     assert report["energy_joules"] == pytest.approx(300.0)
+
+
+def test_response_cache_hits_count_as_inferences_with_zero_engine_energy(rig):
+    """The same window as above, plus 6 requests' rows answered from the response cache: no
+    batch ran for them, so the energy stays 450 J and joules per inference halves."""
+    fake, service, wall = rig
+    tick = service.sampler.sample_once
+    fake.advance(1.0)
+    tick()
+    t0 = wall()
+    run_batch(fake, service, 4, 0.5)
+    fake.advance(1.5)
+    run_batch(fake, service, 2, 1.0)
+    service.record_cached(6)
+    tick()
+    report = service.window_report(t0, wall())
+    assert report["energy_joules"] == pytest.approx(450.0) and report["busy_joules"] == pytest.approx(225.0)
+    assert report["inferences"] == 6 and report["cached_inferences"] == 6 and report["batches"] == 2
+    assert report["joules_per_inference"] == pytest.approx(37.5)  # 450 J / 12
+    assert report["busy_joules_per_inference"] == pytest.approx(18.75)

@@ -95,10 +95,10 @@ def set_leaf(message: Message, chain: Chain) -> None:
 
 def expected_refusal(chain: Chain) -> str | None:
     """The path ``unhonoured_fields`` names for a config that sets ``chain``'s leaf (None:
-    every field on the way is honoured)."""
+    every field on the way is honoured) in BASE, a built-in model."""
     parts, parent = [], "ModelConfig"
     for field in chain:
-        if field.name not in honoured(parent):
+        if field.name not in honoured(parent, "builtin"):
             return ".".join([*parts, field.name])  # the refused field as a whole
         repeated = field.is_repeated and field.message_type is not None and not is_map(field)
         parts.append(field.name + ("[0]" if repeated else ""))
@@ -142,7 +142,7 @@ def test_every_field_of_model_config_is_honoured_or_refused_at_load(tmp_path):
         expected = expected_refusal(chain)
         if expected is None:
             honoured_paths.append(name_of(chain))
-            assert unhonoured_fields(config) == [], name_of(chain)
+            assert unhonoured_fields(config, kind="builtin") == [], name_of(chain)
             continue
         refused.append(name_of(chain))
         with pytest.raises(ConfigError) as err:
@@ -157,7 +157,7 @@ def test_every_field_of_model_config_is_honoured_or_refused_at_load(tmp_path):
         assert any(f"field '{expected}' is not supported" in w for w in plan.warnings), name_of(chain)
         assert unhonoured_fields(plan.config) == []  # cleared: what the model sees is what runs
     # the walk reached the whole proto: the fields the issue names, and the honoured ones
-    for field in ("sequence_batching.control_input.control.int32_false_true", "response_cache.enable",
+    for field in ("sequence_batching.control_input.control.int32_false_true",
                   "model_repository_agents.agents.name",
                   "instance_group.rate_limiter.resources.global",
                   "input.optional",
@@ -167,7 +167,8 @@ def test_every_field_of_model_config_is_honoured_or_refused_at_load(tmp_path):
     for field in ("dynamic_batching.default_queue_policy.timeout_action", "input.format", "input.dims",
                   "instance_group.gpus", "version_policy.specific.versions", "parameters.string_value",
                   "model_warmup.inputs.random_data", "model_warmup.count",
-                  "dynamic_batching.priority_queue_policy.timeout_action", "dynamic_batching.preserve_ordering"):  # fmt: skip
+                  "dynamic_batching.priority_queue_policy.timeout_action", "dynamic_batching.preserve_ordering",
+                  "response_cache.enable"):  # fmt: skip
         assert field in honoured_paths, field
     assert len(refused) + len(honoured_paths) > 120
 
@@ -206,7 +207,7 @@ def test_input_format_is_checked_as_triton_does(tmp_path):
 
 
 AGENTS = BASE + 'model_repository_agents { agents [ { name: "checksum" } ] }\n'
-CACHED = BASE + "response_cache { enable: true }\n"
+CACHED = BASE + "optimization { cuda { graphs: true } }\n"
 
 
 def write(root: Path, name: str, text: str) -> None:
@@ -255,7 +256,7 @@ def test_allowed_unsupported_fields_load_without_them_and_config_shows_what_runs
     ):
         assert httpx.get(url + "/v2/models/cached/ready").status_code == 200
         config = httpx.get(url + "/v2/models/cached/config").json()
-        assert "response_cache" not in config and config["max_batch_size"] == 4
+        assert "optimization" not in config and config["max_batch_size"] == 4
         body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [[1, 2, 3, 4]]}]}
         out = httpx.post(url + "/v2/models/cached/infer", json=body)
         assert out.status_code == 200 and out.json()["outputs"][0]["data"] == [1, 2, 3, 4]

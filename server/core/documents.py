@@ -119,6 +119,8 @@ def triton_config(runtime: ModelRuntime) -> dict[str, Any]:
         config["platform"], config["backend"] = "", "python"
     if policy == DynamicBatcher.name:
         config["dynamic_batching"] = _dynamic_batching(runtime, running)
+    if getattr(runtime, "response_cache", None) is not None:  # what runs: enabled and a cache configured
+        config["response_cache"] = {"enable": True}
     return config
 
 

@@ -62,11 +62,17 @@ HONOURED_BY_KIND: dict[str, dict[str, set[str]]] = {
         "Step": {"model_name", "model_version", "input_map", "output_map"},
     },
 }
+# Triton's response cache, for every kind with an engine (server/response_cache.py); an
+# ensemble's own requests are not cached (Triton's known limitation), its steps' may be
+for _kind in ("onnx", "torchscript", "tensorrt", "builtin", "python"):
+    _own = HONOURED_BY_KIND.setdefault(_kind, {})
+    _own.setdefault("ModelConfig", set()).add("response_cache")
+    _own["ModelResponseCache"] = {"enable"}
 # Why a field is refused, by its path without indices (the first prefix found); the rest:
 # "wattserve does not implement it".
 WHY = {
     "sequence_batching": "stateful models (the sequence batcher) are not implemented",
-    "response_cache": "there is no response cache",
+    "response_cache": "an ensemble's own requests are not cached (its steps' models may cache theirs)",
     "optimization": "Triton's backend optimization settings are not applied",
     "model_repository_agents": "repository agents are not implemented",
     "batch_input": "ragged batching is not implemented",

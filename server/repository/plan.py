@@ -164,6 +164,11 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
     serving = ServingConfig.from_settings(settings, devices, steps=steps)  # the one translation
     if config.dynamic_batching.preserve_ordering:
         serving = replace(serving, preserve_ordering=True)
+    if config.response_cache.enable:
+        if config.model_transaction_policy.decoupled:  # Triton's rule and words
+            raise ConfigError(f"{source}: Response Cache does not currently support model {name!r} with "
+                              "'decoupled' transaction policy")  # fmt: skip
+        serving = replace(serving, response_cache=True)
     if config.dynamic_batching.priority_queue_policy:
         serving = replace(serving, queue=_level_policies(config, serving.queue, source))
     file_name = config.default_model_filename or default_file

@@ -230,6 +230,8 @@ class IterationBatcher(Batcher[StepEngine]):
                 state = engine.start(_row(item.inputs))
                 if hasattr(state, "priority"):  # engines that rank their states (token scheduling)
                     state.priority = item.priority
+                if hasattr(state, "context"):  # engines that stream to the front end (tokens)
+                    state.context = item.context
                 active.append(Running(item, state, joined=started))
             except Exception as exc:
                 refused.append((item, exc))

@@ -10,7 +10,8 @@ filled in by ``prepare`` before the request is queued):
 
 Outputs: ``text_output`` BYTES (the generated text, stop string excluded), ``output_ids``
 INT64 [-1] (the generated tokens, an end-of-sequence token included as Hugging Face's
-``generate`` returns it), ``finish_reason`` BYTES (``stop`` or ``length``).
+``generate`` returns it), ``finish_reason`` BYTES (``stop`` or ``length``), ``prompt_tokens``
+INT32 (the prompt's length in tokens, for usage counts).
 
 One ``step(states)`` is one model call: ``engines/lm_schedule.py`` decides, from the
 states' positions, the token budget and the free KV blocks, how many tokens each state
@@ -36,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import monotonic
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -66,7 +67,14 @@ OUTPUTS = [
     TensorSpec("text_output", (1,), "BYTES"),
     TensorSpec("output_ids", (-1,), "INT64"),
     TensorSpec("finish_reason", (1,), "BYTES"),
+    TensorSpec("prompt_tokens", (1,), "INT32"),
 ]
+
+
+class TokenSink(Protocol):
+    """Where a streaming request's text goes, token by token (called on the engine thread)."""
+
+    def __call__(self, delta: str, token: int, finish_reason: str | None, prompt_tokens: int) -> None: ...
 
 
 @dataclass(eq=False)
@@ -87,6 +95,10 @@ class LMState:
     preemptions: int = 0
     started_at: float = 0.0
     token_times: list[float] = field(default_factory=list)  # monotonic time of each output token
+    # the front end's request (the batcher copies it from the work item): when it has a
+    # ``token_sink``, every new piece of text goes there as it is generated (streaming)
+    context: Any = None
+    sent: int = 0  # characters of ``text`` already handed to the sink
 
     @property
     def total(self) -> int:
@@ -101,6 +113,7 @@ class LMEngine:
     """A local Hugging Face causal LM folder, served token by token. Blocking; one thread."""
 
     platform = "transformers"
+    streams_tokens = True  # the front ends may set a request's ``token_sink``
 
     def __init__(
         self,
@@ -270,6 +283,22 @@ class LMEngine:
         if reason is not None:
             s.finish_reason = reason
             self.release(s)
+        sink = getattr(s.context, "token_sink", None)
+        if sink is not None:
+            self._stream(s, sink)
+
+    def _stream(self, s: LMState, sink: TokenSink) -> None:
+        """Hand the sink the text that is settled: an unfinished byte sequence (U+FFFD at
+        the end) and a tail that may still grow into a stop string wait for the next token."""
+        settled = s.text
+        if s.finish_reason is None:
+            settled = settled.rstrip("\ufffd")
+            hold = max((len(stop) - 1 for stop in s.params.stop), default=0)
+            if hold:
+                settled = settled[: max(len(settled) - hold, s.sent)]
+        delta = settled[s.sent :] if settled.startswith(s.text[: s.sent]) else ""
+        s.sent += len(delta)
+        sink(delta, s.output[-1], s.finish_reason, len(s.prompt))
 
     def release(self, state: LMState) -> None:
         """Give a state's KV blocks back (finished, preempted, or dropped by the batcher)."""
@@ -288,6 +317,7 @@ class LMEngine:
             "text_output": np.array([state.text.encode()], dtype=object),
             "output_ids": np.array(state.output, np.int64),
             "finish_reason": np.array([state.finish_reason.encode()], dtype=object),
+            "prompt_tokens": np.array([len(state.prompt)], np.int32),
         }
 
     # ------------------------------------------------------------------ request contract
@@ -312,6 +342,7 @@ class LMEngine:
             "text_output": np.stack([r["text_output"] for r in results]),
             "output_ids": ids,
             "finish_reason": np.stack([r["finish_reason"] for r in results]),
+            "prompt_tokens": np.stack([r["prompt_tokens"] for r in results]),
         }
 
     def warmup(self, batch_sizes: Sequence[int]) -> None:

@@ -218,6 +218,7 @@ class ModelRuntime:
             inputs, key = self._prepare(inputs)
             item = self.work_item(inputs, request.priority, request.timeout_us)
             item.shape_key = key
+            item.context = request  # a streaming request's token sink (language models)
             return item
         item = self.work_item(inputs, request.priority, request.timeout_us)
         item.rows = request.rows

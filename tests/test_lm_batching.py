@@ -6,9 +6,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-pytest.importorskip("transformers")
-
 from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.iteration import IterationBatcher
 from wattserve.batchers.registry import build_batcher

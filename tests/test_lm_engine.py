@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-pytest.importorskip("transformers")
-
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from wattserve.engines.lm_engine import LMEngine
 

@@ -232,6 +232,8 @@ class IterationBatcher(Batcher[StepEngine]):
                     state.priority = item.priority
                 if hasattr(state, "context"):  # engines that stream to the front end (tokens)
                     state.context = item.context
+                if hasattr(state, "arrival"):  # engines that time their first output (TTFT)
+                    state.arrival = item.arrival
                 active.append(Running(item, state, joined=started))
             except Exception as exc:
                 refused.append((item, exc))

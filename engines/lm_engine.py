@@ -94,6 +94,7 @@ class LMState:
     finish_reason: str | None = None
     preemptions: int = 0
     started_at: float = 0.0
+    arrival: float = 0.0  # the request's arrival (the batcher sets it; TTFT counts from it)
     token_times: list[float] = field(default_factory=list)  # monotonic time of each output token
     # the front end's request (the batcher copies it from the work item): when it has a
     # ``token_sink``, every new piece of text goes there as it is generated (streaming)
@@ -217,7 +218,8 @@ class LMEngine:
         """A request's state: its prompt tokens and generator; no KV block yet."""
         ids, params = self.parse(item)
         key = next(self._keys)
-        return LMState(key, key, ids, params, make_generator(params), started_at=monotonic())
+        now = monotonic()
+        return LMState(key, key, ids, params, make_generator(params), started_at=now, arrival=now)
 
     def step(self, states: Sequence[LMState]) -> None:
         """One model call over ``states`` as the token plan says (see the module docstring)."""

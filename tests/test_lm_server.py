@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import openai
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from wattserve.loadgen.server_process import ServerProcess, free_port, serve_command, server_env
 from wattserve.server.settings import Settings
@@ -219,3 +221,47 @@ def test_wattserve_serve_model_folder_from_the_command_line(folder):
             f"{base}/v2/models/chatty/generate", json={"text_input": "hello", "max_tokens": 3}, timeout=60
         )
         assert r.status_code == 200 and len(r.json()["output_ids"]) == 3
+
+
+def test_metrics_count_tokens_blocks_preemptions_and_energy_per_token(folder):
+    """A pool too small for six concurrent generations, on the simulated GPU (no NVML here:
+    the simulated device is the labelled stand-in, source="simulated")."""
+    settings = Settings(
+        model=str(folder), batcher="continuous", device="cpu", lm_kv_blocks=12, lm_block_size=4,
+        simulated_gpu="default", telemetry_interval_ms=50,
+    )  # fmt: skip
+
+    def value(text: str, name: str, **labels: str) -> float | None:
+        want = {"model": MODEL, "batcher": "iteration", **labels}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in want.items()):
+                    return sample.value
+        return None
+
+    with threaded_server(settings) as (url, _):
+        assert value(httpx.get(f"{url}/metrics").text, "wattserve_lm_kv_cache_blocks", state="free") == 12
+
+        async def crowd() -> list[int]:
+            async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+                body = {"text_input": PROMPTS[1], "max_tokens": 20, "ignore_eos": True}
+                rs = await asyncio.gather(
+                    *(client.post(f"/v2/models/{MODEL}/generate", json=body) for _ in range(6))
+                )
+            return [r.status_code for r in rs]
+
+        assert asyncio.run(crowd()) == [200] * 6
+        deadline = time.monotonic() + 10
+        while True:  # energy lands one simulated counter step after its iteration
+            text = httpx.get(f"{url}/metrics").text
+            energy = value(text, "wattserve_lm_energy_per_output_token_joules", source="simulated")
+            if energy is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    assert value(text, "wattserve_lm_output_tokens_total") == 120
+    assert value(text, "wattserve_lm_time_to_first_token_seconds_count") == 6
+    assert value(text, "wattserve_lm_time_per_output_token_seconds_count") == 6
+    assert value(text, "wattserve_lm_preemptions_total") > 0
+    assert value(text, "wattserve_lm_kv_cache_blocks", state="used") == 0
+    joules = value(text, "wattserve_energy_batch_joules_sum", source="simulated")
+    assert energy is not None and joules is not None and energy == pytest.approx(joules / 120)

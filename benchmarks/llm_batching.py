@@ -9,10 +9,10 @@ long-tailed (log-normal) distribution, as chat traffic's are. Measured per reque
 *intended* send time (no coordinated omission): TTFT (first streamed token; under request-
 level batching the text arrives whole at the end, so TTFT is the whole latency, which is
 what its client sees) and TPOT ((last - first token) / (tokens - 1), token-level only: a
-request-level answer has one arrival). Tokens/s: output tokens received while the arrivals
-went on (first to last intended send: the steady state, without the drain's tail of a few long
-generations), a whole answer's tokens counted when it arrives; ``tokens_per_s_with_drain``
-in the JSON counts every token up to the last answer. Joules per output token: the server's ``wattserve_energy_batch_joules_sum``
+request-level answer has one arrival). Tokens/s: every output token / (last answer - first
+intended send); ``tokens_per_s_during_arrivals`` in the JSON counts only the tokens received
+before the last intended send (a whole answer's when it arrives), which under a short run
+punishes request-level batching for its late answers more than its rate does. Joules per output token: the server's ``wattserve_energy_batch_joules_sum``
 delta over the run / tokens, from CPU RAPL where the host has it, else from the simulated
 GPU (``--simulated``, the default without RAPL), labelled with its source.
 
@@ -149,8 +149,8 @@ def main() -> None:
                 tpot = [r["tpot"] for r in results if r["tpot"] is not None]
                 rows.append({
                     "policy": policy, "rate": rate, "requests": len(results), "tokens": tokens,
-                    "tokens_per_s": in_window / (last - first),
-                    "tokens_per_s_with_drain": tokens / (max(r["done"] for r in results) - first),
+                    "tokens_per_s": tokens / (max(r["done"] for r in results) - first),
+                    "tokens_per_s_during_arrivals": in_window / (last - first),
                     "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
                     "tpot_p50_s": pct(tpot, 50), "tpot_p99_s": pct(tpot, 99),
                     "joules_per_token": (joules1 - joules0) / tokens if source != "none" else None,

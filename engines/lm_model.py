@@ -90,42 +90,40 @@ class PagedCausalLM:
         return sum(t.numel() * t.element_size() for t in (*self.k_pool, *self.v_pool))
 
     # ------------------------------------------------------------------ indices
-    def _slots(self, blocks: Sequence[int], start: int, stop: int) -> list[int]:
-        b = self.block_size
-        return [blocks[p // b] * b + p % b for p in range(start, stop)]
-
     def _layout(self, runs: Sequence[Run]) -> dict[str, torch.Tensor]:
-        """Token ids, positions, write slots, gather slots and the attention mask of a step."""
-        ids: list[int] = []
-        pos: list[int] = []
-        write: list[int] = []
-        lens = [len(r.tokens) for r in runs]
-        ctx = [r.start + n for r, n in zip(runs, lens, strict=True)]
-        max_q, max_ctx = max(lens), max(ctx)
-        gather = torch.zeros((len(runs), max_ctx), dtype=torch.long)
-        mask = torch.zeros((len(runs), 1, max_q, max_ctx), dtype=torch.bool)
-        q_index = torch.zeros((len(runs), max_q), dtype=torch.long)
-        offset = 0
-        for s, (run, n, c) in enumerate(zip(runs, lens, ctx, strict=True)):
-            ids.extend(run.tokens)
-            pos.extend(range(run.start, c))
-            write.extend(self._slots(run.blocks, run.start, c))
-            gather[s, :c] = torch.tensor(self._slots(run.blocks, 0, c))
-            q_pos = torch.arange(run.start, c)
-            mask[s, 0, :n, :c] = torch.arange(c)[None, :] <= q_pos[:, None]
-            mask[s, 0, n:, 0] = True  # padding queries see one key (no NaN); their rows are dropped
-            q_index[s, :n] = torch.arange(offset, offset + n)
-            offset += n
+        """Token ids, positions, write slots, gather slots and the attention mask of a step,
+        computed with tensor ops over a padded block table (no Python loop over positions)."""
+        b = self.block_size
+        lens = torch.tensor([len(r.tokens) for r in runs])
+        starts = torch.tensor([r.start for r in runs])
+        ctx = starts + lens
+        max_q, max_ctx = int(lens.max()), int(ctx.max())
+        width = max(len(r.blocks) for r in runs)
+        table = torch.zeros((len(runs), width), dtype=torch.long)
+        for s, run in enumerate(runs):
+            table[s, : len(run.blocks)] = torch.tensor(run.blocks, dtype=torch.long)
+        keys = torch.arange(max_ctx)
+        gather = table[:, keys // b] * b + keys % b  # [seqs, max_ctx] slot of each position
+        q_off = torch.arange(max_q)
+        q_pos = starts[:, None] + q_off[None, :]  # [seqs, max_q] position of each query
+        q_valid = q_off[None, :] < lens[:, None]
+        mask = (keys[None, None, :] <= q_pos[:, :, None]) & q_valid[:, :, None]
+        mask[:, :, 0] |= ~q_valid  # padding queries see one key (no NaN); their rows are dropped
+        firsts = torch.cumsum(lens, 0) - lens  # where each run starts in the flat token batch
+        q_index = torch.where(q_valid, firsts[:, None] + q_off[None, :], 0)
+        flat_pos = q_pos[q_valid]  # the runs' positions, flattened in run order
+        write = gather.gather(1, torch.where(q_valid, q_pos, 0))[q_valid]
+        valid_rows = torch.nonzero(q_valid.reshape(-1)).reshape(-1)  # padded [seqs*max_q] -> flat
         dev = self.device
         return {
-            "ids": torch.tensor(ids, dtype=torch.long, device=dev),
-            "pos": torch.tensor(pos, dtype=torch.long, device=dev),
-            "write": torch.tensor(write, dtype=torch.long, device=dev),
+            "ids": torch.tensor([t for r in runs for t in r.tokens], dtype=torch.long, device=dev),
+            "pos": flat_pos.to(dev),
+            "write": write.to(dev),
             "gather": gather.to(dev),
-            "mask": mask.to(dev),
+            "mask": mask[:, None].to(dev),
             "q_index": q_index.to(dev),
-            "last": torch.tensor([sum(lens[: s + 1]) - 1 for s in range(len(runs))], device=dev),
-            "valid": torch.tensor(lens, device=dev),
+            "last": (firsts + lens - 1).to(dev),
+            "rows": valid_rows.to(dev),
         }
 
     # ------------------------------------------------------------------ forward
@@ -186,9 +184,8 @@ class PagedCausalLM:
         flat_q = q.reshape(n, self.heads, self.head_dim)
         queries = flat_q[lay["q_index"]].permute(0, 2, 1, 3)  # [seqs, heads, max_q, dim]
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=lay["mask"], scale=scale)
-        out = out.permute(0, 2, 1, 3)  # [seqs, max_q, heads, dim]
-        rows = [out[s, : int(c)] for s, c in enumerate(lay["valid"].tolist())]
-        return torch.cat(rows).reshape(n, self.heads * self.head_dim)
+        out = out.permute(0, 2, 1, 3).reshape(-1, self.heads * self.head_dim)  # [seqs * max_q, hidden]
+        return out[lay["rows"]]
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

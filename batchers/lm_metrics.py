@@ -114,7 +114,8 @@ class LMMetrics:
         """The engines are going: the gauges let go of them."""
         self.used.set_function(lambda: 0)
         self.free.set_function(lambda: 0)
-        self._energy.models.pop(self.labels, None)
+        if self._energy.models.get(self.labels) is self:  # a reload may have bound its own already
+            del self._energy.models[self.labels]
 
 
 class _EnergyPerToken(Collector):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -103,6 +104,30 @@ async def run(url: str, items: list[tuple[float, str, int]]) -> list[dict]:
         return await asyncio.gather(*(one(session, url, start, it) for it in items))
 
 
+def summarize(policy: str, rate: float, results: list[dict], joules: float, source: str) -> dict:
+    """One policy at one rate: the table's row (and print it)."""
+    tokens = sum(r["tokens"] for r in results)
+    first, last = min(r["sent"] for r in results), max(r["sent"] for r in results)
+    in_window = sum(1 for r in results for t in r["arrived"] if t <= last)
+    ttft = [r["ttft"] for r in results]
+    tpot = [r["tpot"] for r in results if r["tpot"] is not None]
+    row = {
+        "policy": policy, "rate": rate, "requests": len(results), "tokens": tokens,
+        "tokens_per_s": tokens / (max(r["done"] for r in results) - first),
+        "tokens_per_s_during_arrivals": in_window / (last - first),
+        "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
+        "tpot_p50_s": pct(tpot, 50), "tpot_p99_s": pct(tpot, 99),
+        "joules_per_token": joules / tokens if source != "none" else None,
+        "energy_source": source,
+    }  # fmt: skip
+    tp = f"{row['tpot_p50_s'] * 1e3:7.1f} {row['tpot_p99_s'] * 1e3:7.1f}" if tpot else "      -       -"
+    jpt = f"{row['joules_per_token']:.3f} ({source})" if row["joules_per_token"] is not None else "none"
+    print(f"{policy:26s} {rate:5.1f} req/s  {row['tokens_per_s']:7.1f} tok/s  "
+          f"TTFT p50/p99 {row['ttft_p50_s'] * 1e3:7.0f} {row['ttft_p99_s'] * 1e3:7.0f} ms  "
+          f"TPOT p50/p99 {tp} ms  J/token {jpt}", flush=True)  # fmt: skip
+    return row
+
+
 def pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
@@ -133,41 +158,27 @@ def main() -> None:
         env["WATTSERVE_SIMULATED_GPU"] = "default"
     rates = [float(r) for r in args.rates.split(",")]
     rows = []
-    for policy, policy_env in POLICIES.items():
-        with running_wattserve({**env, **policy_env, "WATTSERVE_LOG_LEVEL": "warning"}) as proc:
-            for rate in rates:
-                items = workload(args.requests, rate, args.seed)
-                joules0, _ = energy(proc.url)
-                results = asyncio.run(run(proc.url, items))
-                time.sleep(0.5)  # the last iterations' energy lands one counter step later
-                joules1, source = energy(proc.url)
-                tokens = sum(r["tokens"] for r in results)
-                first, last = min(r["sent"] for r in results), max(r["sent"] for r in results)
-                # steady state: tokens received while arrivals went on (the drain's tail left out)
-                in_window = sum(1 for r in results for t in r["arrived"] if t <= last)
-                ttft = [r["ttft"] for r in results]
-                tpot = [r["tpot"] for r in results if r["tpot"] is not None]
-                rows.append({
-                    "policy": policy, "rate": rate, "requests": len(results), "tokens": tokens,
-                    "tokens_per_s": tokens / (max(r["done"] for r in results) - first),
-                    "tokens_per_s_during_arrivals": in_window / (last - first),
-                    "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
-                    "tpot_p50_s": pct(tpot, 50), "tpot_p99_s": pct(tpot, 99),
-                    "joules_per_token": (joules1 - joules0) / tokens if source != "none" else None,
-                    "energy_source": source,
-                })  # fmt: skip
-                r = rows[-1]
-                tp = (
-                    f"{r['tpot_p50_s'] * 1e3:7.1f} {r['tpot_p99_s'] * 1e3:7.1f}"
-                    if tpot
-                    else "      -       -"
-                )
-                jpt = (
-                    f"{r['joules_per_token']:.3f} ({source})" if r["joules_per_token"] is not None else "none"
-                )
-                print(f"{policy:26s} {rate:5.1f} req/s  {r['tokens_per_s']:7.1f} tok/s  "
-                      f"TTFT p50/p99 {r['ttft_p50_s'] * 1e3:7.0f} {r['ttft_p99_s'] * 1e3:7.0f} ms  "
-                      f"TPOT p50/p99 {tp} ms  J/token {jpt}", flush=True)  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        # both servers up at once, driven at the same moments: the machine's other load
+        # (it is shared) falls on both alike, and the ratios are same-moment ratios
+        urls = {
+            policy: stack.enter_context(
+                running_wattserve({**env, **policy_env, "WATTSERVE_LOG_LEVEL": "warning"})
+            ).url
+            for policy, policy_env in POLICIES.items()
+        }
+        for rate in rates:
+            items = workload(args.requests, rate, args.seed)
+            before = {p: energy(u)[0] for p, u in urls.items()}
+
+            async def both(items: list[tuple[float, str, int]] = items) -> list[list[dict]]:
+                return await asyncio.gather(*(run(u, items) for u in urls.values()))
+
+            outcomes = dict(zip(urls, asyncio.run(both()), strict=True))
+            time.sleep(0.5)  # the last iterations' energy lands one counter step later
+            for policy, results in outcomes.items():
+                joules1, source = energy(urls[policy])
+                rows.append(summarize(policy, rate, results, joules1 - before[policy], source))
     top = max(rates)
     by = {r["policy"]: r for r in rows if r["rate"] == top}
     tok, req = by["token-level (continuous)"], by["request-level (dynamic)"]

@@ -90,41 +90,60 @@ class PagedCausalLM:
         return sum(t.numel() * t.element_size() for t in (*self.k_pool, *self.v_pool))
 
     # ------------------------------------------------------------------ indices
-    def _layout(self, runs: Sequence[Run]) -> dict[str, torch.Tensor]:
-        """Token ids, positions, write slots, gather slots and the attention mask of a step,
-        computed with tensor ops over a padded block table (no Python loop over positions)."""
+    def _layout(self, runs: Sequence[Run]) -> dict[str, Any]:
+        """Token ids, positions and write slots of a step, and its attention groups: the
+        decodes (one query each) padded together, each prefill chunk alone, so that one long
+        chunk does not pad every decode's queries to its length. Tensor ops over a padded
+        block table (no Python loop over positions)."""
         b = self.block_size
         lens = torch.tensor([len(r.tokens) for r in runs])
         starts = torch.tensor([r.start for r in runs])
-        ctx = starts + lens
-        max_q, max_ctx = int(lens.max()), int(ctx.max())
         width = max(len(r.blocks) for r in runs)
         table = torch.zeros((len(runs), width), dtype=torch.long)
         for s, run in enumerate(runs):
             table[s, : len(run.blocks)] = torch.tensor(run.blocks, dtype=torch.long)
-        keys = torch.arange(max_ctx)
-        gather = table[:, keys // b] * b + keys % b  # [seqs, max_ctx] slot of each position
-        q_off = torch.arange(max_q)
+        firsts = torch.cumsum(lens, 0) - lens  # where each run starts in the flat token batch
+        q_off = torch.arange(int(lens.max()))
         q_pos = starts[:, None] + q_off[None, :]  # [seqs, max_q] position of each query
         q_valid = q_off[None, :] < lens[:, None]
-        mask = (keys[None, None, :] <= q_pos[:, :, None]) & q_valid[:, :, None]
-        mask[:, :, 0] |= ~q_valid  # padding queries see one key (no NaN); their rows are dropped
-        firsts = torch.cumsum(lens, 0) - lens  # where each run starts in the flat token batch
-        q_index = torch.where(q_valid, firsts[:, None] + q_off[None, :], 0)
-        flat_pos = q_pos[q_valid]  # the runs' positions, flattened in run order
-        write = gather.gather(1, torch.where(q_valid, q_pos, 0))[q_valid]
-        valid_rows = torch.nonzero(q_valid.reshape(-1)).reshape(-1)  # padded [seqs*max_q] -> flat
+        pos = q_pos[q_valid]  # the runs' positions, flattened in run order
+        flat_run = torch.arange(len(runs))[:, None].expand_as(q_pos)[q_valid]
+        write = table[flat_run, pos // b] * b + pos % b
+        decodes = torch.nonzero(lens == 1).reshape(-1)
+        groups = [self._group(decodes, starts, lens, table, firsts)] if len(decodes) else []
+        groups += [self._group(i.reshape(1), starts, lens, table, firsts) for i in torch.nonzero(lens > 1)]
         dev = self.device
         return {
             "ids": torch.tensor([t for r in runs for t in r.tokens], dtype=torch.long, device=dev),
-            "pos": flat_pos.to(dev),
+            "pos": pos.to(dev),
             "write": write.to(dev),
-            "gather": gather.to(dev),
-            "mask": mask[:, None].to(dev),
-            "q_index": q_index.to(dev),
             "last": (firsts + lens - 1).to(dev),
-            "rows": valid_rows.to(dev),
+            "groups": [{k: v.to(dev) for k, v in g.items()} for g in groups],
         }
+
+    def _group(
+        self,
+        idx: torch.Tensor,
+        starts: torch.Tensor,
+        lens: torch.Tensor,
+        table: torch.Tensor,
+        firsts: torch.Tensor,
+    ) -> dict[str, torch.Tensor]:
+        """One attention call's indices: the runs ``idx``, queries and keys padded to their longest."""
+        b = self.block_size
+        st, ln, fi = starts[idx], lens[idx], firsts[idx]
+        ctx = st + ln
+        keys = torch.arange(int(ctx.max()))
+        gather = table[idx][:, keys // b] * b + keys % b  # [runs, max_ctx] slot of each position
+        q_off = torch.arange(int(ln.max()))
+        q_pos = st[:, None] + q_off[None, :]
+        q_valid = q_off[None, :] < ln[:, None]
+        mask = (keys[None, None, :] <= q_pos[:, :, None]) & q_valid[:, :, None]
+        mask[:, :, 0] |= ~q_valid  # padding queries see one key (no NaN); their rows are dropped
+        q_index = torch.where(q_valid, fi[:, None] + q_off[None, :], 0)
+        rows = torch.nonzero(q_valid.reshape(-1)).reshape(-1)  # padded [runs * max_q] -> valid
+        return {"gather": gather, "mask": mask[:, None], "q_index": q_index, "rows": rows,
+                "dest": q_index.reshape(-1)[rows]}  # fmt: skip
 
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
@@ -167,7 +186,7 @@ class PagedCausalLM:
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        lay: dict[str, torch.Tensor],
+        lay: dict[str, Any],
         scale: float,
     ) -> torch.Tensor:
         """Write this step's keys/values into their slots, attend over each sequence's context."""
@@ -175,17 +194,19 @@ class PagedCausalLM:
         kp, vp = self.k_pool[layer], self.v_pool[layer]
         kp[lay["write"]] = k.reshape(n, self.kv_heads, self.head_dim)
         vp[lay["write"]] = v.reshape(n, self.kv_heads, self.head_dim)
-        # [seqs, heads, ctx, dim] gathered from the pool (a read; the cache itself never moves)
-        keys = kp[lay["gather"]].permute(0, 2, 1, 3)
-        values = vp[lay["gather"]].permute(0, 2, 1, 3)
-        if self.kv_heads != self.heads:
-            rep = self.heads // self.kv_heads
-            keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
         flat_q = q.reshape(n, self.heads, self.head_dim)
-        queries = flat_q[lay["q_index"]].permute(0, 2, 1, 3)  # [seqs, heads, max_q, dim]
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=lay["mask"], scale=scale)
-        out = out.permute(0, 2, 1, 3).reshape(-1, self.heads * self.head_dim)  # [seqs * max_q, hidden]
-        return out[lay["rows"]]
+        out = q.new_empty((n, self.heads * self.head_dim))
+        for g in lay["groups"]:
+            # [runs, heads, ctx, dim] gathered from the pool (a read; the cache itself never moves)
+            keys = kp[g["gather"]].permute(0, 2, 1, 3)
+            values = vp[g["gather"]].permute(0, 2, 1, 3)
+            if self.kv_heads != self.heads:
+                rep = self.heads // self.kv_heads
+                keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
+            queries = flat_q[g["q_index"]].permute(0, 2, 1, 3)  # [runs, heads, max_q, dim]
+            o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=g["mask"], scale=scale)
+            out[g["dest"]] = o.permute(0, 2, 1, 3).reshape(-1, self.heads * self.head_dim)[g["rows"]]
+        return out
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -251,17 +251,19 @@ def test_metrics_count_tokens_blocks_preemptions_and_energy_per_token(folder):
             return [r.status_code for r in rs]
 
         assert asyncio.run(crowd()) == [200] * 6
-        deadline = time.monotonic() + 10
-        while True:  # energy lands one simulated counter step after its iteration
+        deadline = time.monotonic() + 20
+        previous = None
+        while True:  # energy lands one simulated counter step after its iteration: wait till it settles
             text = httpx.get(f"{url}/metrics").text
             energy = value(text, "wattserve_lm_energy_per_output_token_joules", source="simulated")
-            if energy is not None or time.monotonic() > deadline:
+            joules = value(text, "wattserve_energy_batch_joules_sum", source="simulated")
+            if (energy is not None and joules == previous) or time.monotonic() > deadline:
                 break
-            time.sleep(0.1)
+            previous = joules
+            time.sleep(0.3)
     assert value(text, "wattserve_lm_output_tokens_total") == 120
     assert value(text, "wattserve_lm_time_to_first_token_seconds_count") == 6
     assert value(text, "wattserve_lm_time_per_output_token_seconds_count") == 6
     assert value(text, "wattserve_lm_preemptions_total") > 0
     assert value(text, "wattserve_lm_kv_cache_blocks", state="used") == 0
-    joules = value(text, "wattserve_energy_batch_joules_sum", source="simulated")
     assert energy is not None and joules is not None and energy == pytest.approx(joules / 120)

@@ -267,3 +267,45 @@ def test_metrics_count_tokens_blocks_preemptions_and_energy_per_token(folder):
     assert value(text, "wattserve_lm_preemptions_total") > 0
     assert value(text, "wattserve_lm_kv_cache_blocks", state="used") == 0
     assert energy is not None and joules is not None and energy == pytest.approx(joules / 120)
+
+
+def test_grpc_stream_infer_answers_each_generation_with_hf_greedy_tokens(folder):
+    """gRPC ModelStreamInfer: one answer per request (the token-by-token stream is HTTP's
+    only, docs/llm.md), nine concurrent generations, each equal to generate() alone."""
+    import threading
+
+    import numpy as np
+    import tritonclient.grpc as tgrpc
+
+    port = free_port()
+    settings = Settings(model=str(folder), batcher="continuous", device="cpu", grpc_port=port)
+    prompts = PROMPTS[:9]
+    with threaded_server(settings):
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{port}")
+        answers: dict[str, list[int]] = {}
+        errors: list[str] = []
+        done = threading.Event()
+
+        def callback(result, error):
+            if error is not None:
+                errors.append(str(error))
+            else:
+                answers[result.get_response().id] = result.as_numpy("output_ids")[0].tolist()
+            if len(answers) + len(errors) == len(prompts):
+                done.set()
+
+        client.start_stream(callback)
+        try:
+            for i, prompt in enumerate(prompts):
+                text = tgrpc.InferInput("text_input", [1, 1], "BYTES")
+                text.set_data_from_numpy(np.array([[prompt.encode()]], dtype=object))
+                tokens = tgrpc.InferInput("max_tokens", [1, 1], "INT32")
+                tokens.set_data_from_numpy(np.array([[6 + i]], np.int32))
+                client.async_stream_infer(MODEL, [text, tokens], request_id=f"r{i}")
+            assert done.wait(120)
+        finally:
+            client.stop_stream()
+            client.close()
+    assert errors == []
+    for i, prompt in enumerate(prompts):
+        assert answers[f"r{i}"] == hf_greedy(folder, prompt, 6 + i)[0]

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from time import monotonic
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -56,9 +56,9 @@ from wattserve.batchers.adaptive_decision import decide as decide_batch
 from wattserve.batchers.arrival_model import ArrivalModel
 from wattserve.batchers.base import BatchOutcome, padded_size
 from wattserve.batchers.config import BatchingSpec
-from wattserve.batchers.cost_model import CostModel
+from wattserve.batchers.cost_model import CostModel, CostSnapshot
 from wattserve.batchers.observers import measured_joules
-from wattserve.batchers.policy import Decision, Dispatch, QueueView, Wait
+from wattserve.batchers.policy import Decision, Delay, Dispatch, QueueView, Wait
 from wattserve.batchers.queue import PriorityFifo
 from wattserve.batchers.slo_feedback import LatencyMargin, MissBackoff, outcomes
 from wattserve.batchers.slo_policy import SloBatcher, SloConfig, slo_config
@@ -77,15 +77,37 @@ MAX_WAITS_KEPT = 256  # planned waits awaiting their batch's answer
 # learns only from misses), rising to two at the back-off's floor (a shared host's stalls
 # and bursts come in episodes, which a queue of independent service times understates).
 # Chosen on live pairs, the host replays and the simulation, not derived (docs/adaptive.md,
-# "Eleventh session" and "Fourteenth session"): with half of one from the start (until the
-# fourteenth session) waits at 200 req/s still held requests 30-40 ms just before a burst,
-# which then missed live where a dynamic batcher's did not; one costs 2-7% engine time at
-# 5-30% load in the simulation (half: 1-8% less).
+# "Simulation" and "Not done"; the sessions' runs are in its history): with half of one from
+# the start (until the fourteenth session) waits at 200 req/s still held requests 30-40 ms
+# just before a burst, which then missed live where a dynamic batcher's did not; one costs
+# 2-7% engine time at 5-30% load in the simulation (half: 1-8% less).
 CAUTION = (1.0, 2.0)
 
 
 class SloUnreachable(QueueFull):
     """503 + Retry-After: the request could not meet the objective (counted as shed load)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CostPlan:
+    """What a decision reads of the learned models: one immutable snapshot, published whole
+    by each learning step (``_publish``), so a decision on one thread never sees another
+    thread's half-made update. ``full``: a full batch's dispatch (or its split, rule 8);
+    ``cap``: the largest batch a wait may plan for (rule 4)."""
+
+    view: CostView
+    full: AdaptiveDecision
+    cap: int
+
+
+class Why(NamedTuple):
+    """The adaptive decision behind a ``Dispatch`` or ``Wait`` (its ``note``), for
+    ``observe``: when a planned wait is to end, and, for a batch that goes after one, its
+    oldest arrival and how late the wait ended (for the latency margin)."""
+
+    decision: AdaptiveDecision
+    wait_until: float | None = None
+    waited: tuple[float, float] | None = None
 
 
 @dataclass
@@ -132,13 +154,15 @@ class AdaptiveBatcher(SloBatcher):
         self.energy_source: str | None = None  # the meter's source label, once a figure came
         self.arrivals = ArrivalModel()
         self.last_decision: AdaptiveDecision | None = None
-        self._full = AdaptiveDecision(config.max_batch_size, 0.0, config.max_batch_size, "full")
         self._engine_sizes = self.engine.batch_sizes
-        self._view: CostView | None = None
-        self._cap = 1  # ``allowed_cap`` of ``_view``, set with it
-        # the decision runs on engine threads too (pipelining); the arrival windows are
-        # pruned by whoever reads them
-        self._arrivals_lock = threading.Lock()
+        # the arrival windows are written on the loop (arrivals) and read by decisions on
+        # the loop and on engine threads; reentrant, as a learning step may ask the rate
+        self._arrivals_lock = threading.RLock()
+        # learning (``batch_finished``, calibration) runs on the loop while engine threads
+        # decide and scrapes read the cost model: one step at a time, each ending in a new
+        # published plan
+        self._learning = threading.Lock()
+        self._plan = self._plan_from_models()
         self.pipeline = not config.reject_late  # shedding runs on the loop, before every decision
         self.late_last = config.late_last and not config.reject_late  # (rejecting them instead)
         self.delayed_total = 0  # requests moved behind the rest: they could not meet the objective
@@ -177,73 +201,93 @@ class AdaptiveBatcher(SloBatcher):
         await super().run()
 
     def decide(self, view: QueueView, now: float) -> Decision:
-        """The pure decision (``adaptive_decision.decide``) over the queue, the cost model as
-        last seen and the arrival rate; a full batch, or a drain, goes at once."""
+        """The pure decision (``adaptive_decision.decide``) over the queue, the published
+        cost plan and the arrival rate; a full batch, or a drain, goes at once. Reads only:
+        what it decided is recorded by ``observe``."""
+        plan = self._plan
         full = self.config.max_batch_size
         queue = view.queue
-        wait_until, self._wait_until = self._wait_until, None  # a planned wait is over either way
-        if self.late_last and self._delay_late(queue, now):
-            return self._decide_with_late(queue, now)
+        if self.late_last:
+            moves = self._late_moves(queue, now, plan)
+            if any(moves) or queue.delayed:
+                then = self._decide_with_late(queue, now, plan, moves)
+                return Delay(moves, then) if any(moves) else then
         queued = queue.head(full).rows
         if queued >= full:
-            self.cost_view()  # cached; its rebuild sets ``_full`` (a full batch, or its split)
-            self.last_decision = self._full
-            return Dispatch(self._full.dispatch)
+            return Dispatch(plan.full.dispatch, note=Why(plan.full))
         if view.closing:
             return Dispatch(full, complete=False)
         oldest = queue.oldest_arrival()
         assert oldest is not None  # asked only with something queued
         with self._arrivals_lock:
             rate, sustained = self.arrivals.rate_and_long(now)
-        costs = self.cost_view()
-        load = offered_load(costs, sustained, self._cap)  # the back-off's band: the steady load
+        load = offered_load(plan.view, sustained, plan.cap)  # the back-off's band: the steady load
         decision = decide_batch(
             QueueState(queued, now - oldest),
-            costs,
+            plan.view,
             rate,
             self.objective,
             self.backoff.hold_s(self.objective.budget_s, load),
             sustained_rate=sustained,
             caution=self.backoff.caution(*CAUTION, load=load),
         )
-        self.last_decision = decision
         if decision.dispatch:  # a trade-off against waiting: formed on the loop
-            if wait_until is not None:  # this batch waited: how late the wait ended
-                if len(self._waits) >= MAX_WAITS_KEPT:
-                    self._waits.clear()
-                self._waits[oldest] = max(now - wait_until, 0.0)
-            return Dispatch(decision.dispatch, complete=False)
-        self._wait_until = now + decision.wait_s
-        return Wait(decision.wait_s)
+            wait_until = self._wait_until  # this batch waited: how late the wait ended
+            waited = None if wait_until is None else (oldest, max(now - wait_until, 0.0))
+            return Dispatch(decision.dispatch, complete=False, note=Why(decision, waited=waited))
+        return Wait(decision.wait_s, note=Why(decision, wait_until=now + decision.wait_s))
 
-    def _delay_late(self, queue: PriorityFifo, now: float) -> int:
-        """Rule 10 (``adaptive_decision.doomed_prefix``): move the fewest of the oldest
-        requests behind the rest that lets every other one still meet the objective (those
-        that cannot even alone among them); how many are queued there now. Only where
-        every request is one row of one shape (any prefix of the queue is a batch)."""
-        costs = self.cost_view()
-        objective, batch, instances = self.objective, self._full.dispatch, len(self.instances)
+    def observe(self, decision: Decision, now: float) -> None:
+        """Record ``decision`` once applied (under the queue's lock, ``decide_once``): the
+        requests it moved behind the rest, when its planned wait ends (a planned wait is
+        over at the next decision either way), the decision for the metrics, and how late
+        a wait ended for the batch that followed it."""
+        if isinstance(decision, Delay):
+            self.delayed_total += sum(decision.counts)
+            decision = decision.then
+        why = decision.note
+        if not isinstance(why, Why):  # a drain's flush: no plan behind it
+            self._wait_until = None
+            return
+        self._wait_until = why.wait_until
+        self.last_decision = why.decision
+        if why.waited is not None:
+            if len(self._waits) >= MAX_WAITS_KEPT:
+                self._waits.clear()
+            oldest, lateness = why.waited
+            self._waits[oldest] = lateness
+
+    def _late_moves(self, queue: PriorityFifo, now: float, plan: CostPlan) -> tuple[int, ...]:
+        """Rule 10 (``adaptive_decision.doomed_prefix``): per level, the fewest of the
+        oldest requests to move behind the rest that lets every other one still meet the
+        objective (those that cannot even alone among them). Only where every request is
+        one row of one shape (any prefix of the queue is a batch); none otherwise."""
+        if not queue.regular:
+            return ()
+        objective, batch, instances = self.objective, plan.full.dispatch, len(self.instances)
 
         def doomed(ahead: int, lane: Sequence[WorkItem]) -> int:
-            return doomed_prefix(Ages(lane, now, _arrival), ahead, costs, objective, batch, instances)
+            return doomed_prefix(Ages(lane, now, _arrival), ahead, plan.view, objective, batch, instances)
 
-        with queue.lock:  # the loop and the engine threads both decide
-            if queue.regular:
-                self.delayed_total += queue.delay_oldest(doomed)
-            return queue.delayed
+        return queue.late_moves(doomed)
 
-    def _decide_with_late(self, queue: PriorityFifo, now: float) -> Decision:
-        """Rule 10 (``adaptive_decision.late_batch``): with late requests queued, no wait."""
+    def _decide_with_late(
+        self, queue: PriorityFifo, now: float, plan: CostPlan, moves: Sequence[int]
+    ) -> Dispatch:
+        """Rule 10 (``adaptive_decision.late_batch``): with late requests queued (or about
+        to be, by ``moves``), no wait."""
         with queue.lock:  # one consistent view of both lanes
-            late = queue.delayed
-            oldest = queue.oldest_on_time()
+            late = queue.delayed + sum(moves)
+            oldest = queue.oldest_on_time(skip=moves)
             on_time = len(queue) - late
         age = None if oldest is None else now - oldest
-        costs = self.cost_view()
-        n = late_batch(on_time, late, age, costs, self.objective)
-        n = split_size(costs.seconds, n, costs.bias_s)  # rule 8 here too: the backlog drains faster
-        self.last_decision = AdaptiveDecision(n, 0.0, n, "late queued")
-        return Dispatch(n, complete=n >= self.config.max_batch_size)  # full: an engine thread may chain it
+        view = plan.view
+        n = late_batch(on_time, late, age, view, self.objective)
+        n = split_size(view.seconds, n, view.bias_s)  # rule 8 here too: the backlog drains faster
+        why = Why(AdaptiveDecision(n, 0.0, n, "late queued"))
+        return Dispatch(
+            n, complete=n >= self.config.max_batch_size, note=why
+        )  # full: an engine thread may chain it
 
     def shed(self, now: float) -> bool:
         """With ``reject_late``, before every decision on the loop: refuse (503) the queued
@@ -259,30 +303,34 @@ class AdaptiveBatcher(SloBatcher):
     # ------------------------------------------------------------------ learning
     def cost_view(self) -> CostView:
         """The cost model as the decision sees it: by batch size, engine buckets applied."""
-        if self._view is None:
-            n = self.config.max_batch_size
-            curve = self.costs.curve()
-            mode, _ = self.energy_mode()
-            joules = self.costs.joule_curve() if mode == "joules" else None
-            sizes = [padded_size(b, self._engine_sizes) for b in range(n + 1)]
-            sizes = [min(s, n) for s in sizes]
-            seconds = np.maximum.accumulate(curve[sizes]).tolist()
-            bias = self.costs.bias()
-            first = split_size(seconds, n, bias)
-            self._full = AdaptiveDecision(first, 0.0, first, "full" if first == n else "split")
-            self._view = CostView(
-                seconds=seconds,
-                margin_s=max(self.costs.margin(), self.latency.margin()),
-                bias_s=bias,
-                joules=None if joules is None else np.maximum.accumulate(joules[sizes]).tolist(),
-                idle_w=self.costs.idle_watts,
-            )
-            self._cap = allowed_cap(self._view, self.objective)
-        return self._view
+        return self._plan.view
+
+    def _plan_from_models(self) -> CostPlan:
+        """A new plan from the learned models (called with ``_learning`` held, or before
+        the batcher serves)."""
+        n = self.config.max_batch_size
+        curve = self.costs.curve()
+        mode, _ = self.energy_mode()
+        joules = self.costs.joule_curve() if mode == "joules" else None
+        sizes = [padded_size(b, self._engine_sizes) for b in range(n + 1)]
+        sizes = [min(s, n) for s in sizes]
+        seconds = np.maximum.accumulate(curve[sizes]).tolist()
+        bias = self.costs.bias()
+        first = split_size(seconds, n, bias)
+        view = CostView(
+            seconds=seconds,
+            margin_s=max(self.costs.margin(), self.latency.margin()),
+            bias_s=bias,
+            joules=None if joules is None else np.maximum.accumulate(joules[sizes]).tolist(),
+            idle_w=self.costs.idle_watts,
+        )
+        full = AdaptiveDecision(first, 0.0, first, "full" if first == n else "split")
+        return CostPlan(view, full, allowed_cap(view, self.objective))
 
     def batch_finished(self, outcome: BatchOutcome) -> None:
         try:
-            self._learn(outcome)
+            with self._learning:
+                self._learn(outcome)
         except Exception:  # learning must never cost a request its answer
             log.exception("adaptive: cost model update failed; batch answered as usual")
 
@@ -301,7 +349,7 @@ class AdaptiveBatcher(SloBatcher):
             # request in the batch waits through both, so they belong in the margin
             dispatched = batch[0].dispatched_at or outcome.started
             self.costs.observe_overhead(max((outcome.started - dispatched) + (now - outcome.finished), 0.0))
-            self._view = None
+            self._plan = self._plan_from_models()
         self.count_slo(batch, now)
 
     def queueing_reserve_s(self) -> float:
@@ -309,11 +357,13 @@ class AdaptiveBatcher(SloBatcher):
         the decision computes the same from its own inputs)."""
         with self._arrivals_lock:
             rate, sustained = self.arrivals.rate_and_long(monotonic())
-        view = self.cost_view()
-        if view.seconds[-1] <= 0:
+        plan = self._plan
+        if plan.view.seconds[-1] <= 0:
             return 0.0
-        caution = self.backoff.caution(*CAUTION, load=offered_load(view, sustained, self._cap))  # as decide()
-        return queueing_reserve(view, max(rate, sustained), self.objective, self._cap, caution)
+        caution = self.backoff.caution(
+            *CAUTION, load=offered_load(plan.view, sustained, plan.cap)
+        )  # as decide()
+        return queueing_reserve(plan.view, max(rate, sustained), self.objective, plan.cap, caution)
 
     def current_load(self, now: float) -> float:
         """``rho`` at the long window's arrival rate: the band the miss back-off learns and
@@ -321,7 +371,8 @@ class AdaptiveBatcher(SloBatcher):
         load across bands, where a band without misses of its own holds the whole budget)."""
         with self._arrivals_lock:
             rate = self.arrivals.rate_and_long(now)[1]
-        return offered_load(self.cost_view(), rate, self._cap)  # 0 until a curve is learned
+        plan = self._plan
+        return offered_load(plan.view, rate, plan.cap)  # 0 until a curve is learned
 
     def max_hold_s(self) -> float:
         """The longest a planned wait may hold the oldest request at the current load: the
@@ -355,7 +406,6 @@ class AdaptiveBatcher(SloBatcher):
             if joules is not None:  # None: a device failed to answer; no figure, not zero
                 self.costs.observe_energy(size, joules, span.idle_power_w)
                 self.energy_source = getattr(span, "source", None)
-                self._view = None
 
     async def _calibrate(self) -> None:
         """Seed the cost model: one timed batch of each probed size on each instance."""
@@ -368,11 +418,17 @@ class AdaptiveBatcher(SloBatcher):
             ).items():
                 timings.setdefault(size, []).append(seconds)
         seeded = {size: float(np.median(ts)) for size, ts in timings.items()}
-        self.costs.seed(seeded)
-        self._view = None
-        snap = self.costs.snapshot()
+        snap = self.seed_costs(seeded)
         log.info("adaptive: cost model seeded from %s: %.2f ms + %.3f ms/item",
                  sizes, snap["intercept_s"] * 1e3, snap["per_item_s"] * 1e3)  # fmt: skip
+
+    def seed_costs(self, seconds_by_size: dict[int, float]) -> CostSnapshot:
+        """Seed the cost model with measured batch times (calibration, or a test's own
+        figures) and publish the plan the decisions read; the model's snapshot."""
+        with self._learning:
+            self.costs.seed(seconds_by_size)
+            self._plan = self._plan_from_models()
+            return self.costs.snapshot()
 
     def _reject_doomed(self, now: float) -> bool:
         items = list(self.queue)
@@ -390,6 +446,12 @@ class AdaptiveBatcher(SloBatcher):
     def collect_policy(self, labels: tuple[str, str]) -> Iterable[Metric]:
         names = ["model", "batcher"]
         view = self.cost_view()
+        with self._learning:  # the cost model's own caches are not for two threads at once
+            joules_by_size = {b: self.costs.joules(b) for b in range(1, self.config.max_batch_size + 1)}
+            mode, why = self.energy_mode()
+            idle_watts = self.costs.idle_watts
+            snap = self.costs.snapshot()
+            latency_margin = self.latency.margin()
         seconds = GaugeMetricFamily(
             "wattserve_adaptive_batch_seconds",
             "Cost model: predicted engine seconds of one batch, by batch size.",
@@ -405,12 +467,10 @@ class AdaptiveBatcher(SloBatcher):
             'size; only sizes metered; source="simulated" on a simulated GPU.',
             labels=[*names, "batch_size", "source"],
         )
-        for b in range(1, self.config.max_batch_size + 1):
-            j = self.costs.joules(b)
+        for b, j in joules_by_size.items():
             if j is not None:
                 joules.add_metric([*labels, str(b), source], j)
         yield joules
-        mode, why = self.energy_mode()
         mode_metric = GaugeMetricFamily(
             "wattserve_adaptive_mode",
             "1 for the unit the decision minimizes per request (mode=seconds|joules) and why "
@@ -419,15 +479,14 @@ class AdaptiveBatcher(SloBatcher):
         )
         mode_metric.add_metric([*labels, mode, why, source], 1.0)
         yield mode_metric
-        if self.costs.idle_watts is not None:
+        if idle_watts is not None:
             idle = GaugeMetricFamily(
                 "wattserve_adaptive_idle_watts",
                 "Cost model: the metered device's idle power (what waiting draws anyway).",
                 labels=[*names, "source"],
             )
-            idle.add_metric([*labels, source], self.costs.idle_watts)
+            idle.add_metric([*labels, source], idle_watts)
             yield idle
-        snap = self.costs.snapshot()
         for name, value, doc in (
             ("wattserve_adaptive_cost_intercept_seconds", snap["intercept_s"], "Cost model fit a + c*b: a."),
             ("wattserve_adaptive_cost_per_item_seconds", snap["per_item_s"], "Cost model fit a + c*b: c."),
@@ -443,7 +502,7 @@ class AdaptiveBatcher(SloBatcher):
             ),
             (
                 "wattserve_adaptive_latency_margin_seconds",
-                self.latency.margin(),
+                latency_margin,
                 "Percentile of request latency (arrival to answer) minus what the plan expected.",
             ),
             (

@@ -27,7 +27,7 @@ Each time an engine instance is free and requests are queued: dispatch ``n`` now
    ``ln(rho / miss) * s / (1 - rho)``, at the load ``rho`` the plan's cheapest batch
    (``cap``, ``s`` seconds per request) would carry the arrival rate at (the higher of
    the short and the long window's: a lull does not make the queue behind a burst
-   shorter). The batcher's ``caution`` is 0.5 while its misses
+   shorter). The batcher's ``caution`` is 1 while its misses
    stay within the percentile's allowance and rises to 2 as the miss back-off cuts the
    hold (6. below; ``CAUTION`` in ``adaptive.py``), in the band of load it is asked
    at: a cut at 160 req/s raises it there and at 200, where the hold alone, one figure

@@ -47,7 +47,6 @@ from wattserve.batchers.types import (
     ClientGone,
     DeadlineExceeded,
     Draining,
-    ItemState,
     QueueFull,
     Result,
     WorkItem,
@@ -136,8 +135,7 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
             raise DeadlineExceeded("deadline passed before the request was queued")
         loop = self._loop or asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
-        item.future = future
-        item.state = ItemState.QUEUED
+        item.enqueue(future)
         self.queue.push(item)
         self._queue_changed()
         timer = None
@@ -235,7 +233,7 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
     def _abandon(self, item: WorkItem) -> None:
         """Its waiter is gone (cancelled): never compute it, never answer it."""
         self._unqueue(item)
-        item.state = ItemState.DONE
+        item.abandon()
 
     def _answer_error(self, item: WorkItem, exc: BaseException) -> None:
         item.finish(error=exc)
@@ -270,6 +268,10 @@ class RequestBatcher(Batcher[Engine]):
         rows now, or wait. Asked with a non-empty queue, on the event loop or an engine
         thread (under the queue's lock); must only read, and never wait once
         ``view.closing`` is set (a drain flushes what is queued)."""
+
+    def observe(self, decision: Decision, now: float) -> None:
+        """What the policy records of ``decision`` once applied (``batchers.policy``);
+        nothing by default: most policies keep nothing of their decisions."""
 
     async def run(self) -> None:
         """The batching loop; started by the server's lifespan, ends after ``drain``."""

@@ -219,11 +219,14 @@ def _run_alone(engine: Engine, item: WorkItem) -> dict[str, np.ndarray] | BaseEx
 
 
 def _stack(engine: Engine, items: Sequence[WorkItem]) -> dict[str, np.ndarray]:
-    """The batch: each input's rows, item after item (a lone item's arrays as they are)."""
+    """The batch: each input's rows, item after item (a lone item's arrays as they are).
+    An optional input a request left out is absent; a batch's requests all have the same
+    inputs (their batch key says which)."""
+    inputs = items[0].inputs
+    names = [spec.name for spec in engine.inputs if spec.name in inputs]
     if len(items) == 1:
-        inputs = items[0].inputs
-        return {spec.name: inputs[spec.name] for spec in engine.inputs}
-    return {spec.name: np.concatenate([it.inputs[spec.name] for it in items]) for spec in engine.inputs}
+        return {name: inputs[name] for name in names}
+    return {name: np.concatenate([it.inputs[name] for it in items]) for name in names}
 
 
 def _split(outputs: dict[str, np.ndarray], items: Sequence[WorkItem]) -> list[dict[str, np.ndarray]]:

@@ -25,6 +25,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import chain, repeat
 from time import monotonic
 
 from wattserve.batchers.service_rate import DrainRate
@@ -72,6 +73,12 @@ class PriorityFifo:
     def __len__(self) -> int:
         return self._count
 
+    def level_size(self, level: int) -> int:
+        """Requests queued at priority ``level`` (on time and delayed): Triton's per-level
+        ``max_queue_size`` counts them."""
+        with self.lock:
+            return len(self._on_time[level - 1]) + len(self._delayed[level - 1])
+
     def __iter__(self) -> Iterator[WorkItem]:
         with self.lock:
             snapshot = [item for level in self._levels for item in level]
@@ -114,27 +121,47 @@ class PriorityFifo:
             self.delayed += 1
             return True
 
-    def delay_oldest(self, count: Callable[[int, Sequence[WorkItem]], int]) -> int:
-        """For each level, in walk order, move the ``count(ahead, lane)`` oldest of its
-        on-time items behind the rest of them; how many moved. ``lane``: the level's
-        on-time items, oldest first (read only); ``ahead``: the items every walk visits
-        before them (all lanes of the levels above). What the adaptive batcher does with
-        requests that would make the rest late (rule 10)."""
-        moved = ahead = 0
+    def late_moves(self, count: Callable[[int, Sequence[WorkItem]], int]) -> tuple[int, ...]:
+        """For each level, in walk order, how many of its oldest on-time items to move
+        behind the rest of them: ``count(ahead, lane)``, at most the lane. Reads only
+        (``delay_first`` moves them). ``lane``: the level's on-time items, oldest first;
+        ``ahead``: the items every walk visits before them (all lanes of the levels above).
+        What the adaptive batcher asks for requests that would make the rest late (rule 10)."""
+        counts = []
+        ahead = 0
         with self.lock:
             for level, delayed in zip(self._on_time, self._delayed, strict=True):
-                n = min(count(ahead, level), len(level)) if level else 0
+                counts.append(min(count(ahead, level), len(level)) if level else 0)
+                ahead += len(level) + len(delayed)
+        return tuple(counts)
+
+    def delay_first(self, counts: Sequence[int]) -> int:
+        """Move the oldest ``counts[i]`` on-time items of level i+1 behind the rest of
+        them (a ``Delay`` decision); how many moved."""
+        moved = 0
+        with self.lock:
+            for level, delayed, n in zip(self._on_time, self._delayed, counts, strict=False):
+                n = min(n, len(level))
                 for _ in range(n):
                     delayed.append(level.popleft())
                 moved += n
-                ahead += len(level) + len(delayed)
             self.delayed += moved
         return moved
 
-    def oldest_on_time(self) -> float | None:
-        """Arrival of the longest-waiting item that is not delayed."""
+    def delay_oldest(self, count: Callable[[int, Sequence[WorkItem]], int]) -> int:
+        """``late_moves`` then ``delay_first`` in one hold of the lock; how many moved."""
         with self.lock:
-            heads = [level[0].arrival for level in self._on_time if level]
+            return self.delay_first(self.late_moves(count))
+
+    def oldest_on_time(self, skip: Sequence[int] = ()) -> float | None:
+        """Arrival of the longest-waiting item that is not delayed, the first ``skip[i]``
+        on-time items of level i+1 left out (as ``delay_first(skip)`` would leave it)."""
+        with self.lock:
+            heads = [
+                level[n].arrival
+                for level, n in zip(self._on_time, chain(skip, repeat(0)))  # noqa: B905 (repeat is endless)
+                if len(level) > n
+            ]
         return min(heads) if heads else None
 
     def _take(self, item: WorkItem) -> bool:

@@ -27,6 +27,7 @@ from wattserve.batchers.continuous import ContinuousBatcher
 from wattserve.batchers.dynamic import DynamicBatcher
 from wattserve.batchers.iteration import IterationBatcher
 from wattserve.batchers.observers import BatchObserver
+from wattserve.batchers.single import SingleBatcher
 from wattserve.batchers.static import StaticBatcher
 from wattserve.engines.base import Engine, StepEngine
 
@@ -39,6 +40,7 @@ POLICIES: dict[str, type[Batcher]] = {
         IterationBatcher,
         AdaptiveBatcher,
         AimdBatcher,
+        SingleBatcher,
     )
 }
 BATCHER_NAMES: tuple[str, ...] = tuple(POLICIES)

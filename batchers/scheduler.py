@@ -8,6 +8,10 @@ event loop (it may wait) and ``ready_batch`` on an engine thread that has just f
 batch (it never waits, and chains only a complete batch: a ``Wait``, or a batch that goes
 because waiting is over, sends the instance back to the loop).
 
+Every decision is one step (``decide_once``): the policy's answer, the queue moves it names
+and the policy's ``observe`` of it, in one hold of the queue's lock, so a decision on the
+loop and one on an engine thread never see each other half done.
+
 The queue's time bound (``queue_wait_bound_s``, the ``max_queue_wait_s`` setting) is kept
 here as well as at admission: admission refuses a request when the queue already holds more
 than the bound's worth of work at the measured drain, and a request that has waited the
@@ -29,7 +33,7 @@ import logging
 from time import monotonic
 
 from wattserve.batchers.observers import BatchObserver
-from wattserve.batchers.policy import Policy, Wait
+from wattserve.batchers.policy import Delay, Dispatch, Policy, QueueView, Wait
 from wattserve.batchers.queue import PriorityFifo
 from wattserve.batchers.types import BatchFailed, ItemState, QueueWaitExceeded, WorkItem
 
@@ -77,7 +81,7 @@ class Scheduler:
             try:
                 if self.sheds and not self.closing and self.shed(now):
                     continue
-                decision = policy.decide(self, now)
+                decision = decide_once(policy, self, now)
                 if isinstance(decision, Wait):
                     if self.closing:
                         raise RuntimeError("the policy waited while draining")
@@ -107,7 +111,7 @@ class Scheduler:
             if bound and queue.arrived_before(now - bound):
                 return [], None  # the loop answers the overdue ones (futures live on the loop)
             try:
-                decision = policy.decide(self, now)
+                decision = decide_once(policy, self, now)
             except Exception:
                 log.warning(
                     "batching policy failed on an engine thread; the event loop decides", exc_info=True
@@ -206,6 +210,21 @@ class Scheduler:
             queue = self.queue
             if depth is None or self.closing or queue.rows >= depth or not queue.regular:
                 waiter.set_result(None)
+
+
+def decide_once(policy: Policy, view: QueueView, now: float) -> Dispatch | Wait:
+    """The one decision step, in one hold of the queue's lock (the loop and the engine
+    threads both decide): ask the policy, apply the queue moves its answer names (``Delay``),
+    let it ``observe`` the answer; what to do next (take a batch, or wait)."""
+    queue = view.queue
+    with queue.lock:
+        decision = policy.decide(view, now)
+        policy_answer = decision
+        if isinstance(decision, Delay):
+            queue.delay_first(decision.counts)
+            decision = decision.then
+        policy.observe(policy_answer, now)
+    return decision
 
 
 def fail(items: list[WorkItem], error: BaseException) -> None:

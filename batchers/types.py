@@ -14,8 +14,8 @@ from wattserve.batchers.status import Status
 class ItemState(enum.Enum):
     """queued -> running -> done; cancel and expiry go to done from either earlier state.
 
-    Only ``WorkItem.start`` and ``WorkItem.finish`` move an item, so no path can move a
-    finished item back or answer it twice."""
+    Only ``WorkItem``'s own methods move an item (``enqueue``, ``start``, ``finish``,
+    ``abandon``), so no path can move a finished item back or answer it twice."""
 
     QUEUED = "queued"  # in the batcher's queue
     RUNNING = "running"  # taken into a batch (staged or computing)
@@ -48,6 +48,16 @@ class WorkItem:
     # what the front end knew of the request beyond its tensors (its id, requested outputs,
     # a stream's response sink): read only by engines that take requests (RunsRequests)
     context: object = None
+
+    def enqueue(self, future: asyncio.Future[Result]) -> None:
+        """-> queued, owed one answer through ``future`` (``Batcher.submit``)."""
+        self.future = future
+        self.state = ItemState.QUEUED
+
+    def abandon(self) -> None:
+        """-> done with no answer: its waiter is gone (the client left), so nothing may
+        compute or answer it later."""
+        self.state = ItemState.DONE
 
     def start(self, now: float) -> bool:
         """queued -> running, when a batch takes it. False if it was answered meanwhile."""

@@ -37,7 +37,7 @@ from wattserve.loadgen.server_process import ServerProcess, wattserve_process
 
 from benchmarks import _hostile_clients as hc
 from benchmarks._harness import RESULTS, ROOT, save
-from benchmarks.fuzz_bodies import IDENTITY, MOBILENET_V2, ModelShape, fuzz_cases, valid_data_json
+from support.fuzz_bodies import IDENTITY, MOBILENET_V2, ModelShape, fuzz_cases, valid_data_json
 
 console = Console(width=160)
 HOST = "127.0.0.1"
@@ -367,7 +367,7 @@ def probe_disconnect_storm(run: Run) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- JSON fuzz
 def probe_fuzz_json(run: Run) -> dict[str, Any]:
-    """Hypothesis-mutated KServe v2 bodies (benchmarks/fuzz_bodies.py) on one keep-alive
+    """Hypothesis-mutated KServe v2 bodies (support/fuzz_bodies.py) on one keep-alive
     connection: answers by status class, 5xx, non-JSON errors, connections dropped."""
     rows = []
     plan = [("identity", IDENTITY, IDENTITY_ENV, 3000),

@@ -10,6 +10,7 @@ import ctypes
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -119,7 +120,11 @@ class OnnxRuntimeEngine:
         threads: int | None = None,
         spin: bool = False,
         batched: bool = True,
+        optional: Sequence[str] = (),
     ) -> None:
+        """``optional``: inputs a request may leave out (Triton's ``optional: true``); each
+        must be a graph input with a default (an initializer of that name), which ONNX Runtime
+        uses when the input is not fed."""
         ort = _import_ort()
         path = Path(onnx_path)
         if not path.exists():
@@ -139,9 +144,11 @@ class OnnxRuntimeEngine:
         # batches (of one, from a runtime that does not batch) are run row by row.
         self.batched = batched
         self.inputs = [_spec(i, batched=batched) for i in self._session.get_inputs()]
+        self.inputs += self._optional_inputs(optional, batched)
         self.outputs = [_spec(o, batched=batched) for o in self._session.get_outputs()]
         self._output_names = [o.name for o in self.outputs]
         self._dtypes = {s.name: s.dtype for s in self.inputs}
+        self._optional = {s.name for s in self.inputs if s.optional}
         self._string_inputs = [s.name for s in self.inputs if s.datatype == "BYTES"]
         self._string_outputs = [s.name for s in self.outputs if s.datatype == "BYTES"]
         # ONNX Runtime's numpy bridge has no bfloat16: a model with a BF16 tensor runs
@@ -162,10 +169,26 @@ class OnnxRuntimeEngine:
             threads=config.torch_threads,
         )
 
+    def _optional_inputs(self, names: Sequence[str], batched: bool) -> list[TensorSpec]:
+        """The specs of the optional inputs: the graph's inputs with a default value."""
+        required = {s.name for s in self.inputs}
+        defaults = {i.name: i for i in self._session.get_overridable_initializers()}
+        specs = []
+        for name in names:
+            if name in required:
+                raise EngineUnavailable(f"{self.name}: input {name!r} is optional in the config but the "
+                                        "model requires it (only an input with a default, an initializer "
+                                        "of that name, may be left out)")  # fmt: skip
+            if name in defaults:
+                specs.append(replace(_spec(defaults[name], batched=batched), optional=True))
+        return specs  # a name the model lacks: the config check names it
+
     def infer(self, batch: Batch) -> dict[str, np.ndarray]:
         feeds = {}
         for name, dtype in self._dtypes.items():
             if name not in batch:
+                if name in self._optional:
+                    continue  # left out by the request: the graph's default
                 raise EngineError(f"{self.name}: missing input {name!r}")
             arr = batch[name]
             if arr.shape[0] > self.max_batch_size:
@@ -174,7 +197,8 @@ class OnnxRuntimeEngine:
                 )
             feeds[name] = np.ascontiguousarray(arr, dtype=dtype)
         for name in self._string_inputs:
-            feeds[name] = _to_ort_strings(feeds[name])
+            if name in feeds:
+                feeds[name] = _to_ort_strings(feeds[name])
         try:
             if self.batched:
                 results = self._run(feeds)
@@ -193,7 +217,7 @@ class OnnxRuntimeEngine:
         """A request's BYTES inputs must be UTF-8: ONNX Runtime's strings are (a 400, not a
         failed batch)."""
         for name in self._string_inputs:
-            for value in inputs[name].ravel():
+            for value in inputs[name].ravel() if name in inputs else ():
                 try:
                     value.decode()
                 except UnicodeDecodeError:

@@ -151,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_loadgen_parser(sub)
     add_study_parser(sub)
     add_report_parser(sub)
+    from wattserve.loadgen.repository_check import add_repository_parser
+
+    add_repository_parser(sub)
     return parser
 
 

@@ -255,17 +255,13 @@ def ensemble_plans(config: Any, model_dir: Any, base: Any, source: str) -> list[
     """The plans of an ensemble's versions (``platform: "ensemble"`` in a repository): its
     graph checked now, its composing models when it starts (``server.ensemble``)."""
     from wattserve.server.model_plan import ModelPlan
-    from wattserve.server.repository.config import select_versions, unhonoured_fields
+    from wattserve.server.repository.config import check_supported, select_versions
     from wattserve.server.serving_config import ServingConfig
 
     graph = parse_graph(config, source, model_dir.name)
     if config.max_batch_size < 0:
         raise ConfigError(f"{source}: field 'max_batch_size' must be >= 0")
-    warnings = [f"{source}: field '{f}' is not implemented by wattserve; ignored"
-                for f in unhonoured_fields(config) if f != "ensemble_scheduling"]  # fmt: skip
-    if config.ensemble_scheduling.max_inflight_requests:
-        warnings.append(f"{source}: field 'ensemble_scheduling.max_inflight_requests' is not implemented "
-                        "by wattserve; each step's model bounds its own queue")  # fmt: skip
+    warnings = check_supported(config, "ensemble", source, base.allow_unsupported_config)
     versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
     chosen = select_versions(config, versions or [1])  # Triton wants the folder; it holds nothing
     if not chosen:

@@ -20,7 +20,7 @@ from wattserve.batchers.base import Batcher, engine_thread
 from wattserve.batchers.iteration_metrics import IterationMetrics
 from wattserve.batchers.lm_metrics import LMMetrics
 from wattserve.batchers.registry import build_batcher
-from wattserve.batchers.types import Draining, RequestError, Result, WorkItem
+from wattserve.batchers.types import Draining, QueueFull, RequestError, Result, WorkItem
 from wattserve.engines.base import (
     Engine,
     PreparesInputs,
@@ -86,6 +86,8 @@ class ModelRuntime:
         self._prepare: Any = None  # the engine fills optional inputs, keys batches (PreparesInputs)
         self._one_row = False  # a step engine: one row per request (its state is one row)
         self._variable: list[str] | None = None  # inputs with -1 dims: their shapes key batches
+        self._optional: list[str] | None = None  # optional inputs: which are present keys batches
+        self._last_answer: asyncio.Future[None] | None = None  # preserve_ordering: the latest request's turn
         self._collector: Any = None  # the batcher's own Prometheus collector, if any
         self._batch_observer: ServingObserver | None = None  # watches the batcher for the gauges
         self.ready = False
@@ -125,6 +127,7 @@ class ModelRuntime:
         self._one_row = isinstance(self.engine, StepEngine)
         variable = [spec.name for spec in self.engine.inputs if spec.variable]
         self._variable = variable or None
+        self._optional = [spec.name for spec in self.engine.inputs if spec.optional] or None
         observer.watch(batcher)
         self._batch_observer = observer
         self._collector = batcher.collector(self.name)
@@ -201,6 +204,7 @@ class ModelRuntime:
         self._prepare = None
         self._one_row = False
         self._variable = None
+        self._optional = None
 
     # ------------------------------------------------------------------ requests
     def make_item(self, request: InferRequest) -> WorkItem:
@@ -229,14 +233,17 @@ class ModelRuntime:
         item.rows = request.rows
         item.context = request  # id, requested outputs: for engines that take requests
         if self._variable is not None:  # only same-shape requests share a batch
-            item.shape_key = tuple(inputs[name].shape[1:] for name in self._variable)
+            item.shape_key = tuple(inputs[n].shape[1:] if n in inputs else None for n in self._variable)
+        if self._optional is not None:  # ... and the same optional inputs present
+            present = tuple(name in inputs for name in self._optional)
+            item.shape_key = (item.shape_key, present) if item.shape_key is not None else present
         return item
 
     def work_item(self, inputs: dict[str, Any], priority: int, timeout_us: int | None) -> WorkItem:
         """A one-row work item (``inputs`` with the batch axis) with Triton's priority and
         timeout: the deadline is the default timeout, shortened by the request's own."""
-        s = self.queue_policy
-        level = priority or s.default_priority
+        level = priority or self.queue_policy.default_priority
+        s = self.queue_policy.at(level)  # the level's own policy (priority_queue_policy), else the default
         now = monotonic()
         default_s = s.default_timeout_ms / 1e3 if s.default_timeout_ms is not None else None
         if timeout_us is not None and s.allow_timeout_override:
@@ -255,13 +262,34 @@ class ModelRuntime:
             self.batcher.cancel(item)
 
     async def infer(self, item: WorkItem) -> Result:
-        """Submit one request's work item; its one outcome is counted."""
+        """Submit one request's work item; its one outcome is counted. With Triton's
+        ``preserve_ordering`` an answer (result or error) leaves only after the answer of the
+        request that came before it."""
+        if not self.serving.preserve_ordering:
+            return await self._infer(item)
+        previous, mine = self._last_answer, asyncio.get_running_loop().create_future()
+        self._last_answer = mine
+        try:
+            result = await self._infer(item)
+        except asyncio.CancelledError:  # the client left: the next waits for the one before
+            _release_after(previous, mine)
+            raise
+        except BaseException:
+            await _wait_turn(previous, mine)
+            raise
+        await _wait_turn(previous, mine)
+        return result
+
+    async def _infer(self, item: WorkItem) -> Result:
         if self.batcher is None:  # unloaded between admission and submit
             raise Draining(f"model {self.name!r} is unloading")
         started = monotonic()
         outcome = "success"
         result: Result | None = None
         try:
+            bound = self.queue_policy.at(item.priority).max_queue_size
+            if bound and self.batcher.queue.level_size(item.priority) >= bound:
+                raise QueueFull(f"Exceeds maximum queue size (priority level {item.priority} holds {bound})")
             result = await self.batcher.submit(item)
             return result
         except RequestError as exc:
@@ -287,6 +315,31 @@ class ModelRuntime:
             stats.record_success(elapsed, result)
         elif outcome != "cancelled":
             stats.record_failure(elapsed)
+
+
+async def _wait_turn(previous: asyncio.Future[None] | None, mine: asyncio.Future[None]) -> None:
+    """preserve_ordering: wait until the request before this one is answered, then let the
+    next one go."""
+    try:
+        if previous is not None and not previous.done():
+            await asyncio.shield(previous)
+    except asyncio.CancelledError:
+        _release_after(previous, mine)
+        raise
+    _release_after(None, mine)
+
+
+def _release_after(previous: asyncio.Future[None] | None, mine: asyncio.Future[None]) -> None:
+    """Mark this request answered once ``previous`` is (now, if there is none)."""
+
+    def release(_: object = None) -> None:
+        if not mine.done():
+            mine.set_result(None)
+
+    if previous is None or previous.done():
+        release()
+    else:
+        previous.add_done_callback(release)
 
 
 def bind_models(engines: Sequence[Engine], make_caller: Any, loop: asyncio.AbstractEventLoop) -> None:

@@ -11,7 +11,7 @@ metrics say what runs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from wattserve.batchers.config import BatchingSpec
@@ -29,6 +29,13 @@ class QueuePolicy:
     default_timeout_ms: float | None = None  # None: no deadline unless the request sets one
     allow_timeout_override: bool = True
     timeout_action: str = "reject"  # or "delay": an expired request runs after the on-time ones
+    max_queue_size: int = 0  # a level's own bound (priority_queue_policy); 0: only the model's
+    # Triton's priority_queue_policy: a level's own policy, in place of this one for its requests
+    levels: Mapping[int, QueuePolicy] = field(default_factory=dict)
+
+    def at(self, level: int) -> QueuePolicy:
+        """The policy of requests at priority ``level``."""
+        return self.levels.get(level, self)
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,7 @@ class ServingConfig:
     check_values: bool = False  # reject NaN/Inf in float inputs (400)
     warmup: bool = True
     drain_timeout_s: float = 30.0
+    preserve_ordering: bool = False  # Triton's dynamic_batching.preserve_ordering: answers in arrival order
 
     @property
     def policy(self) -> str:

@@ -104,6 +104,12 @@ class Settings(BaseSettings):
         description="Exit at start-up if any repository model fails to load (Triton's "
         "--exit-on-error); without a repository the one model's failure is always fatal.",
     )
+    allow_unsupported_config: bool = Field(
+        False,
+        description="Load a repository model whose config.pbtxt sets fields wattserve does not "
+        "implement, without them (a warning names each); by default such a model fails to load "
+        "naming the field and why.",
+    )
     engine: EngineName = Field(
         "torch", description="Engine: torch, onnxruntime or tensorrt.", json_schema_extra=PER_MODEL
     )
@@ -310,7 +316,10 @@ class Settings(BaseSettings):
         description="Refuse (503 + Retry-After) a request when the queue already holds more "
         "than this many seconds of work at the rate it measurably drains; a queued request that "
         "has waited this long anyway is answered the same way, not computed; "
-        "0 = count bound only.",
+        "0 = count bound only. A repository model gets 0 (Triton's queue semantics: only its "
+        "queue policy's timeouts bound a wait) unless this is set, for the process or in its "
+        "parameters.",
+        json_schema_extra=PER_MODEL,
     )
     max_header_bytes: int = Field(64 * 1024, ge=1024, description="Largest request header (431 beyond).")
     header_timeout_s: float = Field(

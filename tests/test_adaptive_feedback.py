@@ -16,6 +16,7 @@ from wattserve.batchers.arrival_model import ArrivalModel
 from wattserve.batchers.executor import BatchOutcome
 from wattserve.batchers.policy import Dispatch, Wait
 from wattserve.batchers.queue import PriorityFifo
+from wattserve.batchers.scheduler import decide_once
 from wattserve.batchers.slo_feedback import LatencyMargin, MissBackoff
 from wattserve.batchers.types import ItemState, WorkItem
 from wattserve.engines.identity import IdentityEngine
@@ -119,7 +120,7 @@ def _batcher(slo_ms: float = 100.0) -> AdaptiveBatcher:
     engine = IdentityEngine(elements=4, max_batch_size=8)
     config = AdaptiveConfig(max_batch_size=8, slo_s=slo_ms / 1000, percentile=99.0, calibrate=False)
     batcher = AdaptiveBatcher([engine], config)
-    batcher.costs.seed({b: 0.010 + 0.001 * b for b in (1, 2, 4, 8)})  # 11-18 ms
+    batcher.seed_costs({b: 0.010 + 0.001 * b for b in (1, 2, 4, 8)})  # 11-18 ms
     return batcher
 
 
@@ -222,10 +223,10 @@ def test_misses_behind_a_wait_cut_the_hold_but_not_the_batches_that_drain_them()
     queue.push(WorkItem({}, arrival=now - batcher.max_hold_s()))
     for k in range(20):
         batcher.arrivals.arrived(now - 0.5 + 0.025 * k)  # 40/s
-    assert isinstance(batcher.decide(_View(queue), now), Dispatch)
+    assert isinstance(decide_once(batcher, _View(queue), now), Dispatch)
     assert batcher.last_decision is not None and batcher.last_decision.reason == "held enough"
     batcher.backoff.scale = 1.0
-    assert isinstance(batcher.decide(_View(queue), now), Wait)
+    assert isinstance(decide_once(batcher, _View(queue), now), Wait)
 
 
 def test_overload_misses_do_not_cut_the_hold_at_low_load() -> None:
@@ -250,7 +251,7 @@ def test_overload_misses_do_not_cut_the_hold_at_low_load() -> None:
     assert batcher.max_hold_s() == pytest.approx(budget)
     queue = PriorityFifo()
     queue.push(WorkItem({}, arrival=now - 0.010))  # a lone request, 10 ms old: worth a wait
-    assert isinstance(batcher.decide(_View(queue), now), Wait)
+    assert isinstance(decide_once(batcher, _View(queue), now), Wait)
 
 
 def test_misses_count_past_the_budget_the_client_needs_the_headroom() -> None:
@@ -279,15 +280,15 @@ def test_decide_marks_the_batches_that_waited() -> None:
     batcher.arrivals.arrived(now - 0.5)  # a modest rate: worth waiting for one more
     batcher.arrivals.arrived(now - 0.25)
     batcher.arrivals.arrived(now)
-    assert isinstance(batcher.decide(_View(queue), now), Wait)
+    assert isinstance(decide_once(batcher, _View(queue), now), Wait)
     second = WorkItem({}, arrival=now + 0.070)
     queue.push(second)
-    assert isinstance(batcher.decide(_View(queue), now + 0.075), Dispatch)  # 75 ms old: goes
+    assert isinstance(decide_once(batcher, _View(queue), now + 0.075), Dispatch)  # 75 ms old: goes
     assert set(batcher._waits) == {first.arrival}
     fresh = PriorityFifo()
     late = WorkItem({}, arrival=now + 0.001)
     fresh.push(late)
-    assert isinstance(batcher.decide(_View(fresh), now + 0.081), Dispatch)  # 80 ms old: at once
+    assert isinstance(decide_once(batcher, _View(fresh), now + 0.081), Dispatch)  # 80 ms old: at once
     assert set(batcher._waits) == {first.arrival}
 
 
@@ -299,8 +300,7 @@ def test_a_full_queue_goes_split_where_the_learned_curve_says_two_batches_are_fa
     now = monotonic()
     for _ in range(8):
         queue.push(WorkItem({}, arrival=now))
-    assert batcher.decide(_View(queue), now) == Dispatch(8)
-    batcher.costs.seed({1: 0.005, 2: 0.010, 4: 0.020, 8: 0.048})
-    batcher._view = None  # as after any learned batch
-    assert batcher.decide(_View(queue), now) == Dispatch(4)
+    assert decide_once(batcher, _View(queue), now) == Dispatch(8)
+    batcher.seed_costs({1: 0.005, 2: 0.010, 4: 0.020, 8: 0.048})
+    assert decide_once(batcher, _View(queue), now) == Dispatch(4)
     assert batcher.last_decision is not None and batcher.last_decision.reason == "split"

@@ -23,7 +23,7 @@ def gpu_like_env(batcher: str, **extra: str) -> dict[str, str]:
         "WATTSERVE_SLO_MS": "200",
         # These tests fire their requests at once and check every answer; the queue-time bound
         # (estimated from the measured drain) may refuse part of such a burst on a loaded machine,
-        # which is admission's business (tests/test_reliability_second_pass.py), not the policy's.
+        # which is admission's business (tests/test_connection_cap_and_gone_clients.py), not the policy's.
         "WATTSERVE_MAX_QUEUE_WAIT_S": "0",
     }
     return base_env(batcher, **{**gpu_like, **extra})

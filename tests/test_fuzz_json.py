@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from wattserve.server.settings import Settings
 
-from benchmarks.fuzz_bodies import IDENTITY, FuzzCase, fuzz_cases, valid_data_json
+from support.fuzz_bodies import IDENTITY, FuzzCase, fuzz_cases, valid_data_json
 from tests.servers import threaded_server
 
 pytestmark = pytest.mark.slow  # a live server for 300 bodies (~10-30 s)

@@ -1,5 +1,6 @@
 """config.pbtxt read as Triton reads it: errors name file, line and field; honoured fields
-keep Triton's meaning; unimplemented ones are named in warnings; WATTSERVE_BATCHER still
+keep Triton's meaning; unimplemented ones are refused at load, or named in warnings when
+allowed (tests/test_unsupported_config.py walks them all); WATTSERVE_BATCHER still
 swaps every model that does not pin its batcher; NaN/Inf served unless checked."""
 
 from __future__ import annotations
@@ -87,11 +88,21 @@ parameters { key: "colour" value: { string_value: "blue" } }
 """
 
 
-def test_honoured_fields_map_with_triton_meaning_and_the_rest_warn(tmp_path):
+def test_honoured_fields_map_with_triton_meaning_and_the_rest_refused_or_warned(tmp_path):
     for v in ("1", "2", "3"):
         (tmp_path / "full" / v).mkdir(parents=True)
     (tmp_path / "full" / "config.pbtxt").write_text(FULL)
-    plans = plan_model(tmp_path / "full", Settings())
+    # input[0].format is honoured, and as in Triton NCHW needs 3 dims (FULL's input has 1)
+    with pytest.raises(ConfigError, match=r"input\[0\] \(INPUT0\) format FORMAT_NCHW: model input NHWC/NCHW"):
+        plan_model(tmp_path / "full", Settings(allow_unsupported_config=True))
+    (tmp_path / "full" / "config.pbtxt").write_text(FULL.replace(" format: FORMAT_NCHW", ""))
+    # what wattserve does not run is refused at load, naming each field and why
+    with pytest.raises(ConfigError) as refused:
+        plan_model(tmp_path / "full", Settings())
+    assert "'optimization' is not supported" in str(refused.value)
+    assert "preserve_ordering" not in str(refused.value)  # honoured: answers in arrival order
+    # ... unless allowed: then it loads without them, each named in a warning
+    plans = plan_model(tmp_path / "full", Settings(allow_unsupported_config=True))
     assert [p.version for p in plans] == ["1", "3"]  # version_policy specific
     s = plans[0].serving  # the typed parts: engine, batching, queue policy, devices
     assert (s.engine.model, s.max_batch_size, s.batching.batcher) == ("identity", 16, "dynamic")
@@ -108,8 +119,6 @@ def test_honoured_fields_map_with_triton_meaning_and_the_rest_warn(tmp_path):
     assert len(s.devices) == 4
     warned = " | ".join(plans[0].warnings)
     for field in (
-        "input[0].format",
-        "dynamic_batching.preserve_ordering",
         "optimization",
         "'colour'",
     ):
@@ -118,6 +127,8 @@ def test_honoured_fields_map_with_triton_meaning_and_the_rest_warn(tmp_path):
         "max_queue_delay" not in warned and "instance_group" not in warned and "timeout_action" not in warned
     )
     assert "label_filename" not in warned  # honoured: the classification extension's labels
+    assert "preserve_ordering" not in warned and s.preserve_ordering  # honoured (test_preserve_ordering.py)
+    assert not plans[0].config.HasField("optimization")  # cleared: the plan is what runs
 
 
 def test_latest_version_by_default(tmp_path):

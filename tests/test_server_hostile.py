@@ -205,7 +205,7 @@ def test_slow_header_after_a_served_request_gets_408(server):
 
 def test_connection_cap_answers_503_and_keeps_serving(server):
     """Every slot busy (inside a request header: an idle one would be closed to make room,
-    tests/test_reliability_second_pass.py): the connections past the cap get 503."""
+    tests/test_connection_cap_and_gone_clients.py): the connections past the cap get 503."""
     url, _, _ = server
     socks = []
     try:

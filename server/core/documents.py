@@ -10,6 +10,7 @@ from wattserve.batchers.dynamic import DynamicBatcher, DynamicConfig
 from wattserve.batchers.status import Status
 from wattserve.server.core.admission import Refused, select
 from wattserve.server.model_set import ModelSet, ModelState, UnknownModel
+from wattserve.server.repository import model_config_pb2 as pb
 from wattserve.server.repository.plan import config_datatype
 from wattserve.server.runtime import ModelRuntime
 
@@ -86,12 +87,26 @@ def triton_config(runtime: ModelRuntime) -> dict[str, Any]:
             {"name": s.name, "data_type": config_datatype(s.datatype), "dims": list(s.shape)} for s in specs
         ]
 
+    # an input's format (FORMAT_NCHW) is the config's own word to clients (Triton's image_client)
+    formats = {t.name: pb.ModelInput.Format.Name(t.format) for t in runtime.config.input
+               if t.format} if runtime.config is not None else {}  # fmt: skip
+
+    def inputs() -> list[dict[str, Any]]:
+        """Each input as it runs: with its format, and ``optional`` where a request may omit it."""
+        docs = tensors(engine.inputs)
+        for doc, spec in zip(docs, engine.inputs, strict=True):
+            if spec.name in formats:
+                doc["format"] = formats[spec.name]
+            if spec.optional:
+                doc["optional"] = True
+        return docs
+
     max_batch = running.max_batch_size if running is not None else serving.max_batch_size
     config: dict[str, Any] = {
         "name": runtime.name,
         "platform": runtime.platform or engine.platform,
         "max_batch_size": max_batch if runtime.batching else 0,
-        "input": tensors(engine.inputs),
+        "input": inputs(),
         "output": tensors(engine.outputs),
         "instance_group": [
             {"count": len(runtime.devices), "kind": "KIND_GPU" if "cuda" in engine.device else "KIND_CPU"}
@@ -118,7 +133,7 @@ def _dynamic_batching(runtime: ModelRuntime, running: Any) -> dict[str, Any]:
     else:
         preferred, delay_s = spec.preferred_batch_sizes, spec.max_queue_delay_ms / 1e3
         levels, queue_size = spec.priority_levels, spec.max_queue_size
-    return {
+    doc = {
         "preferred_batch_size": list(preferred),
         "max_queue_delay_microseconds": round(delay_s * 1e6),
         "priority_levels": levels,
@@ -129,4 +144,17 @@ def _dynamic_batching(runtime: ModelRuntime, running: Any) -> dict[str, Any]:
             "allow_timeout_override": queue.allow_timeout_override,
             "timeout_action": queue.timeout_action.upper(),
         },
+    }
+    if queue.levels:  # Triton's priority_queue_policy: each level's own
+        doc["priority_queue_policy"] = {str(level): _queue_doc(p) for level, p in queue.levels.items()}
+    return doc
+
+
+def _queue_doc(policy: Any) -> dict[str, Any]:
+    """One level's queue policy as Triton's JSON writes it."""
+    return {
+        "max_queue_size": policy.max_queue_size,
+        "default_timeout_microseconds": round((policy.default_timeout_ms or 0) * 1000),
+        "allow_timeout_override": policy.allow_timeout_override,
+        "timeout_action": policy.timeout_action.upper(),
     }

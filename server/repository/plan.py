@@ -1,11 +1,14 @@
 """A Triton model repository -> one ``ModelPlan`` per served model version.
 
 ``<root>/<model>/config.pbtxt`` + ``<root>/<model>/<version>/<file>``. Config fields keep
-Triton's meaning (see ``HONOURED`` in ``config.py``; anything else set is a warning that
-names it). wattserve's own choices go in ``parameters`` (Triton's place for backend keys):
+Triton's meaning (see ``HONOURED`` in ``config.py``; anything else set fails the load
+naming it, unless ``--allow-unsupported-config``: then a warning names it). wattserve's own
+choices go in ``parameters`` (Triton's place for backend keys):
 
 - ``batcher``: one of the policies in ``batchers/registry.py`` (static, dynamic, continuous,
-  iteration, adaptive, aimd). Unset: ``WATTSERVE_BATCHER`` when it is set, else dynamic.
+  iteration, adaptive, aimd, single). Unset: ``WATTSERVE_BATCHER`` when it is set, else
+  dynamic when the config has ``dynamic_batching`` and single (Triton's default scheduler:
+  each request its own execution) when it has not.
 - ``builtin``: with ``backend: "wattserve"``, which built-in model (a name in
   ``wattserve.engines.registry.MODELS``); defaults to the directory name.
 - ``check_values``: "true" rejects NaN/Inf in float inputs with a 400.
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +43,13 @@ from wattserve.server.repository import python_models
 from wattserve.server.repository.config import (
     CONFIG_FILE,
     ConfigError,
+    check_supported,
     read_config,
     select_versions,
-    unhonoured_fields,
 )
 from wattserve.server.repository.override import LoadOverride
-from wattserve.server.serving_config import ServingConfig
+from wattserve.server.repository.warmup import warmed, warmup_samples
+from wattserve.server.serving_config import QueuePolicy, ServingConfig
 from wattserve.server.settings import MODEL_PARAMETERS, Settings
 
 log = logging.getLogger("wattserve.repository")
@@ -149,19 +153,24 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
         from wattserve.server.ensemble_graph import ensemble_plans
 
         return ensemble_plans(config, model_dir, base, source)
-    warnings = [f"{source}: field '{f}' is not implemented by wattserve; ignored"
-                for f in unhonoured_fields(config)]  # fmt: skip
+    allow = base.allow_unsupported_config
+    warnings = check_supported(config, kind, source, allow)
     if kind == "python":  # auto_complete_config, and what a Python model may not ask for
         python_models.prepare(config, model_dir, base, source, warnings)
+        warnings += check_supported(config, kind, f"{source} (as auto_complete_config left it)", allow)
     settings = _model_settings(config, base, kind, name, source, warnings)
     batching = config.max_batch_size > 0
-    devices = _instance_devices(config, base, source, warnings)
+    devices = _instance_devices(config, base, source, warnings, kind)
     steps = (kind == "builtin" and MODELS[settings.model].steps) or kind == "transformers"
     if kind == "transformers" and not batching:
         raise ConfigError(
             f"{source}: backend 'transformers' needs max_batch_size > 0 (the running sequences)"
         )
     serving = ServingConfig.from_settings(settings, devices, steps=steps)  # the one translation
+    if config.dynamic_batching.preserve_ordering:
+        serving = replace(serving, preserve_ordering=True)
+    if config.dynamic_batching.priority_queue_policy:
+        serving = replace(serving, queue=_level_policies(config, serving.queue, source))
     file_name = config.default_model_filename or default_file
 
     versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
@@ -171,6 +180,7 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
     if not chosen:
         raise ConfigError(f"{model_dir}: no version folder matches the version policy "
                           f"(found {versions or 'none'})")  # fmt: skip
+    samples = warmup_samples(config, model_dir, source)  # Triton's model_warmup: run before READY
     plans = []
     for version in chosen:
         path = model_dir / str(version) / file_name
@@ -180,7 +190,7 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
                                   "needs config.json, *.safetensors and tokenizer files there)")  # fmt: skip
         elif kind != "builtin" and not path.is_file():
             raise ConfigError(f"{path}: missing ({platform} needs {file_name} in each version folder)")
-        factory = _engine_factory(kind, path, name, config, batching, source)
+        factory = warmed(_engine_factory(kind, path, name, config, batching, source), samples)
         plans.append(ModelPlan(name, str(version), serving, factory, batching=batching,
                                platform=platform, warnings=warnings, config=config))  # fmt: skip
     for warning in warnings:
@@ -274,8 +284,14 @@ def _model_settings(
         update["model"] = builtin
     else:
         update["model"] = name
-    if "batcher" not in update:
-        update["batcher"] = base.batcher if "batcher" in base.model_fields_set else "dynamic"
+    if "batcher" not in update and "batcher" in base.model_fields_set:
+        update["batcher"] = base.batcher
+    elif "batcher" not in update:  # Triton batches across requests only when the config asks
+        update["batcher"] = "dynamic" if config.HasField("dynamic_batching") else "single"
+    if "max_queue_wait_s" not in update and "max_queue_wait_s" not in base.model_fields_set:
+        # a bound the user did not ask for must not undercut the config's own delays and
+        # timeouts (L0_batcher's 10 s max_queue_delay): Triton has none, so none here
+        update["max_queue_wait_s"] = 0.0
     update["max_batch_size"] = max(1, config.max_batch_size)
     if config.max_batch_size < 0:
         raise ConfigError(f"{source}: field 'max_batch_size' must be >= 0")
@@ -311,29 +327,77 @@ def _dynamic_batching(db: pb.ModelDynamicBatching, source: str, warnings: list[s
     return out
 
 
+def _level_policies(config: pb.ModelConfig, default: QueuePolicy, source: str) -> QueuePolicy:
+    """Triton's ``priority_queue_policy``: each listed level's own queue policy (timeout,
+    its action, override, and a bound on that level's queued requests)."""
+    db = config.dynamic_batching
+    levels = {}
+    for level, policy in sorted(db.priority_queue_policy.items()):
+        if not 1 <= level <= max(1, db.priority_levels):
+            raise ConfigError(f"{source}: dynamic_batching.priority_queue_policy has level {level}; the "
+                              f"levels are 1..{max(1, db.priority_levels)} (priority_levels)")  # fmt: skip
+        levels[int(level)] = replace(
+            default,
+            default_timeout_ms=policy.default_timeout_microseconds / 1000.0 or None,
+            allow_timeout_override=policy.allow_timeout_override,
+            timeout_action="delay" if policy.timeout_action == pb.ModelQueuePolicy.DELAY else "reject",
+            max_queue_size=policy.max_queue_size,
+        )
+    return replace(default, levels=levels)
+
+
 def _group_count(group: pb.ModelInstanceGroup) -> int:
     return group.count if group.count > 0 else 1  # Triton: count defaults to 1
 
 
+# kinds whose engines may run on a GPU: Triton's default placement (one instance per visible
+# GPU). Built-ins keep the server's WATTSERVE_DEVICE and WATTSERVE_INSTANCES.
+GPU_KINDS = {"onnx", "torchscript", "tensorrt", "transformers"}
+
+
+def visible_gpus() -> int:
+    """CUDA devices this process sees (0 on a CPU-only host): where Triton places instances
+    that name no GPU."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _runs_on_gpu(kind: str) -> bool:
+    """Whether this kind's engine can use a GPU here (Triton places only such models on
+    GPUs): an ONNX Runtime build without its CUDA provider runs on the CPU."""
+    if kind not in GPU_KINDS:
+        return False
+    if kind == "onnx":
+        import onnxruntime
+
+        return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    return True
+
+
 def _instance_devices(
-    config: pb.ModelConfig, base: Settings, source: str, warnings: list[str]
+    config: pb.ModelConfig, base: Settings, source: str, warnings: list[str], kind: str = ""
 ) -> list[str] | None:
-    """One device per instance: ``count`` on each listed GPU (Triton), CPU, or auto."""
+    """One device per instance: ``count`` on each listed GPU (Triton), CPU, or auto. As in
+    Triton, no ``instance_group`` is one instance per visible GPU (one on the server's device
+    on a CPU-only host, or when the user chose a device), and KIND_GPU without ``gpus`` is
+    ``count`` on every visible GPU."""
     if not config.instance_group:
-        return None
+        gpus_seen = visible_gpus() if base.device == "auto" and _runs_on_gpu(kind) else 0
+        return [f"cuda:{g}" for g in range(gpus_seen)] or None
     devices: list[str] = []
     kinds = pb.ModelInstanceGroup
     for i, group in enumerate(config.instance_group):
         count = _group_count(group)
         if group.kind == kinds.KIND_GPU:
-            gpus: list[int | None] = [*group.gpus] or [None]
-            devices += [f"cuda:{g}" if g is not None else "cuda" for g in gpus for _ in range(count)]
+            gpus = [*group.gpus] or list(range(visible_gpus()))
+            if not gpus:  # Triton refuses it too: there is no GPU to place it on
+                raise ConfigError(f"{source}: instance_group[{i}] has kind KIND_GPU but no GPUs are "
+                                  "available (no CUDA device is visible)")  # fmt: skip
+            devices += [f"cuda:{g}" for g in gpus for _ in range(count)]
         elif group.kind == kinds.KIND_CPU:
             devices += ["cpu"] * count
-        else:
-            if group.kind == kinds.KIND_MODEL:
-                warnings.append(f"{source}: instance_group[{i}].kind KIND_MODEL is not implemented; "
-                                f"device {base.device!r} used")  # fmt: skip
+        else:  # KIND_AUTO (KIND_MODEL was refused, or cleared by --allow-unsupported-config)
             devices += [base.device] * count
     return devices
 
@@ -360,12 +424,17 @@ def config_tensors(tensors: Any, source: str, what: str) -> tuple[list[TensorSpe
             raise ConfigError(f"{source}: {what}[{i}] ({t.name}) data_type TYPE_{name} is not "
                               "supported by wattserve")  # fmt: skip
         dims = tuple(int(d) for d in t.dims)
+        if isinstance(t, pb.ModelInput) and t.format != pb.ModelInput.FORMAT_NONE and len(dims) != 3:
+            layout = pb.ModelInput.Format.Name(t.format)
+            raise ConfigError(f"{source}: {what}[{i}] ({t.name}) format {layout}: model input NHWC/NCHW "
+                              "require 3 dims")  # fmt: skip
         if any(d < VARIABLE for d in dims):
             raise ConfigError(f"{source}: {what}[{i}] ({t.name}) dims {list(dims)}: a dimension is a "
                               "size >= 0 or -1 (variable)")  # fmt: skip
         shape = tuple(int(d) for d in t.reshape.shape) if t.HasField("reshape") else dims
-        outer.append(TensorSpec(t.name, dims, datatype))
-        inner.append(TensorSpec(t.name, shape, datatype))
+        optional = isinstance(t, pb.ModelInput) and t.optional  # Triton's: a request may leave it out
+        outer.append(TensorSpec(t.name, dims, datatype, optional=optional))
+        inner.append(TensorSpec(t.name, shape, datatype, optional=optional))
     return outer, inner
 
 
@@ -412,7 +481,8 @@ def _onnx_file(model: ModelFile, config: EngineConfig) -> Engine:
 
     max_batch = config.max_batch_size if model.batching else 1
     return OnnxRuntimeEngine(model.path, name=model.name, max_batch_size=max_batch, device=config.device,
-                             threads=config.torch_threads, batched=model.batching)  # fmt: skip
+                             threads=config.torch_threads, batched=model.batching,
+                             optional=[s.name for s in model.inputs if s.optional])  # fmt: skip
 
 
 def _torchscript_file(model: ModelFile, config: EngineConfig) -> Engine:

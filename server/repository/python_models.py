@@ -71,8 +71,6 @@ def prepare(
     """In place, before the config is planned: refuse what wattserve cannot run, note what it
     ignores, and let ``TritonPythonModel.auto_complete_config`` complete the config (unless
     auto-complete is disabled, as in Triton)."""
-    # honoured for Python models (decoupled responses over the gRPC stream)
-    warnings[:] = [w for w in warnings if "field 'model_transaction_policy" not in w]
     for key in config.parameters:
         if key in REFUSED_PARAMETERS:
             raise ConfigError(f"{source}: parameters key {key!r} is not supported: {REFUSED_PARAMETERS[key]}")

@@ -1,5 +1,5 @@
-"""Hostile traffic, second pass (issue 26): each test reproduces one finding on a real
-server on loopback and checks what the server does now.
+"""Hostile traffic on a real server on loopback: the connection cap, clients that leave,
+the queue's time bound, and bodies the server answers early.
 
 - idle sockets at the connection cap make room (oldest idle first, as nginx reuses its
   idle connections) instead of delaying everyone until the header timeout frees slots;
@@ -45,7 +45,7 @@ def closed_by_server(s: socket.socket, within_s: float) -> bool:
         return True
 
 
-# ---------------------------------------------------------------- finding 1: idle sockets
+# ---------------------------------------------------------------- idle sockets at the cap
 def test_at_the_cap_the_oldest_idle_connections_make_room():
     """60 silent sockets against a cap of 40 (header timeout 30 s, so nothing frees a slot
     on its own): the 20 newest are served by closing the 20 oldest, and a normal request
@@ -107,7 +107,7 @@ def test_idle_keep_alive_connection_makes_room_but_a_busy_one_does_not():
                 s.close()
 
 
-# ---------------------------------------------------------------- finding 4: gone clients
+# ---------------------------------------------------------------- gone clients
 def test_client_gone_before_its_batch_is_formed_is_never_computed(monkeypatch):
     """The engine is held busy; a client sends a whole request and hangs up. Once the
     server has seen the hang-up (its queue empties), the engine is released: the gone
@@ -151,7 +151,7 @@ def _wait(predicate, what: str, timeout: float = 5.0) -> None:
         time.sleep(0.005)
 
 
-# ---------------------------------------------------------------- finding 3: honest time bound
+# ---------------------------------------------------------------- the queue's time bound
 async def test_time_bound_follows_the_drain_when_the_event_loop_sets_the_pace():
     """The engine computes a batch of 2 in 5 ms (400 rows/s), but every batch is formed on
     an event loop that is busy 45 ms at a time (parsing bodies, say): the queue drains at
@@ -237,7 +237,7 @@ async def test_a_request_that_waited_the_bound_is_answered_503_and_never_compute
         b.close()
 
 
-# ---------------------------------------------------------------- finding 2: silent closes
+# ---------------------------------------------------------------- no silent closes
 def test_refused_body_sent_slowly_still_gets_its_answer():
     """A request refused before its body is read (413 here) is answered with ``Connection:
     close`` and the server keeps reading (and dropping) the body, as nginx's lingering

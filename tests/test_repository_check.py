@@ -1,18 +1,17 @@
-"""benchmarks/repository_load_report.py: which models a repository loads, and why not the rest.
+"""``wattserve repository check``: which models a repository loads, and why not the rest.
 
-It is the tool behind issue 22's "loads N of M models" figure, so its counting and grouping
-must be right: a model counts as loaded if any version is READY, and failures that differ only
-in names, paths and numbers fall into one group.
+It is the tool behind the "loads N of M models" figures, so its counting and grouping must be
+right: a model counts as loaded if any version is READY, and failures that differ only in
+names, paths and numbers fall into one group. Its exit status says whether all loaded.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-from benchmarks.repository_load_report import main, reason_key, summarize
-from loadgen.server_process import free_port
+from wattserve.loadgen.repository_check import reason_key, summarize
+from wattserve.server.cli import main
+
 from support.model_repository import make_repository
 
 
@@ -42,20 +41,21 @@ def test_summarize_counts_models_not_versions():
 def test_reports_a_real_repository(tmp_path, capsys):
     repo = make_repository(tmp_path / "repo")
     out = tmp_path / "report.json"
-    argv = [
-        str(repo),
-        "--python",
-        sys.executable,
-        "--port",
-        str(free_port()),
-        "--out",
-        str(out),
-        "--timeout-s",
-        "120",
-    ]
-    argv += ["--root", str(Path(__file__).resolve().parents[1])]
-    assert main(argv) == 0
+    argv = ["repository", "check", str(repo), "--json", str(out), "--timeout-s", "120"]
+    assert main(argv) == 1, "one model of four does not load: the exit status says so"
     report = json.loads(out.read_text())
     assert report["models"] == 4 and report["loaded"] == 3
     assert [g["models"] for g in report["failures"]] == [["broken"]]
     assert "loaded 3 of 4 models" in capsys.readouterr().out
+
+
+def test_a_repository_that_loads_whole_exits_zero(tmp_path, capsys):
+    repo = make_repository(tmp_path / "repo", broken=False)
+    assert main(["repository", "check", str(repo), "--timeout-s", "120"]) == 0
+    assert "loaded 3 of 3 models" in capsys.readouterr().out
+
+
+def test_a_server_that_does_not_start_exits_two(tmp_path, capsys):
+    missing = tmp_path / "no_such_repository"
+    assert main(["repository", "check", str(missing), "--timeout-s", "60"]) == 2
+    assert "did not come up" in capsys.readouterr().err

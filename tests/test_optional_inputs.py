@@ -1,0 +1,153 @@
+"""Triton's optional inputs (``optional: true``): a request may leave one out, the engine is
+called without it (ONNX Runtime: the graph's default, an initializer of that name; a Python
+model: ``get_input_tensor_by_name`` is None), and a batch never mixes requests with and
+without it (the batch key says which optional inputs are present)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnx
+import pytest
+import tritonclient.grpc as tgrpc
+from onnx import TensorProto, helper, numpy_helper
+from wattserve.batchers.queue import PriorityFifo
+from wattserve.engines.config import EngineConfig
+from wattserve.server.codec import InferRequest
+from wattserve.server.repository.config import ConfigError
+from wattserve.server.repository.plan import plan_model
+from wattserve.server.settings import Settings
+
+from tests.servers import free_port, threaded_server
+
+DEFAULT_B = 10.0
+TENSORS = """input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] },
+          { name: "B" data_type: TYPE_FP32 dims: [ 4 ] optional: true } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 200000 }
+"""
+ONNX_CONFIG = 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n' + TENSORS
+PYTHON_CONFIG = 'backend: "python"\nmax_batch_size: 8\n' + TENSORS
+MODEL_PY = f"""
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "A").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "B")
+            y = a + (b.as_numpy() if b is not None else np.float32({DEFAULT_B}))
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y.astype(np.float32))]))
+        return out
+"""
+
+
+def add_model(required_b: bool = False) -> bytes:
+    """Y = A + B, B defaulting to 10 (an initializer of the input's name), unless required."""
+    a = helper.make_tensor_value_info("A", TensorProto.FLOAT, ["N", 4])
+    b = helper.make_tensor_value_info("B", TensorProto.FLOAT, ["M", 4])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 4])
+    defaults = [] if required_b else [numpy_helper.from_array(np.full((1, 4), DEFAULT_B, np.float32), "B")]
+    graph = helper.make_graph([helper.make_node("Add", ["A", "B"], ["Y"])], "add", [a, b], [y], defaults)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def write(root: Path, name: str, config: str, file: str, data: bytes) -> Path:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(config)
+    (root / name / "1" / file).write_bytes(data)
+    return root / name
+
+
+@pytest.fixture
+def served(tmp_path):
+    write(tmp_path, "add_onnx", ONNX_CONFIG, "model.onnx", add_model())
+    write(tmp_path, "add_python", PYTHON_CONFIG, "model.py", MODEL_PY.encode())
+    port = free_port()
+    with threaded_server(Settings(model_repository=tmp_path, telemetry=False, grpc_port=port)) as (url, app):
+        yield url, f"127.0.0.1:{port}", app
+
+
+def over_http(url: str, model: str, a: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    inputs = [{"name": "A", "shape": list(a.shape), "datatype": "FP32", "data": a.ravel().tolist()}]
+    if b is not None:
+        inputs.append({"name": "B", "shape": list(b.shape), "datatype": "FP32", "data": b.ravel().tolist()})
+    r = httpx.post(f"{url}/v2/models/{model}/infer", json={"inputs": inputs}, timeout=30)
+    assert r.status_code == 200, r.text
+    return np.array(r.json()["outputs"][0]["data"], np.float32).reshape(a.shape)
+
+
+def over_grpc(address: str, model: str, a: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    tensors = []
+    for name, value in (("A", a), ("B", b)):
+        if value is not None:
+            tensor = tgrpc.InferInput(name, list(value.shape), "FP32")
+            tensor.set_data_from_numpy(value)
+            tensors.append(tensor)
+    return tgrpc.InferenceServerClient(address).infer(model, tensors).as_numpy("Y")
+
+
+@pytest.mark.parametrize("model", ["add_onnx", "add_python"])
+def test_a_request_may_leave_an_optional_input_out_over_http_and_grpc(served, model):
+    """Eight concurrent requests, half with B, over both protocols: each answered from its
+    own inputs (with B: A + B; without: A + the default)."""
+    url, address, _ = served
+    rng = np.random.default_rng(0)
+    cases = []
+    for i in range(8):
+        a = rng.standard_normal((1, 4)).astype(np.float32)
+        b = rng.standard_normal((1, 4)).astype(np.float32) if i % 2 else None
+        cases.append((over_http if i < 4 else over_grpc, a, b))
+    with ThreadPoolExecutor(8) as pool:
+        futures = [
+            pool.submit(send, url if send is over_http else address, model, a, b) for send, a, b in cases
+        ]
+        results = [f.result() for f in futures]
+    for (_, a, b), y in zip(cases, results, strict=True):
+        np.testing.assert_allclose(y, a + (b if b is not None else DEFAULT_B), rtol=1e-6)
+    config = httpx.get(f"{url}/v2/models/{model}/config").json()  # what runs, as Triton writes it
+    assert [(t["name"], t.get("optional", False)) for t in config["input"]] == [("A", False), ("B", True)]
+    missing_a = httpx.post(f"{url}/v2/models/{model}/infer", json={"inputs": [
+        {"name": "B", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})  # fmt: skip
+    assert missing_a.status_code == 400 and "missing input(s) ['A']" in missing_a.json()["error"]
+
+
+def test_requests_with_and_without_an_optional_input_never_share_a_batch(served):
+    _, _, app = served
+    runtime = app.state.models.lookup("add_onnx").runtime
+
+    def item(names: tuple[str, ...]):
+        inputs = {n: np.ones((1, 4), np.float32) for n in names}
+        return runtime.make_item(InferRequest(id=None, inputs=inputs, batched=True, rows=1))
+
+    with_b, without_b, again = item(("A", "B")), item(("A",)), item(("A",))
+    assert with_b.shape_key != without_b.shape_key and without_b.shape_key == again.shape_key
+    queue = PriorityFifo(1)  # the batcher's kind of queue, outside the running batcher
+    for it in (without_b, with_b, again):
+        queue.push(it)
+    assert queue.pop_batch(8) == [without_b]  # the run ends at the request with the other key
+    assert queue.pop_batch(8) == [with_b]
+    assert queue.pop_batch(8) == [again]
+
+
+def test_an_optional_input_the_onnx_model_requires_fails_the_load(tmp_path):
+    model = write(tmp_path, "m", ONNX_CONFIG, "model.onnx", add_model(required_b=True))
+    (plan,) = plan_model(model, Settings())
+    with pytest.raises(Exception, match="'B' is optional in the config but the model requires it"):
+        plan.engine_factory(EngineConfig(model="m", device="cpu", max_batch_size=8))
+
+
+def test_optional_inputs_of_other_engines_are_refused_at_load(tmp_path):
+    config = ONNX_CONFIG.replace('platform: "onnxruntime_onnx"', 'platform: "pytorch_libtorch"')
+    model = write(tmp_path, "ts", config, "model.pt", b"")
+    with pytest.raises(ConfigError, match=r"'input\[1\]\.optional' is not supported by wattserve"):
+        plan_model(model, Settings())

@@ -162,6 +162,9 @@ class IterationBatcher(Batcher[StepEngine]):
                 plan = schedule(self.queue.peek(capacity), slot.running, capacity)
                 slot.running = plan.running
                 if plan.idle:
+                    if plan.leave:  # nothing to run, but the leavers' resources go back now
+                        leavers = [r.state for r in plan.leave]
+                        await loop.run_in_executor(slot.inst.executor, _release, slot.inst.engine, leavers)
                     if not await self._wait_for_work():
                         return  # draining, nothing queued, nothing running
                     continue
@@ -176,10 +179,11 @@ class IterationBatcher(Batcher[StepEngine]):
                 running = list(slot.running)
                 try:
                     it = await loop.run_in_executor(
-                        slot.inst.executor, self.execute, slot.inst.engine, running, admitted
+                        slot.inst.executor, self.execute, slot.inst.engine, running, admitted, plan.leave
                     )
                 except Exception as exc:  # the worker itself broke: fail this iteration's requests
                     log.exception("iteration over %d states failed outside the engine", len(running))
+                    _release(slot.inst.engine, [r.state for r in slot.running])
                     self._fail_slot(slot, BatchFailed(f"iteration failed: {exc}"))
                     continue
                 slot.admitting = []
@@ -199,12 +203,21 @@ class IterationBatcher(Batcher[StepEngine]):
         return True
 
     # ------------------------------------------------------------------ worker thread
-    def execute(self, engine: StepEngine, running: list[Running], admitted: list[WorkItem]) -> Iteration:
+    def execute(
+        self,
+        engine: StepEngine,
+        running: list[Running],
+        admitted: list[WorkItem],
+        leaving: Sequence[Running] = (),
+    ) -> Iteration:
         """Worker thread: start the admitted, step everything, collect finished results.
 
         If the batched step fails, each state is retried alone (the engine leaves states
-        unchanged when ``step`` raises), so one bad request fails alone.
+        unchanged when ``step`` raises), so one bad request fails alone. States that left
+        (answered meanwhile) or failed give their engine resources back (``release``: a
+        language model's KV blocks), on this thread, the only one that touches the engine.
         """
+        _release(engine, [r.state for r in leaving])
         observer = self.observer
         started = monotonic()
         mark = observer.on_batch_start()
@@ -214,7 +227,14 @@ class IterationBatcher(Batcher[StepEngine]):
             try:
                 # a step engine's request is one row (the runtime refuses more): its state
                 # starts from the row, and its result gets the batch axis back (_answer)
-                active.append(Running(item, engine.start(_row(item.inputs)), joined=started))
+                state = engine.start(_row(item.inputs))
+                if hasattr(state, "priority"):  # engines that rank their states (token scheduling)
+                    state.priority = item.priority
+                if hasattr(state, "context"):  # engines that stream to the front end (tokens)
+                    state.context = item.context
+                if hasattr(state, "arrival"):  # engines that time their first output (TTFT)
+                    state.arrival = item.arrival
+                active.append(Running(item, state, joined=started))
             except Exception as exc:
                 refused.append((item, exc))
         errors: dict[int, BaseException] = {}
@@ -240,6 +260,7 @@ class IterationBatcher(Batcher[StepEngine]):
                     results[i] = engine.result(r.state)
             except Exception as exc:
                 errors[i] = exc
+        _release(engine, [active[i].state for i in errors])
         energy = observer.on_batch_end(mark)
         return Iteration(active, refused, errors, results, started, monotonic(), energy)
 
@@ -258,7 +279,10 @@ class IterationBatcher(Batcher[StepEngine]):
         for i, r in enumerate(it.active):
             r.account(n)
             if r.item.state is not ItemState.RUNNING:
-                continue  # answered meanwhile (deadline) or abandoned by its client: leaves now
+                # answered meanwhile (deadline) or abandoned by its client: never stepped
+                # again; the next schedule lists it in ``leave`` (its engine resources freed)
+                keep.append(r)
+                continue
             if i in it.errors:
                 failed.append((r, it.errors[i]))
             elif i in it.results:
@@ -305,6 +329,19 @@ class IterationBatcher(Batcher[StepEngine]):
         for item in [*(r.item for r in slot.running), *slot.admitting]:
             self._answer_error(item, exc)
         slot.running, slot.admitting = [], []
+
+
+def _release(engine: StepEngine, states: Sequence[Any]) -> None:
+    """Hand states that will never be stepped again back to an engine that holds resources
+    for them (``release(state)``, optional in the step contract)."""
+    release = getattr(engine, "release", None)
+    if release is None:
+        return
+    for state in states:
+        try:
+            release(state)
+        except Exception:
+            log.exception("releasing a state failed")
 
 
 def _row(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

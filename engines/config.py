@@ -39,6 +39,12 @@ class EngineConfig:
     diffusion_model: Path | None = None
     diffusion_scheduler: str = "ddim"
     diffusion_default_steps: int = 20
+    lm_kv_blocks: int = 512  # lm_*: a Hugging Face causal-LM folder's engine (engines/lm_engine.py)
+    lm_block_size: int = 16
+    lm_token_budget: int = 512
+    lm_chunked_prefill: bool = True
+    lm_default_max_tokens: int = 16
+    lm_dtype: str = "float32"
 
     def on(self, device: str) -> EngineConfig:
         """The same engine on another device (one engine instance per device)."""

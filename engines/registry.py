@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from wattserve.engines.base import Engine
 from wattserve.engines.catalog import BUILTIN_MODELS, DIFFUSION_MODELS, ENGINE_NAMES, TORCHVISION_MODELS
@@ -135,6 +136,25 @@ ENGINES: Mapping[str, EngineBuilder] = {
 }
 assert tuple(MODELS) == BUILTIN_MODELS and tuple(ENGINES) == ENGINE_NAMES, "engines/catalog.py names them"
 assert {n for n, m in MODELS.items() if m.steps} == set(DIFFUSION_MODELS), "catalog: the step engines"
+
+
+def build_lm_engine(config: EngineConfig, path: Path, name: str) -> Engine:
+    """A Hugging Face causal-LM folder as a token-level step engine (offline)."""
+    from wattserve.engines.lm_engine import LMEngine
+
+    return LMEngine(
+        name,
+        model_path=path,
+        device=config.device,
+        dtype=config.lm_dtype,
+        kv_blocks=config.lm_kv_blocks,
+        block_size=config.lm_block_size,
+        token_budget=config.lm_token_budget,
+        max_batch_size=config.max_batch_size,
+        chunked_prefill=config.lm_chunked_prefill,
+        default_max_tokens=config.lm_default_max_tokens,
+        threads=config.torch_threads,
+    )
 
 
 def build_engine(config: EngineConfig) -> Engine:

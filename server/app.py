@@ -36,6 +36,7 @@ from wattserve.server.routes.generate import generate_routes
 from wattserve.server.routes.health import health_router
 from wattserve.server.routes.images import images_router
 from wattserve.server.routes.inference import inference_routes
+from wattserve.server.routes.openai import openai_routes
 from wattserve.server.routes.repository import repository_router
 from wattserve.server.routes.shared_memory import shared_memory_router
 from wattserve.server.routes.trace_logging import trace_logging_router
@@ -209,6 +210,7 @@ def _add_routes(
     app.include_router(repository_router(models, settings.max_body_bytes))
     app.include_router(images_router(models, settings))
     app.router.routes.extend(generate_routes(models, settings))  # Triton's generate extension (POST)
+    app.router.routes.extend(openai_routes(models, settings))  # /v1: OpenAI-compatible, language models
     # The hot path: plain Starlette routes, first in the table, and past the middleware
     # stack when the app has no middleware of its own (server.fast_path).
     infer_routes = inference_routes(models, settings, body_budget, shm)

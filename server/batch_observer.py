@@ -12,6 +12,7 @@ from typing import Any
 
 from wattserve.batchers.base import Batcher
 from wattserve.batchers.iteration_metrics import IterationMetrics
+from wattserve.batchers.lm_metrics import LMMetrics
 from wattserve.batchers.observers import BatchReport
 from wattserve.batchers.types import WorkItem
 from wattserve.server.metrics import ServingMetrics
@@ -25,11 +26,13 @@ class ServingObserver:
         metrics: ServingMetrics,
         *,
         iteration: IterationMetrics | None = None,  # step models only
+        lm: LMMetrics | None = None,  # language models only
         meter: Any = None,  # telemetry's EnergyMeter for the engine's device (begin/end), or None
         record_batch: Callable[[int, Any], None] | None = None,  # (batch size, energy) -> None
     ) -> None:
         self.metrics = metrics
         self.iteration = iteration
+        self.lm = lm
         self.meter = meter
         self.record_batch = record_batch
 
@@ -38,6 +41,8 @@ class ServingObserver:
         self.metrics.watch(batcher)
         if self.iteration is not None:
             self.iteration.running.set_function(lambda: batcher.running_count)
+        if self.lm is not None:
+            self.lm.watch([inst.engine for inst in batcher.instances])
 
     def unwatch(self) -> None:
         """The batcher stopped: every gauge reads zero and lets go of it (the gauges outlive
@@ -45,6 +50,8 @@ class ServingObserver:
         self.metrics.unwatch()
         if self.iteration is not None:
             self.iteration.running.set_function(lambda: 0)
+        if self.lm is not None:
+            self.lm.unwatch()
 
     def on_dispatch(self, items: Sequence[WorkItem], now: float) -> None:
         queue_time = self.metrics.queue_time

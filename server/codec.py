@@ -67,6 +67,8 @@ class InferRequest:
         classification: dict[str, int] | None = field(default=None, init=False)
         # a decoupled model's response stream (server/core/decoupled.py), set by gRPC streaming
         response_sink: Any = field(default=None, init=False)
+        # a language model's token stream (engines/lm_engine.py TokenSink), set by streaming routes
+        token_sink: Any = field(default=None, init=False)
         # the request's own parameters, Triton's reserved keys left out (what a Python model's
         # ``request.parameters()`` answers); set only when the request has some
         parameters: dict[str, Any] | None = field(default=None, init=False)
@@ -74,6 +76,7 @@ class InferRequest:
         output_regions = None
         classification = None
         response_sink = None
+        token_sink = None
         parameters = None
 
 

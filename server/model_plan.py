@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from wattserve.engines.base import Engine
 from wattserve.engines.config import EngineConfig
+from wattserve.engines.registry import build_lm_engine
 from wattserve.server.serving_config import ServingConfig
 from wattserve.server.settings import Settings
 
@@ -50,9 +52,13 @@ class SettingsSource:
         self.engine_factory = engine_factory
 
     def names(self) -> list[str]:
-        return [self.settings.model]
+        return [self.settings.served_model]
 
     def plans(self, name: str) -> list[ModelPlan]:
-        if name != self.settings.model:
+        if name != self.settings.served_model:
             raise KeyError(name)
-        return [ModelPlan(name, "1", ServingConfig.from_settings(self.settings), self.engine_factory)]
+        factory = self.engine_factory
+        folder = self.settings.lm_model
+        if folder is not None:  # a Hugging Face causal-LM folder (`--model PATH`)
+            factory = partial(build_lm_engine, path=folder, name=name)
+        return [ModelPlan(name, "1", ServingConfig.from_settings(self.settings), factory)]

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from wattserve.batchers.base import Batcher, engine_thread
 from wattserve.batchers.iteration_metrics import IterationMetrics
+from wattserve.batchers.lm_metrics import LMMetrics
 from wattserve.batchers.registry import build_batcher
 from wattserve.batchers.types import Draining, QueueFull, RequestError, Result, WorkItem
 from wattserve.engines.base import (
@@ -159,9 +160,13 @@ class ModelRuntime:
         iteration = None
         if isinstance(engine, StepEngine):  # occupancy of every model call, whichever policy batches
             iteration = IterationMetrics(self.name, self.serving.policy, self.metrics.registry)
+        lm = None
+        if getattr(engine, "streams_tokens", False):  # a language model: token figures
+            lm = LMMetrics(self.name, self.serving.policy, self.metrics.registry)
         return ServingObserver(
             self.metrics,
             iteration=iteration,
+            lm=lm,
             meter=meter_for(str(engine.device)) if meter_for is not None else None,
             record_batch=self.batcher_hooks.get("on_batch"),
         )
@@ -241,6 +246,7 @@ class ModelRuntime:
             inputs, key = self._prepare(inputs)
             item = self.work_item(inputs, request.priority, request.timeout_us)
             item.shape_key = key
+            item.context = request  # a streaming request's token sink (language models)
             return item
         item = self.work_item(inputs, request.priority, request.timeout_us)
         item.rows = request.rows

@@ -12,7 +12,7 @@ metrics say what runs.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.registry import running_policy
@@ -71,9 +71,12 @@ class ServingConfig:
         whether its engine is a step engine (default: the built-in model's own say)."""
         if steps is None:
             builtin = MODELS.get(settings.model)
-            steps = builtin is not None and builtin.steps
+            steps = (builtin is not None and builtin.steps) or settings.lm_model is not None
+        engine = settings.engine_config()
+        if settings.lm_model is not None:  # a language-model folder: served under its own name
+            engine = replace(engine, model=settings.served_model)
         return cls(
-            engine=settings.engine_config(),
+            engine=engine,
             batching=settings.batching_spec(),
             queue=QueuePolicy(
                 default_priority=settings.effective_default_priority,

@@ -66,7 +66,12 @@ class Settings(BaseSettings):
     # --- model ---
     model: str = Field(
         "mobilenet_v2",
-        description=f"Served model; also its KServe model name. One of {', '.join(BUILTIN_MODELS)}.",
+        description=f"Served model; also its KServe model name. One of {', '.join(BUILTIN_MODELS)}, "
+        "or a local Hugging Face causal-LM folder (config.json, *.safetensors, tokenizer files), "
+        "served under the folder's name.",
+    )
+    model_name: str | None = Field(
+        None, description="The served name of a --model folder (default: the folder's name)."
     )
     model_repository: Path | None = Field(
         None,
@@ -194,6 +199,38 @@ class Settings(BaseSettings):
     )
     diffusion_default_steps: int = Field(
         20, ge=1, description="Steps when a request names none.", json_schema_extra=PER_MODEL
+    )
+
+    # --- language models (a Hugging Face folder; engines/lm_engine.py) ---
+    lm_kv_blocks: int = Field(
+        512,
+        ge=1,
+        description="KV cache blocks preallocated per engine instance.",
+        json_schema_extra=PER_MODEL,
+    )
+    lm_block_size: int = Field(
+        16, ge=1, le=1024, description="Tokens per KV cache block.", json_schema_extra=PER_MODEL
+    )
+    lm_token_budget: int = Field(
+        512,
+        ge=1,
+        description="Tokens computed per step (prefill chunks + decodes); max_batch_size bounds the "
+        "running sequences.",
+        json_schema_extra=PER_MODEL,
+    )
+    lm_chunked_prefill: bool = Field(
+        True, description="Split long prompts to fit the token budget.", json_schema_extra=PER_MODEL
+    )
+    lm_default_max_tokens: int = Field(
+        16,
+        ge=1,
+        description="Tokens generated when a request names no max_tokens.",
+        json_schema_extra=PER_MODEL,
+    )
+    lm_dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32",
+        description="Weights and KV cache dtype on CUDA (CPU: float32).",
+        json_schema_extra=PER_MODEL,
     )
 
     # --- batching ---
@@ -419,6 +456,20 @@ class Settings(BaseSettings):
         if self.default_priority_level > self.priority_levels:
             raise ValueError("default_priority_level must be <= priority_levels")
         return self
+
+    @property
+    def lm_model(self) -> Path | None:
+        """``model`` when it names a Hugging Face model folder (its config.json), else None."""
+        path = Path(self.model).expanduser()
+        return path if (path / "config.json").is_file() else None
+
+    @property
+    def served_model(self) -> str:
+        """The name ``model`` is served under: ``model_name``, a folder's name, or ``model``."""
+        if self.model_name:
+            return self.model_name
+        lm = self.lm_model
+        return lm.resolve().name if lm is not None else self.model
 
     @property
     def effective_default_priority(self) -> int:

@@ -16,7 +16,8 @@ from wattserve.server.runtime import ModelRuntime
 
 VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data", "schedule_policy", "model_configuration", "classification",
-              "model_repository", "statistics", "system_shared_memory", "trace", "logging"]  # fmt: skip
+              "model_repository", "statistics", "system_shared_memory", "trace", "logging",
+              "generate"]  # fmt: skip
 
 
 def server_doc() -> dict[str, Any]:

@@ -36,7 +36,7 @@ from typing import Any
 
 from wattserve.engines.base import DATATYPE_TO_NUMPY, VARIABLE, Engine, EngineUnavailable, TensorSpec
 from wattserve.engines.config import EngineConfig
-from wattserve.engines.registry import MODELS, build_engine
+from wattserve.engines.registry import MODELS, build_engine, build_lm_engine
 from wattserve.server.model_plan import EngineFactory, ModelPlan
 from wattserve.server.repository import model_config_pb2 as pb
 from wattserve.server.repository import python_models
@@ -65,6 +65,7 @@ PLATFORMS = {
     "wattserve": ("builtin", ""),
     "python": ("python", "model.py"),  # Triton's Python backend (server/repository/python_models.py)
     "ensemble": ("ensemble", ""),  # no engine: server/ensemble.py runs its steps
+    "transformers": ("transformers", ""),  # a Hugging Face causal-LM folder as the version folder
 }
 BUILTIN_KEY = "builtin"
 # Triton's auto-complete: the model file's default name -> its platform
@@ -160,7 +161,11 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
     settings = _model_settings(config, base, kind, name, source, warnings)
     batching = config.max_batch_size > 0
     devices = _instance_devices(config, base, source, warnings, kind)
-    steps = kind == "builtin" and MODELS[settings.model].steps
+    steps = (kind == "builtin" and MODELS[settings.model].steps) or kind == "transformers"
+    if kind == "transformers" and not batching:
+        raise ConfigError(
+            f"{source}: backend 'transformers' needs max_batch_size > 0 (the running sequences)"
+        )
     serving = ServingConfig.from_settings(settings, devices, steps=steps)  # the one translation
     if config.dynamic_batching.preserve_ordering:
         serving = replace(serving, preserve_ordering=True)
@@ -184,7 +189,11 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
     plans = []
     for version in chosen:
         path = model_dir / str(version) / file_name
-        if kind != "builtin" and not path.is_file():
+        if kind == "transformers":
+            if not (path / "config.json").is_file():
+                raise ConfigError(f"{path}: not a Hugging Face model folder (backend 'transformers' "
+                                  "needs config.json, *.safetensors and tokenizer files there)")  # fmt: skip
+        elif kind != "builtin" and not path.is_file():
             raise ConfigError(f"{path}: missing ({platform} needs {file_name} in each version folder)")
         factory = warmed(_engine_factory(kind, path, name, config, batching, source), samples)
         plans.append(ModelPlan(name, str(version), serving, factory, batching=batching,
@@ -348,7 +357,7 @@ def _group_count(group: pb.ModelInstanceGroup) -> int:
 
 # kinds whose engines may run on a GPU: Triton's default placement (one instance per visible
 # GPU). Built-ins keep the server's WATTSERVE_DEVICE and WATTSERVE_INSTANCES.
-GPU_KINDS = {"onnx", "torchscript", "tensorrt"}
+GPU_KINDS = {"onnx", "torchscript", "tensorrt", "transformers"}
 
 
 def visible_gpus() -> int:
@@ -503,8 +512,13 @@ def _builtin(model: ModelFile, config: EngineConfig) -> Engine:
     return build_engine(config)  # config.model is the built-in's name (_model_settings)
 
 
+def _transformers_folder(model: ModelFile, config: EngineConfig) -> Engine:
+    return build_lm_engine(config, model.path, model.name)
+
+
 # PLATFORMS' kind -> the engine that serves that kind of model
 KIND_ENGINES: dict[str, Callable[[ModelFile, EngineConfig], Engine]] = {
+    "transformers": _transformers_folder,
     "onnx": _onnx_file,
     "torchscript": _torchscript_file,
     "tensorrt": _tensorrt_plan,

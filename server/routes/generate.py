@@ -149,8 +149,9 @@ def parse_generate(body: bytes, runtime: ModelRuntime, engine: Engine) -> InferR
             array, shape = _tensor(spec, value, batched)
             check_tensor_header(shape, spec.datatype, spec, max_batch)
             arrays[key] = array
-    if len(arrays) != len(by_name):
-        raise BadRequest(f"expected {len(by_name)} inputs but got {len(arrays)} inputs for model "
+    required = [n for n, spec in by_name.items() if not spec.optional]
+    if any(n not in arrays for n in required):
+        raise BadRequest(f"expected {len(required)} inputs but got {len(arrays)} inputs for model "
                          f"'{runtime.name}'")  # fmt: skip
     return assemble_request(request_id or None, arrays, {batched}, by_name, parameters, None, engine.outputs)
 
@@ -188,6 +189,27 @@ def _error_of(exc: BaseException) -> tuple[str, int]:
     return str(exc), HTTP_STATUS.get(status, 500) if isinstance(status, Status) else 500
 
 
+def token_events(loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Event], state: dict[str, Any]) -> Any:
+    """A language model's token sink (engine thread) -> one streamed event per piece of text,
+    each as Triton's LLM backends stream: ``text_output`` the new text alone."""
+
+    def on_loop(delta: str, token: int, finish_reason: str | None, prompt_tokens: int) -> None:
+        state["streamed"] = True
+        outputs = {
+            "prompt_tokens": np.array([[prompt_tokens]], np.int32),
+            "text_output": np.array([[delta.encode()]], dtype=object),
+            "output_ids": np.array([[token]], np.int64),
+            "finish_reason": np.array([[(finish_reason or "").encode()]], dtype=object),
+        }
+        events.put_nowait((outputs, None, False))
+
+    def sink(delta: str, token: int, finish_reason: str | None, prompt_tokens: int) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody reads any more
+            loop.call_soon_threadsafe(on_loop, delta, token, finish_reason, prompt_tokens)
+
+    return sink
+
+
 # ---------------------------------------------------------------------------- routes
 
 
@@ -211,6 +233,8 @@ def generate_routes(models: ModelSet, settings: Settings) -> list[Route]:
                 stream = ResponseStream(loop, lambda o, e, f: events.put_nowait((o, e, f)))
                 decoded.response_sink = stream.sink
                 state["decoupled"] = True
+            elif streaming and getattr(engine, "streams_tokens", False):  # a language model
+                decoded.token_sink = token_events(loop, events, state)
             state.update(runtime=runtime, request=decoded, engine=engine)
             return decoded, engine
 
@@ -228,6 +252,8 @@ def generate_routes(models: ModelSet, settings: Settings) -> list[Route]:
             )
             if exc is not None:
                 events.put_nowait((None, exc, True))
+            elif state.get("streamed"):  # its text went out token by token: the end alone
+                events.put_nowait((None, None, True))
             elif not state["decoupled"]:
                 events.put_nowait((done.result().result.outputs, None, True))
 

@@ -48,6 +48,12 @@ class WorkItem:
     # what the front end knew of the request beyond its tensors (its id, requested outputs,
     # a stream's response sink): read only by engines that take requests (RunsRequests)
     context: object = None
+    # the client has gone (HTTP connection lost, gRPC call cancelled): set on the loop, read
+    # by a running engine that takes requests (a Python model's ``request.is_cancelled()``)
+    cancelled: bool = False
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
 
     def enqueue(self, future: asyncio.Future[Result]) -> None:
         """-> queued, owed one answer through ``future`` (``Batcher.submit``)."""

@@ -22,8 +22,9 @@ ModelCaller = Callable[
     "Future[dict[str, np.ndarray]]",
 ]
 
-# One request of a batch: its inputs (batch axis first) and its context (see above).
-RequestInput = tuple[Mapping[str, np.ndarray], Any]
+# One request of a batch: its inputs (batch axis first), its context (see above), and
+# whether its client has gone (True once cancelled: callable from the engine's thread).
+RequestInput = tuple[Mapping[str, np.ndarray], Any, Callable[[], bool]]
 
 
 @runtime_checkable

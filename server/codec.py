@@ -66,6 +66,8 @@ class InferRequest:
         classification: dict[str, int] | None = field(default=None, init=False)
         # a decoupled model's response stream (server/core/decoupled.py), set by gRPC streaming
         response_sink: Any = field(default=None, init=False)
+        # whether that stream's client has gone (ResponseStream.is_cancelled), set with it
+        response_cancelled: Any = field(default=None, init=False)
         # the request's own parameters, Triton's reserved keys left out (what a Python model's
         # ``request.parameters()`` answers); set only when the request has some
         parameters: dict[str, Any] | None = field(default=None, init=False)
@@ -73,6 +75,7 @@ class InferRequest:
         output_regions = None
         classification = None
         response_sink = None
+        response_cancelled = None
         parameters = None
 
 

@@ -40,7 +40,9 @@ def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("pb_metrics_repo")
     write_python_model(repo, "custom_metrics")
     write_python_model(repo, "cancel", policy="")
-    write_python_model(repo, "cancel", name="cancel_stream", policy="model_transaction_policy { decoupled: true }")
+    write_python_model(
+        repo, "cancel", name="cancel_stream", policy="model_transaction_policy { decoupled: true }"
+    )
     write_python_model(repo, "add_sub")
     with threaded_server(Settings(model_repository=repo, grpc_port=free_port(), **BASE)) as (url, app):
         http = thttp.InferenceServerClient(url.removeprefix("http://"))

@@ -161,3 +161,17 @@ def test_decoupled_stream_cancelled_makes_the_response_sender_say_so(server):
     grpc.stop_stream(cancel_requests=True)
     wait_for(lambda: value(url, "pbm_cancel_seen", how="sender") == before + 1, "the sender said cancelled")
     assert value(url, "pbm_looping", model="cancel_stream") == 0.0
+
+
+def test_generate_stream_client_that_leaves_makes_the_response_sender_say_so(server):
+    url, _, _ = server
+    before = value(url, "pbm_cancel_seen", how="sender") or 0.0
+    with httpx.stream("POST", f"{url}/v2/models/cancel_stream/generate_stream", json={"WAIT": 1},
+                      timeout=WAIT_S) as answer:  # fmt: skip
+        assert answer.status_code == 200
+        lines = answer.iter_lines()  # kept: closing this iterator would close the connection
+        first = next(lines)
+        assert json.loads(first.removeprefix("data: "))["OUT"] == 1
+        wait_for(lambda: value(url, "pbm_looping", model="cancel_stream") == 1.0, "the model loops")
+    # the connection closed before the final response (Server-Sent Events over HTTP)
+    wait_for(lambda: value(url, "pbm_cancel_seen", how="sender") == before + 1, "the sender said cancelled")

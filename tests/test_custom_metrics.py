@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import gc
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from wattserve.engines.python_backend import custom_metrics, pb_utils
+from wattserve.server.repository.plan import plan_model
+from wattserve.server.settings import Settings
+
+from support.python_models import write_python_model
 
 Family = pb_utils.MetricFamily
 Error = pb_utils.TritonModelException
@@ -154,3 +159,26 @@ def test_owner_release_drops_every_series_of_an_unloaded_model(store):
     assert "t_owned" not in scrape()
     with pytest.raises(Error, match="Invalid metric operation"):
         metric.increment(1)
+
+
+def test_an_engine_publishes_to_its_servers_store_until_it_closes(tmp_path):
+    """Two instances of one model share its series (Triton: one family per server); closing
+    both (an unload) takes the series off /metrics, even though the model object lives on."""
+    store = custom_metrics.CustomMetrics()
+    registry = CollectorRegistry()
+    registry.register(store)
+    folder = write_python_model(tmp_path, "custom_metrics")
+    (plan,) = plan_model(folder, Settings(telemetry=False))
+    build = custom_metrics.publishing_to(store, plan.engine_factory)
+    engines = [build(plan.serving.engine), build(plan.serving.engine)]
+    x = np.ones((1, 3), np.float32)
+    for engine in engines:
+        engine.infer({"INPUT0": x})
+    text = generate_latest(registry).decode()
+    assert 'pbm_requests{model="custom_metrics",version="1"} 2.0' in text
+    engines[0].close()
+    assert 'pbm_requests{model="custom_metrics",version="1"} 2.0' in generate_latest(registry).decode()
+    kept = engines[1].instance  # the model object outlives its engine: its handles do not
+    engines[1].close()
+    assert "pbm_" not in generate_latest(registry).decode()
+    assert kept.requests is not None

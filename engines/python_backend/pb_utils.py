@@ -470,6 +470,11 @@ def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[s
     return next((c for c in model_config.get("output", []) if c.get("name") == name), None)
 
 
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    """Whether the config (``json.loads(args["model_config"])``) makes the model decoupled."""
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
 # ---------------------------------------------------------------------------- logging
 
 

@@ -195,6 +195,7 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
 
     def cancel(self, item: WorkItem) -> None:
         """The client went away: answer ``item`` now; never computed if still queued."""
+        item.cancelled = True
         self._unqueue(item)
         item.finish(error=ClientGone("client disconnected"))
 
@@ -232,6 +233,7 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
 
     def _abandon(self, item: WorkItem) -> None:
         """Its waiter is gone (cancelled): never compute it, never answer it."""
+        item.cancelled = True
         self._unqueue(item)
         item.abandon()
 

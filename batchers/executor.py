@@ -175,7 +175,7 @@ def run_batch(
         try:
             if runs_requests:  # each request whole; its own answer or error, no retry
                 runner = cast(RunsRequests, engine)
-                per_item = runner.run_requests([(it.inputs, it.context) for it in items])
+                per_item = runner.run_requests([(it.inputs, it.context, it.is_cancelled) for it in items])
             else:
                 batch = _stack(engine, items)
                 gathered = monotonic()

@@ -50,6 +50,12 @@ class WorkItem:
     context: object = None
     # the response cache's key for this request (server/response_cache.py); None: not cached
     cache_key: bytes | None = None
+    # the client has gone (HTTP connection lost, gRPC call cancelled): set on the loop, read
+    # by a running engine that takes requests (a Python model's ``request.is_cancelled()``)
+    cancelled: bool = False
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
 
     def enqueue(self, future: asyncio.Future[Result]) -> None:
         """-> queued, owed one answer through ``future`` (``Batcher.submit``)."""

@@ -2,8 +2,9 @@
 
 A ``RunsRequests`` engine gets a batch as the list of its requests, each whole, with what
 the front end knew of it (``context``: an object with ``id``, ``outputs`` and, for a
-decoupled model's stream, ``response_sink``), and answers each request on its own: its
-outputs, or an exception that fails that request alone. A ``CallsModels`` engine is handed
+decoupled model's stream, ``response_sink`` and ``response_cancelled``) and a callable that
+says whether its client has gone (``WorkItem.is_cancelled``), and answers each request on
+its own: its outputs, or an exception that fails that request alone. A ``CallsModels`` engine is handed
 the server's in-process door once it is built (BLS): engines never import server/.
 """
 
@@ -22,8 +23,9 @@ ModelCaller = Callable[
     "Future[dict[str, np.ndarray]]",
 ]
 
-# One request of a batch: its inputs (batch axis first) and its context (see above).
-RequestInput = tuple[Mapping[str, np.ndarray], Any]
+# One request of a batch: its inputs (batch axis first), its context (see above), and
+# whether its client has gone (True once cancelled: callable from the engine's thread).
+RequestInput = tuple[Mapping[str, np.ndarray], Any, Callable[[], bool]]
 
 
 @runtime_checkable

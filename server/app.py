@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from wattserve.engines.python_backend.custom_metrics import CustomMetrics, publishing_to
 from wattserve.engines.registry import build_engine
 from wattserve.server.classification import ClassLabels
 from wattserve.server.core.decode import BodyBudget
@@ -70,6 +71,7 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     registry = CollectorRegistry()
     telemetry = TelemetryService(settings.telemetry_config(), registry)  # same registry: one /metrics
     body_budget = BodyBudget(settings.max_inflight_body_bytes)
+    custom_metrics = CustomMetrics()
     restrictions = parse_restricted_api(settings.restricted_api)  # a bad value fails at start
     # Triton's --cache-config: one response cache shared by the models that enable it
     cache = ResponseCache(parse_cache_config(settings.cache_config)) if settings.cache_config else None
@@ -85,7 +87,8 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
         # missing one fails the load and names the file, as in Triton
         model_dir = settings.model_repository / plan.name if settings.model_repository else None
         labels = ClassLabels(plan.config, model_dir)
-        runtime = ModelRuntime(plan.serving, labels.loading(plan.engine_factory), metrics, name=plan.name,
+        factory = publishing_to(custom_metrics, labels.loading(plan.engine_factory))  # pb_utils.MetricFamily
+        runtime = ModelRuntime(plan.serving, factory, metrics, name=plan.name,
                                version=plan.version, batching=plan.batching, platform=plan.platform,
                                config=plan.config)  # fmt: skip
         runtime.class_labels = labels
@@ -114,6 +117,7 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
                       poll_s=settings.repository_poll_secs)  # fmt: skip
     # Triton's nv_* names, read at scrape time
     registry.register(TritonMetrics(models, telemetry, cache=cache))
+    registry.register(custom_metrics)  # Python models' own families, read at scrape time
     trimmer = IdleTrimmer(ModelSetActivity(models), settings.idle_trim_s) if settings.tune_malloc else None
     # Triton's shared-memory, trace and logging extensions (one of each per app)
     shm = SharedMemoryRegistry(settings.allow_client_shm, cuda=CudaRuntimeIpc())

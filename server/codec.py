@@ -69,6 +69,8 @@ class InferRequest:
         response_sink: Any = field(default=None, init=False)
         # a language model's token stream (engines/lm_engine.py TokenSink), set by streaming routes
         token_sink: Any = field(default=None, init=False)
+        # whether that stream's client has gone (ResponseStream.is_cancelled), set with it
+        response_cancelled: Any = field(default=None, init=False)
         # the request's own parameters, Triton's reserved keys left out (what a Python model's
         # ``request.parameters()`` answers); set only when the request has some
         parameters: dict[str, Any] | None = field(default=None, init=False)
@@ -77,6 +79,7 @@ class InferRequest:
         classification = None
         response_sink = None
         token_sink = None
+        response_cancelled = None
         parameters = None
 
 

@@ -286,12 +286,16 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             request_id = _peek_id(raw)
             request, reserved = await self._receive(raw)
+            decoupled = DecoupledAnswers(self, request, put)
             try:
-                decoupled = DecoupledAnswers(self, request, put)
                 response, _ = await self._infer(request, decoupled.decode)
                 if decoupled.stream is not None:  # answered through the stream, final flag last
                     await decoupled.stream.finished.wait()
                     return _STREAMED
+            except asyncio.CancelledError:  # the client went away: the model's sender says so
+                if decoupled.stream is not None:
+                    decoupled.stream.cancel()
+                raise
             finally:
                 self.body_budget.release(reserved)
         except Failure as failure:
@@ -535,6 +539,7 @@ class DecoupledAnswers:
                 asyncio.get_running_loop(), partial(self.emit, runtime, request, engine)
             )
             request.response_sink = self.stream.sink
+            request.response_cancelled = self.stream.is_cancelled
         return request, engine
 
     def emit(

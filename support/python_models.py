@@ -297,6 +297,130 @@ SLEEPY = BUSY.replace(
 """,
 )
 
+# Triton's custom metrics API (python_backend README "Custom Metrics"): a counter, a gauge and
+# a histogram, labelled with the model's name and version, updated once per request.
+METRICS_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 1000 }}
+"""
+
+METRICS = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        labels = {"model": args["model_name"], "version": args["model_version"]}
+        family = pb_utils.MetricFamily
+        requests = family("pbm_requests", "Requests this model executed", family.COUNTER)
+        last = family("pbm_last_input_sum", "Sum of the last request's input", family.GAUGE)
+        sums = family("pbm_input_sum", "Sums of requests' inputs", family.HISTOGRAM)
+        self.families = (requests, last, sums)
+        self.requests = requests.Metric(labels=labels)
+        self.last = last.Metric(labels=labels)
+        self.sums = sums.Metric(labels=labels, buckets=[1.0, 10.0, 100.0])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            total = float(x.sum())
+            self.requests.increment(1)
+            self.last.set(total)
+            self.sums.observe(total)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return responses
+"""
+
+# Triton's request cancellation (README "Request Cancellation Handling", qa/python_models/
+# execute_cancel): WAIT 0 answers at once; otherwise the model loops until its request (or,
+# decoupled, its response sender) says it is cancelled, counting what it saw in metrics:
+# pbm_looping (a gauge: requests in the loop now) and pbm_cancel_seen (a counter, by what
+# reported it). A loop that is never cancelled gives up after 60 s and answers -1.
+CANCEL_CONFIG = """
+name: "{name}"
+backend: "python"
+input [ {{ name: "WAIT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+{policy}
+"""
+
+CANCEL = """
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+GIVE_UP_S = 60.0
+
+
+def out(value):
+    return pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([value], np.int32))])
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import json
+
+        config = json.loads(args["model_config"])
+        self.decoupled = config.get("model_transaction_policy", {}).get("decoupled", False)
+        family = pb_utils.MetricFamily
+        self.looping_family = family("pbm_looping", "Requests looping until cancelled", family.GAUGE)
+        self.looping = self.looping_family.Metric(labels={"model": args["model_name"]})
+        self.seen_family = family("pbm_cancel_seen", "Cancellations a model saw", family.COUNTER)
+        self.seen = {how: self.seen_family.Metric(labels={"how": how}) for how in ("request", "sender")}
+
+    def _loop(self, cancelled):
+        self.looping.increment(1)
+        try:
+            end = time.monotonic() + GIVE_UP_S
+            while time.monotonic() < end:
+                if cancelled():
+                    return True
+                time.sleep(0.005)
+            return False
+        finally:
+            self.looping.increment(-1)
+
+    def _answer(self, request, was_cancelled, how):
+        if was_cancelled:
+            self.seen[how].increment(1)
+            error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
+            return pb_utils.InferenceResponse(error=error)
+        return out(-1)
+
+    def execute(self, requests):
+        if self.decoupled:
+            for request in requests:
+                threading.Thread(target=self._stream, args=(request,), daemon=True).start()
+            return None
+        responses = []
+        for request in requests:
+            wait = int(pb_utils.get_input_tensor_by_name(request, "WAIT").as_numpy()[0])
+            if wait == 0:
+                responses.append(out(0))
+                continue
+            responses.append(self._answer(request, self._loop(request.is_cancelled), "request"))
+        return responses
+
+    def _stream(self, request):
+        sender = request.get_response_sender()
+        wait = int(pb_utils.get_input_tensor_by_name(request, "WAIT").as_numpy()[0])
+        if wait == 0:
+            sender.send(out(0), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        sender.send(out(1))
+        response = self._answer(request, self._loop(sender.is_cancelled), "sender")
+        sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+
 MODELS: dict[str, tuple[str, str]] = {
     "add_sub": (ADD_SUB_CONFIG, ADD_SUB),
     "identity": (IDENTITY_CONFIG, IDENTITY),
@@ -308,6 +432,8 @@ MODELS: dict[str, tuple[str, str]] = {
     "autocomplete": (AUTOCOMPLETE_CONFIG, AUTOCOMPLETE),
     "busy": (BUSY_CONFIG, BUSY),
     "sleepy": (BUSY_CONFIG, SLEEPY),
+    "custom_metrics": (METRICS_CONFIG, METRICS),
+    "cancel": (CANCEL_CONFIG, CANCEL),
 }
 
 

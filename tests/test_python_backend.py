@@ -101,3 +101,11 @@ async def test_one_execute_per_batch_each_request_whole(tmp_path):
         await batcher.drain()
         await task
         batcher.close()
+
+
+def test_using_decoupled_model_transaction_policy_reads_the_config_json():
+    assert pb_utils.using_decoupled_model_transaction_policy(
+        {"model_transaction_policy": {"decoupled": True}}
+    )
+    assert not pb_utils.using_decoupled_model_transaction_policy({"model_transaction_policy": {}})
+    assert not pb_utils.using_decoupled_model_transaction_policy({})

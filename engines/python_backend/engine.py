@@ -15,7 +15,7 @@ import itertools
 import json
 import logging
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -25,7 +25,7 @@ import numpy as np
 from wattserve.batchers.status import Status
 from wattserve.batchers.types import RequestError
 from wattserve.engines.base import TensorSpec
-from wattserve.engines.python_backend import pb_utils
+from wattserve.engines.python_backend import custom_metrics, pb_utils
 from wattserve.engines.request_engines import ModelCaller, RequestInput
 
 log = logging.getLogger("wattserve.python_backend")
@@ -121,6 +121,9 @@ class PythonModelEngine:
         self._all_outputs = [spec.name for spec in model.outputs]
         self._caller: ModelCaller | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # for an ``async def execute``
+        # its custom metrics (pb_utils.MetricFamily), released when it closes
+        self._metrics = custom_metrics.Owner(custom_metrics.bound_store())
+        custom_metrics.bind(self._metrics)
         module = load_model_module(model.path)
         self.instance = getattr(module, MODEL_CLASS)()
         kind = "GPU" if device.startswith("cuda") else "CPU"
@@ -150,17 +153,19 @@ class PythonModelEngine:
 
     def infer(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """A batch of rows as one request (for callers that know no requests)."""
-        (answer,) = self.run_requests([(batch, None)])
+        (answer,) = self.run_requests([(batch, None, _never)])
         if isinstance(answer, BaseException):
             raise answer
         return answer
 
     def close(self) -> None:
         finalize = getattr(self.instance, "finalize", None)
+        custom_metrics.bind(self._metrics, thread_only=True)
         try:
             if finalize is not None:
                 self._run(finalize())
         finally:
+            self._metrics.release()  # its series leave /metrics with it, as a stub's do
             if self._loop is not None:
                 self._loop.close()
                 self._loop = None
@@ -170,10 +175,11 @@ class PythonModelEngine:
         """One ``execute`` call for the whole batch; each request answered on its own. An
         exception from ``execute`` fails every request of the batch with its message."""
         pb_utils.bind_caller(self._caller, thread_only=True)
-        built = [self._request(inputs, context) for inputs, context in requests]
+        custom_metrics.bind(self._metrics, thread_only=True)
+        built = [self._request(*request) for request in requests]
         answers: list[dict[str, np.ndarray] | BaseException | None] = [None] * len(requests)
         if self.model.decoupled:
-            for i, (_, context) in enumerate(requests):
+            for i, (_, context, *_) in enumerate(requests):
                 if getattr(context, "response_sink", None) is None:
                     answers[i] = ModelFailed(DECOUPLED_UNARY, Status.UNSUPPORTED)
         todo = [i for i, answer in enumerate(answers) if answer is None]
@@ -202,7 +208,7 @@ class PythonModelEngine:
                 answers[i] = failure
             return answers  # type: ignore[return-value]
         for i, response in zip(todo, responses, strict=True):
-            inputs, context = requests[i]
+            inputs = requests[i][0]
             answers[i] = self._answer(response, built[i].requested_output_names(), _rows(inputs))
         return answers  # type: ignore[return-value]
 
@@ -215,7 +221,9 @@ class PythonModelEngine:
             self._loop = asyncio.new_event_loop()
         return self._loop.run_until_complete(value)
 
-    def _request(self, inputs: Mapping[str, np.ndarray], context: Any) -> pb_utils.InferenceRequest:
+    def _request(
+        self, inputs: Mapping[str, np.ndarray], context: Any, cancelled: Callable[[], bool] = bool
+    ) -> pb_utils.InferenceRequest:
         batching = self.model.batching
         tensors = [pb_utils.Tensor(name, value if batching else value[0]) for name, value in inputs.items()]
         wanted = getattr(context, "outputs", None) or self._all_outputs
@@ -228,9 +236,13 @@ class PythonModelEngine:
             model_version=int(self.model.version),
             parameters=parameters if isinstance(parameters, dict | str) else None,
         )
+        request._cancelled = cancelled
         sink = getattr(context, "response_sink", None)
         if self.model.decoupled and sink is not None:
-            request._sender = pb_utils.InferenceResponseSender(self._deliver_to(sink, wanted, _rows(inputs)))
+            stream_gone = getattr(context, "response_cancelled", None) or bool
+            request._sender = pb_utils.InferenceResponseSender(
+                self._deliver_to(sink, wanted, _rows(inputs)), lambda: cancelled() or stream_gone()
+            )
         return request
 
     def _deliver_to(self, sink: Any, wanted: list[str], rows: int) -> Any:
@@ -274,6 +286,10 @@ class PythonModelEngine:
                                    f"request of {rows} row(s) (batch axis first)")  # fmt: skip
             outputs[name] = value
         return outputs
+
+
+def _never() -> bool:
+    return False
 
 
 def _rows(inputs: Mapping[str, np.ndarray]) -> int:

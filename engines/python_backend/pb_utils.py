@@ -12,15 +12,18 @@ imports a model (``engine.register_module``).
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 from wattserve.engines.base import DATATYPE_TO_NUMPY, NUMPY_TO_DATATYPE
+from wattserve.engines.python_backend import custom_metrics
 from wattserve.engines.request_engines import ModelCaller
 
 MODULE_NAME = "triton_python_backend_utils"
@@ -235,8 +238,11 @@ ResponseSink = Callable[[dict[str, np.ndarray] | None, TritonError | None, bool]
 class InferenceResponseSender:
     """A decoupled model's way to answer: any number of responses, then the final flag."""
 
-    def __init__(self, deliver: Callable[[InferenceResponse | None, int], None]) -> None:
+    def __init__(
+        self, deliver: Callable[[InferenceResponse | None, int], None], cancelled: Callable[[], bool] = bool
+    ) -> None:
         self._deliver = deliver
+        self._cancelled = cancelled
         self._closed = False
         self._lock = threading.Lock()
 
@@ -249,7 +255,9 @@ class InferenceResponseSender:
         self._deliver(response, flags)
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the client has gone: its call cancelled, its connection or stream
+        closed (the request's own cancellation, or its response stream's)."""
+        return bool(self._cancelled())
 
     @property
     def closed(self) -> bool:
@@ -309,6 +317,7 @@ class InferenceRequest:
         self._timeout = timeout
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
         self._sender: InferenceResponseSender | None = None
+        self._cancelled: Callable[[], bool] = bool  # bool() is False: a BLS request's own
 
     # what a model asks of a request it executes
     def inputs(self) -> list[Tensor]:
@@ -333,7 +342,10 @@ class InferenceRequest:
         return self._parameters
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the client that sent this request has gone (HTTP connection closed,
+        gRPC call cancelled or past its deadline): its answer is discarded, so a model may
+        stop early (Triton's "Request Cancellation Handling")."""
+        return bool(self._cancelled())
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
@@ -458,6 +470,11 @@ def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[s
     return next((c for c in model_config.get("output", []) if c.get("name") == name), None)
 
 
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    """Whether the config (``json.loads(args["model_config"])``) makes the model decoupled."""
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
 # ---------------------------------------------------------------------------- logging
 
 
@@ -490,3 +507,109 @@ class Logger:
 
 class LogLevel:
     INFO, WARNING, ERROR, VERBOSE = 0, 1, 2, 3
+
+
+# ---------------------------------------------------------------------------- custom metrics
+
+
+class MetricKind(enum.IntEnum):
+    COUNTER = custom_metrics.COUNTER
+    GAUGE = custom_metrics.GAUGE
+    HISTOGRAM = custom_metrics.HISTOGRAM
+
+
+_LIFETIME = ("Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The "
+             "'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have "
+             "been deleted.")  # fmt: skip
+
+
+class Metric:
+    """One labelled series of a family (``MetricFamily.Metric(labels=..., buckets=...)``):
+    ``increment`` (counter, gauge), ``set`` (gauge), ``observe`` (histogram), ``value``
+    (counter, gauge); a misuse raises ``TritonModelException`` with Triton's message."""
+
+    def __init__(self, store: custom_metrics.CustomMetrics, family: custom_metrics.Family,
+                 series: custom_metrics.Series) -> None:  # fmt: skip
+        self._store, self._family, self._series = store, family, series
+        self._live = True
+        self._lock = threading.Lock()
+
+    def _op(self, name: str, *args: float) -> Any:
+        if not self._live:
+            raise TritonModelException(_LIFETIME)
+        try:
+            return getattr(self._store, name)(self._series, *(float(a) for a in args))
+        except custom_metrics.MetricError as exc:
+            raise TritonModelException(str(exc)) from None
+
+    def increment(self, value: float) -> None:
+        self._op("increment", value)
+
+    def set(self, value: float) -> None:
+        self._op("set", value)
+
+    def observe(self, value: float) -> None:
+        self._op("observe", value)
+
+    def value(self) -> float:
+        return float(self._op("value"))
+
+    def _release(self) -> None:
+        with self._lock:
+            if not self._live:
+                return
+            self._live = False
+        self._store.release_series(self._family, self._series)
+
+    def __del__(self) -> None:
+        self._release()
+
+
+class MetricFamily:
+    """Triton's custom metric family: ``MetricFamily(name, description, kind)`` with kind
+    ``MetricFamily.COUNTER``, ``GAUGE`` or ``HISTOGRAM``, published on the server's
+    /metrics under ``name`` (engines/python_backend/custom_metrics.py). The same name and
+    kind again is the same family (its first description kept); another kind is an error."""
+
+    COUNTER = MetricKind.COUNTER
+    GAUGE = MetricKind.GAUGE
+    HISTOGRAM = MetricKind.HISTOGRAM
+
+    def __init__(self, name: str, description: str, kind: Any) -> None:
+        self._live = False
+        owner = custom_metrics.current_owner()
+        try:
+            self._family = owner.store.acquire_family(name, description, kind)
+        except custom_metrics.MetricError as exc:
+            raise TritonModelException(str(exc)) from None
+        self._store = owner.store
+        self._metrics: weakref.WeakSet[Metric] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._live = True
+        owner.adopt(self)
+
+    def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> Metric:
+        if not self._live:
+            raise TritonModelException(_LIFETIME)
+        try:
+            series = self._store.acquire_series(self._family, labels, buckets)
+        except custom_metrics.MetricError as exc:
+            raise TritonModelException(str(exc)) from None
+        metric = Metric(self._store, self._family, series)
+        self._metrics.add(metric)
+        custom_metrics.current_owner().adopt(metric)
+        return metric
+
+    def _release(self) -> None:
+        """Triton deletes a family's metrics with it: they answer the lifetime error after."""
+        with self._lock:
+            if not self._live:
+                return
+            self._live = False
+        for metric in list(self._metrics):
+            metric._release()
+        self._store.release_family(self._family)
+
+    def __del__(self) -> None:
+        if getattr(self, "_live", False):
+            self._release()

@@ -3,9 +3,11 @@ any number of answers to one request, then a final flag, sent from an engine thr
 thread the model started) while the front end streams them to the client.
 
 A front end that streams (gRPC ModelStreamInfer) sets a ``ResponseStream``'s ``sink`` as
-the request's ``response_sink`` before the request is queued; the engine calls the sink
-from its threads, and the stream hands each response to the front end's ``emit`` on the
-event loop, in the order sent. ``finished`` is set after the final flag.
+the request's ``response_sink`` (and its ``is_cancelled`` as the request's
+``response_cancelled``) before the request is queued; the engine calls the sink from its
+threads, and the stream hands each response to the front end's ``emit`` on the event loop,
+in the order sent. ``finished`` is set after the final flag; ``cancel`` when the client goes
+before it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,16 @@ class ResponseStream:
         self._loop = loop
         self._emit = emit
         self.finished = asyncio.Event()
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        """The client has gone (its stream or connection closed before the final flag):
+        the model's response sender answers ``is_cancelled()`` True from now on."""
+        self._cancelled = True
+
+    def is_cancelled(self) -> bool:
+        """Any thread (the request's ``response_cancelled``)."""
+        return self._cancelled
 
     def sink(self, outputs: dict[str, np.ndarray] | None, error: BaseException | None, final: bool) -> None:
         """Any thread: one response (outputs or an error, or neither with the final flag)."""

@@ -232,7 +232,8 @@ def generate_routes(models: ModelSet, settings: Settings) -> list[Route]:
             if is_decoupled(runtime.config):
                 stream = ResponseStream(loop, lambda o, e, f: events.put_nowait((o, e, f)))
                 decoded.response_sink = stream.sink
-                state["decoupled"] = True
+                decoded.response_cancelled = stream.is_cancelled
+                state.update(decoupled=True, stream=stream)
             elif streaming and getattr(engine, "streams_tokens", False):  # a language model
                 decoded.token_sink = token_events(loop, events, state)
             state.update(runtime=runtime, request=decoded, engine=engine)
@@ -299,6 +300,8 @@ def generate_routes(models: ModelSet, settings: Settings) -> list[Route]:
                         return
                     event = await events.get()
             finally:
+                if not event[2] and "stream" in state:  # the client left before the final flag
+                    state["stream"].cancel()
                 if not task.done():
                     task.cancel()
                     with contextlib.suppress(BaseException):

@@ -312,7 +312,7 @@ def _loads(text: bytes) -> Any:
     goes straight to rapidjson (random data has one within a few KB), saving orjson's failed
     try (it checks the whole body's UTF-8 first: 2.5 ms of a 3.3 MB body). Either way
     nesting deeper than Triton's limit is refused."""
-    if _has_token(text, _PEEK_BYTES):
+    if len(text) > _PEEK_BYTES and _has_token(text, _PEEK_BYTES):  # a small body: orjson's try is cheap
         doc = _loads_with_tokens(text)
     else:
         try:

@@ -23,6 +23,21 @@ OK = "200"
 
 
 @dataclass(slots=True)
+class StreamTimes:
+    """A streamed language-model answer as the client saw it: absolute ``perf_counter`` times
+    of the first event with text and of the last event carrying a token, the output tokens
+    and where their count came from (``usage``: the server's OpenAI usage; ``events``: one
+    generate_stream event per token, or the ids of a whole answer; ``chunks``: OpenAI chunks
+    counted when the server sent no usage)."""
+
+    first_s: float | None = None
+    last_s: float | None = None
+    tokens: int = 0
+    token_source: str = ""
+    prompt_tokens: int | None = None
+
+
+@dataclass(slots=True)
 class RequestRecord:
     """One request. Times are seconds from the run's start on the generator's monotonic clock.
 
@@ -39,6 +54,25 @@ class RequestRecord:
     queue_ms: float | None = None
     compute_ms: float | None = None
     batch_size: int | None = None
+    # language models (streamed): offsets of the first text and last token, as ``done_s``
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    output_tokens: int | None = None
+    prompt_tokens: int | None = None
+    token_source: str | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token, from the intended send time (as latency)."""
+        return None if self.first_token_s is None else self.first_token_s - self.intended_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first: (last - first) / (tokens - 1)."""
+        n, first, last = self.output_tokens, self.first_token_s, self.last_token_s
+        if n is None or n < 2 or first is None or last is None:
+            return None
+        return (last - first) / (n - 1)
 
     @property
     def latency_s(self) -> float:

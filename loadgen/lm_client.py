@@ -70,7 +70,7 @@ class _Reader:
     def __init__(self, api: str) -> None:
         self.api = api
         self.times = StreamTimes()
-        self.token_events = 0
+        self.tokens = 0
         self.usage: int | None = None
         self.error: str | None = None
 
@@ -82,8 +82,11 @@ class _Reader:
             return
         tokens, text = self._generate(doc) if self.api == "generate" else self._openai(doc)
         if tokens:
-            self.token_events += tokens
+            self.tokens += tokens
+            self.times.token_events += 1
             self.times.last_s = at
+            if self.times.first_token_s is None:
+                self.times.first_token_s = at
         if text and self.times.first_s is None:
             self.times.first_s = at
 
@@ -122,7 +125,7 @@ class _Reader:
         if self.usage is not None:
             t.tokens, t.token_source = self.usage, "usage"
         else:
-            t.tokens = self.token_events
+            t.tokens = self.tokens
             t.token_source = "events" if self.api == "generate" else "chunks"
         if t.first_s is None:  # no text at all (an empty answer): its first token then
             t.first_s = t.last_s

@@ -534,6 +534,8 @@ def _record(
         record.last_token_s = None if st.last_s is None else st.last_s - t0
         record.output_tokens, record.prompt_tokens = st.tokens, st.prompt_tokens
         record.token_source = st.token_source
+        if st.tokens > 1 and st.token_events > 1 and st.first_token_s is not None and st.last_s is not None:
+            record.tpot_s = (st.last_s - st.first_token_s) / (st.tokens - 1)
     records.append(record)
     live.done += 1
     if out.status != stats.OK:

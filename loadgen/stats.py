@@ -25,13 +25,16 @@ OK = "200"
 @dataclass(slots=True)
 class StreamTimes:
     """A streamed language-model answer as the client saw it: absolute ``perf_counter`` times
-    of the first event with text and of the last event carrying a token, the output tokens
-    and where their count came from (``usage``: the server's OpenAI usage; ``events``: one
+    of the first event with text (time to first token), of the first and the last event
+    carrying a token (time per output token), how many events carried tokens, the output
+    tokens and where their count came from (``usage``: the server's OpenAI usage; ``events``: one
     generate_stream event per token, or the ids of a whole answer; ``chunks``: OpenAI chunks
     counted when the server sent no usage)."""
 
     first_s: float | None = None
+    first_token_s: float | None = None
     last_s: float | None = None
+    token_events: int = 0
     tokens: int = 0
     token_source: str = ""
     prompt_tokens: int | None = None
@@ -60,19 +63,13 @@ class RequestRecord:
     output_tokens: int | None = None
     prompt_tokens: int | None = None
     token_source: str | None = None
+    # (last - first token event) / (tokens - 1); None for one token or one event holding all
+    tpot_s: float | None = None
 
     @property
     def ttft_s(self) -> float | None:
         """Time to first token, from the intended send time (as latency)."""
         return None if self.first_token_s is None else self.first_token_s - self.intended_s
-
-    @property
-    def tpot_s(self) -> float | None:
-        """Time per output token after the first: (last - first) / (tokens - 1)."""
-        n, first, last = self.output_tokens, self.first_token_s, self.last_token_s
-        if n is None or n < 2 or first is None or last is None:
-            return None
-        return (last - first) / (n - 1)
 
     @property
     def latency_s(self) -> float:

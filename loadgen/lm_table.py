@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 COLUMNS = ("run", "ok", "tokens", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
-           "lat p50", "lat p99", "counted by")  # fmt: skip
+           "lat p50", "lat p99", "counted by", "J/token")  # fmt: skip
 
 
 def lm_rows(runs: Sequence[Any]) -> list[list[str]]:
@@ -21,10 +21,12 @@ def lm_rows(runs: Sequence[Any]) -> list[list[str]]:
         if not lm:
             continue
         ttft, tpot, lat = lm["ttft_ms"], lm["tpot_ms"], lm["latency_ms"]
+        joules = ((run.server or {}).get("lm") or {}).get("energy_per_output_token_j")
         rows.append([
             run.label, str(run.summary["completed"]), str(lm["output_tokens"]), _f(lm["output_tokens_per_s"]),
             _f(ttft["p50"]), _f(ttft["p99"]), _f(tpot["p50"]), _f(tpot["p99"]),
             _f(lat["p50"]), _f(lat["p99"]), ", ".join(lm["token_source"]) or "-",
+            _f(joules) if run.server else "n/a",
         ])  # fmt: skip
     return rows
 

@@ -23,6 +23,8 @@ LM_SUMMARY_COLUMNS = [
     "mean_output_tokens",
     "mean_prompt_tokens",
     "token_source",
+    "server_output_tokens_per_s",
+    "energy_per_output_token_j",
 ]
 LM_REQUEST_COLUMNS = ["ttft_ms", "tpot_ms", "output_tokens", "prompt_tokens", "token_source"]
 SUMMARY_COLUMNS = [
@@ -126,6 +128,9 @@ def summary_row(run: RunResult) -> dict[str, Any]:
     for key in ("output_tokens", "output_tokens_per_s", "mean_output_tokens", "mean_prompt_tokens"):
         row[key] = lm.get(key)
     row["token_source"] = ", ".join(lm.get("token_source", [])) or None
+    server_lm = server.get("lm") or {}  # the server's own count (lm_window.py)
+    row["server_output_tokens_per_s"] = server_lm.get("output_tokens_per_s")
+    row["energy_per_output_token_j"] = server_lm.get("energy_per_output_token_j")
     return row
 
 

@@ -76,6 +76,10 @@ def test_open_loop_every_request_answered_with_ttft_within_latency(server, tmp_p
     assert lm["token_source"] == (["events"] if api == "generate" else ["usage"])
     assert lm["ttft_ms"]["p50"] <= lm["latency_ms"]["p50"] and lm["output_tokens_per_s"] > 0
     assert lm["tpot_ms"]["p50"] > 0
+    server_lm = run["server"]["lm"]  # the server's view of the same window, from /metrics
+    assert server_lm["output_tokens"] > 0 and server_lm["mean_ttft_ms"] > 0
+    joules = server_lm["energy_per_output_token_j"]  # None where nothing is metered (no RAPL, no GPU)
+    assert joules is None or joules > 0
     measured = [r for r in rows(tmp_path) if r["phase"] == "measure"]
     assert len(measured) == run["sent"]
     for r in measured:

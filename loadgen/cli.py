@@ -494,7 +494,12 @@ async def _loadgen(args: argparse.Namespace) -> int:
                 console.print(step_line(i, len(specs), runs[-1]))
     title = args.title or f"wattserve loadgen: {target.model} at {target.url}"
     intro = _search_html(extra.get("search"))
-    paths = report.write_all(out, runs, title, sys.argv, extra, intro_html=intro)
+    lm_html = ""
+    if args.api:
+        from .lm_table import lm_html as make_lm_html
+
+        lm_html = make_lm_html(runs)
+    paths = report.write_all(out, runs, title, sys.argv, extra, intro_html=intro, extra_html=lm_html)
     _print_table(console, runs, extra.get("search"))
     if args.api:
         from .lm_table import print_lm_table

@@ -31,6 +31,21 @@ def lm_rows(runs: Sequence[Any]) -> list[list[str]]:
     return rows
 
 
+def lm_html(runs: Sequence[Any]) -> str:
+    """The same table for report.html ("" when no run has language-model figures)."""
+    from .htmlreport import table
+
+    rows = lm_rows(runs)
+    if not rows:
+        return ""
+    head = (
+        "<h2>Language model</h2><p>Milliseconds from the intended send time, HDR percentiles of the "
+        "window's answered requests; TPOT per output token after the first; tokens/s: output tokens "
+        "of the requests answered inside the window / its length.</p>"
+    )
+    return head + table(COLUMNS, rows)
+
+
 def print_lm_table(console: Console, runs: Sequence[Any]) -> None:
     table = Table(title="language model (ms from intended send time; TPOT ms per token after the first)")
     for col in COLUMNS:

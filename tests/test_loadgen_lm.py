@@ -96,6 +96,7 @@ def test_open_loop_every_request_answered_with_ttft_within_latency(server, tmp_p
         summary = next(csv.DictReader(f))
     assert float(summary["ttft_p99_ms"]) >= float(summary["ttft_p50_ms"]) > 0
     assert summary["token_source"] == lm["token_source"][0]
+    assert "TTFT p99" in (tmp_path / "report.html").read_text()
 
 
 @pytest.mark.parametrize("api", ["generate", "openai-completions"])

@@ -25,14 +25,23 @@ APIS = ["generate", "openai-completions", "openai-chat"]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("lm")
-    folder = tiny_lm_folder(root, "gpt2").rename(root / MODEL)
+    return tiny_lm_folder(root, "gpt2").rename(root / MODEL)
+
+
+def serving(folder, batcher: str):
     settings = Settings(
-        model=str(folder), batcher="continuous", device="cpu", max_batch_size=8,
+        model=str(folder), batcher=batcher, device="cpu", max_batch_size=8, max_queue_delay_ms=5,
         lm_kv_blocks=256, lm_block_size=8, lm_token_budget=64,
     )  # fmt: skip
-    with threaded_server(settings) as (url, _app):
+    return threaded_server(settings)
+
+
+@pytest.fixture(scope="module")
+def server(folder):
+    """Token-level (continuous) batching: one streamed event per token."""
+    with serving(folder, "continuous") as (url, _app):
         yield url
 
 
@@ -110,6 +119,20 @@ def test_the_tokens_counted_equal_the_servers(server, tmp_path, api):
     assert all(r["status"] == "200" for r in rows(tmp_path))
     assert counted > 0
     assert server_tokens(server) - before == counted + 1  # + the one-token probe
+
+
+def test_request_level_batching_counts_each_whole_answer_and_has_no_tpot(folder, tmp_path):
+    """Dynamic batching streams one event per answer, its output_ids padded with -1 to the
+    batch's longest: the ids counted still equal the server's tokens."""
+    with serving(folder, "dynamic") as (url, _app):
+        before = server_tokens(url)
+        doc = loadgen(url, tmp_path, "--api", "generate", "--arrival", "closed", "--concurrency", "3",
+                      "--warmup", "0", "--duration", "1.5", "--output-len", "uniform:2,10", "--seed", "6")  # fmt: skip
+        answered = rows(tmp_path)
+        assert answered and all(r["status"] == "200" and r["tpot_ms"] == "" for r in answered)
+        assert server_tokens(url) - before == sum(int(r["output_tokens"]) for r in answered) + 1
+    lm = doc["runs"][0]["lm"]
+    assert lm["tpot_ms"]["count"] == 0 and lm["ttft_ms"]["count"] == doc["runs"][0]["completed"]
 
 
 def test_the_reader_counts_token_level_request_level_and_openai_streams():

@@ -78,7 +78,9 @@ def test_open_loop_every_request_answered_with_ttft_within_latency(server, tmp_p
                   "--duration", "2", "--prompt-len", "uniform:3,12", "--output-len", "fixed:6",
                   "--ignore-eos", "--seed", "3")  # fmt: skip
     run = doc["runs"][0]
-    assert run["sent"] > 0 and run["completed"] == run["sent"] and run["failed"] == 0
+    assert run["sent"] > 0 and run["completed"] == run["sent"] and run["failed"] == 0, {
+        k: v for k, v in run.items() if k in ("sent", "completed", "failed", "errors_by_status")
+    }
     assert run["target"]["workload"]["api"] == api
     lm = run["lm"]
     assert lm["ttft_ms"]["count"] == run["completed"]

@@ -215,3 +215,17 @@ def test_a_cancelled_stream_stops_its_generation_and_frees_its_blocks(server, fo
         f"{url}/v2/models/{MODEL}/generate", json={"text_input": "hello", "max_tokens": 2}, timeout=60
     )
     assert r.status_code == 200 and len(r.json()["output_ids"]) == 2
+
+
+def test_a_bad_request_on_the_stream_is_refused_alone(server, folder):
+    _, address, _ = server
+    stream = Stream(address)
+    try:
+        stream.send(PROMPTS[0], -1, "bad")  # a negative max_tokens: INVALID_ARGUMENT, nothing queued
+        result, error = stream.responses.get(timeout=60)
+        assert result is None and "max_tokens" in str(error)
+        stream.send(PROMPTS[0], 4, "good")
+        got = stream.until_final()
+    finally:
+        stream.close()
+    assert [t for r in got for t in r["ids"]] == hf_greedy(folder, PROMPTS[0], 4)[0]

@@ -548,7 +548,7 @@ class DecoupledAnswers:
             request.response_cancelled = self.stream.is_cancelled
         elif getattr(engine, "streams_tokens", False):  # a language model: one response per token
             tokens = TokenAnswers(self.message.model_name, runtime.version, request, engine, self)
-            if stream_wanted(request.parameters):
+            if stream_wanted(request.parameters, request.inputs):
                 request.token_sink = token_sink(loop, tokens.emit)
             self.tokens = tokens
         return request, engine

@@ -41,7 +41,9 @@ def server(folder):
         yield url, f"127.0.0.1:{port}", app
 
 
-def inputs(prompt: str, max_tokens: int, ignore_eos: bool = False) -> list[tgrpc.InferInput]:
+def inputs(
+    prompt: str, max_tokens: int, ignore_eos: bool = False, stream: bool | None = None
+) -> list[tgrpc.InferInput]:
     text = tgrpc.InferInput("text_input", [1, 1], "BYTES")
     text.set_data_from_numpy(np.array([[prompt.encode()]], dtype=object))
     tokens = tgrpc.InferInput("max_tokens", [1, 1], "INT32")
@@ -51,6 +53,10 @@ def inputs(prompt: str, max_tokens: int, ignore_eos: bool = False) -> list[tgrpc
         eos = tgrpc.InferInput("ignore_eos", [1, 1], "BOOL")
         eos.set_data_from_numpy(np.array([[True]]))
         out.append(eos)
+    if stream is not None:  # the input Triton's vLLM and TensorRT-LLM backends take
+        flag = tgrpc.InferInput("stream", [1, 1], "BOOL")
+        flag.set_data_from_numpy(np.array([[stream]]))
+        out.append(flag)
     return out
 
 
@@ -64,8 +70,9 @@ class Stream:
 
     def send(self, prompt: str, max_tokens: int, request_id: str, **kwargs) -> None:
         ignore_eos = kwargs.pop("ignore_eos", False)
+        stream = kwargs.pop("stream", None)
         self.client.async_stream_infer(
-            MODEL, inputs(prompt, max_tokens, ignore_eos), request_id=request_id,
+            MODEL, inputs(prompt, max_tokens, ignore_eos, stream), request_id=request_id,
             enable_empty_final_response=True, **kwargs,
         )  # fmt: skip
 
@@ -121,17 +128,23 @@ def test_stream_sends_one_response_per_token_equal_to_http_generate_and_hf(serve
     assert "".join(r["text"] for r in got) == http["text_output"] == want_text
 
 
-def test_stream_false_answers_once_with_the_whole_text(server, folder):
+def test_stream_false_parameter_or_input_answers_once_with_the_whole_text(server, folder):
     _, address, _ = server
     want_ids, want_text = hf_greedy(folder, PROMPTS[3], 9)
     stream = Stream(address)
     try:
         stream.send(PROMPTS[3], 9, "whole", parameters={"stream": False})
-        got = stream.until_final()
+        by_parameter = stream.until_final()
+        stream.send(PROMPTS[3], 9, "whole-input", stream=False)
+        by_input = stream.until_final()
+        stream.send(PROMPTS[3], 9, "tokens-input", stream=True)
+        by_tokens = stream.until_final()
     finally:
         stream.close()
-    assert len(got) == 1 and got[0]["final"] and got[0]["id"] == "whole"
-    assert (got[0]["ids"], got[0]["text"]) == (want_ids, want_text)
+    for got, request_id in ((by_parameter, "whole"), (by_input, "whole-input")):
+        assert len(got) == 1 and got[0]["final"] and got[0]["id"] == request_id
+        assert (got[0]["ids"], got[0]["text"]) == (want_ids, want_text)
+    assert [r["ids"] for r in by_tokens] == [[t] for t in want_ids]
 
 
 def test_two_concurrent_streams_each_get_their_own_text(server, folder):

@@ -48,9 +48,13 @@ def token_sink(loop: asyncio.AbstractEventLoop, deliver: Deliver) -> Sink:
     return sink
 
 
-def stream_wanted(parameters: dict[str, object] | None) -> bool:
-    """The request parameter ``stream`` (Triton's LLM backends' switch): False (or
-    ``"false"``/0) asks for one answer holding the whole text; absent means stream."""
+def stream_wanted(parameters: dict[str, object] | None, inputs: dict[str, np.ndarray]) -> bool:
+    """Whether to stream token by token: the ``stream`` input (BOOL, as Triton's vLLM and
+    TensorRT-LLM backends take it) or the request parameter ``stream`` (False, ``"false"``
+    or 0 ask for one answer with the whole text); neither: stream."""
+    flag = inputs.get("stream")
+    if flag is not None and flag.size:
+        return bool(flag.ravel()[0])
     value = (parameters or {}).get("stream", True)
     if isinstance(value, str):
         return value.strip().lower() not in ("false", "0", "no", "off")

@@ -48,6 +48,7 @@ from wattserve.engines.kv_blocks import BlockAllocator
 from wattserve.engines.lm_model import PagedCausalLM, Run, load_causal_lm
 from wattserve.engines.lm_sampling import SamplingParams, choose, make_generator
 from wattserve.engines.lm_schedule import SeqView, TokenPlan, blocks_needed, schedule_tokens
+from wattserve.engines.request_values import read_number, read_scalar, read_text
 from wattserve.engines.torch_engine import resolve_device
 
 log = logging.getLogger("wattserve.engine.lm")
@@ -171,24 +172,24 @@ class LMEngine:
     # ------------------------------------------------------------------ request checks
     def parse(self, item: Mapping[str, np.ndarray]) -> tuple[list[int], SamplingParams]:
         """Prompt tokens and decoding settings of one request, or ValueError (the client's 400)."""
-        prompt = _text(item, "text_input", required=True)
+        prompt = read_text(item, "text_input", MAX_PROMPT_BYTES, required=True)
         ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
         if not ids:
             bos = self.tokenizer.bos_token_id
             if bos is None:
                 raise ValueError("text_input is empty (and the tokenizer has no BOS token)")
             ids = [int(bos)]
-        max_tokens = _number(item, "max_tokens", 0) or self.default_max_tokens
-        seed = _number(item, "seed", -1)
-        stop_text = _text(item, "stop")
+        max_tokens = read_number(item, "max_tokens", 0) or self.default_max_tokens
+        seed = read_number(item, "seed", -1)
+        stop_text = read_text(item, "stop", MAX_PROMPT_BYTES)
         params = SamplingParams(
             max_tokens=max_tokens,
-            temperature=float(_scalar(item, "temperature", 0.0)),
-            top_p=float(_scalar(item, "top_p", 1.0)),
-            top_k=_number(item, "top_k", 0),
+            temperature=float(read_scalar(item, "temperature", 0.0)),
+            top_p=float(read_scalar(item, "top_p", 1.0)),
+            top_k=read_number(item, "top_k", 0),
             seed=None if seed < 0 else seed,
             stop=_stops(stop_text),
-            ignore_eos=bool(_scalar(item, "ignore_eos", False)),
+            ignore_eos=bool(read_scalar(item, "ignore_eos", False)),
         )
         if len(ids) + params.max_tokens > self.max_context:
             raise ValueError(
@@ -205,7 +206,9 @@ class LMEngine:
         row = {name: value[0] for name, value in inputs.items()}
         _, params = self.parse(row)
         filled = {
-            "text_input": np.array([[_text(row, "text_input", required=True).encode()]], dtype=object),
+            "text_input": np.array(
+                [[read_text(row, "text_input", MAX_PROMPT_BYTES, required=True).encode()]], dtype=object
+            ),
             "max_tokens": np.array([[params.max_tokens]], np.int32),
             "temperature": np.array([[params.temperature]], np.float32),
             "top_p": np.array([[params.top_p]], np.float32),
@@ -400,39 +403,3 @@ def _stops(text: str) -> tuple[str, ...]:
             raise ValueError("stop must be a list of non-empty strings")
         return tuple(value)
     return (text,)
-
-
-def _scalar(inputs: Mapping[str, np.ndarray], name: str, default: Any) -> Any:
-    value = inputs.get(name)
-    if value is None:
-        return default
-    flat = np.asarray(value).reshape(-1)
-    if flat.size != 1:
-        raise ValueError(f"{name} must hold one element, got {flat.size}")
-    return flat[0]
-
-
-def _number(inputs: Mapping[str, np.ndarray], name: str, default: int) -> int:
-    value = _scalar(inputs, name, default)
-    try:
-        return int(value)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from exc
-
-
-def _text(inputs: Mapping[str, np.ndarray], name: str, required: bool = False) -> str:
-    if name not in inputs:
-        if required:
-            raise ValueError(f"{name} is required (BYTES, one UTF-8 string)")
-        return ""
-    value = _scalar(inputs, name, b"")
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, bytes | bytearray | np.bytes_):
-        raise ValueError(f"{name} must be BYTES (a UTF-8 string), got {type(value).__name__}")
-    if len(value) > MAX_PROMPT_BYTES:
-        raise ValueError(f"{name} is {len(value)} bytes; at most {MAX_PROMPT_BYTES}")
-    try:
-        return bytes(value).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{name} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc

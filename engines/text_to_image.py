@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 from wattserve.engines.base import EngineError, StepObserver, TensorSpec
+from wattserve.engines.request_values import read_number, read_scalar, read_text
 from wattserve.engines.schedulers import PerSampleScheduler, Schedule, make_scheduler
 from wattserve.engines.torch_engine import resolve_device
 
@@ -218,17 +219,17 @@ class TextToImageEngine:
     # ------------------------------------------------------------------ request checks
     def parse(self, inputs: Mapping[str, np.ndarray]) -> TextRequest:
         """One request's values (no batch axis), or ValueError naming the field at fault."""
-        prompt = _text(inputs, "prompt", required=True)
-        negative = _text(inputs, "negative_prompt")
-        seed = _number(inputs, "seed", 0)
+        prompt = read_text(inputs, "prompt", MAX_PROMPT_BYTES, required=True)
+        negative = read_text(inputs, "negative_prompt", MAX_PROMPT_BYTES)
+        seed = read_number(inputs, "seed", 0)
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
-        steps = _number(inputs, "steps", 0) or self.default_steps
+        steps = read_number(inputs, "steps", 0) or self.default_steps
         if not 1 <= steps <= self.max_steps:
             raise ValueError(
                 f"steps must be in 1..{self.max_steps} (0: default {self.default_steps}), got {steps}"
             )
-        guidance = float(_scalar(inputs, "guidance_scale", DEFAULT_GUIDANCE))
+        guidance = float(read_scalar(inputs, "guidance_scale", DEFAULT_GUIDANCE))
         if not (math.isfinite(guidance) and 0.0 <= guidance <= MAX_GUIDANCE):
             raise ValueError(f"guidance_scale must be within 0..{MAX_GUIDANCE:g}, got {guidance}")
         height = self._size(inputs, "height", 0)
@@ -236,7 +237,7 @@ class TextToImageEngine:
         return TextRequest(prompt, negative, seed, int(steps), guidance, height, width)
 
     def _size(self, inputs: Mapping[str, np.ndarray], name: str, axis: int) -> int:
-        value = _number(inputs, name, 0) or self.default_size[axis]
+        value = read_number(inputs, name, 0) or self.default_size[axis]
         align = max(ALIGN, self.vae_scale)
         if not (self.min_size <= value <= self.max_size and value % align == 0):
             raise ValueError(
@@ -408,39 +409,3 @@ def _by_size(states: Sequence[TextToImageState]) -> list[list[TextToImageState]]
     for s in states:
         groups.setdefault(tuple(s.latents.shape), []).append(s)
     return list(groups.values())
-
-
-def _scalar(inputs: Mapping[str, np.ndarray], name: str, default: Any) -> Any:
-    value = inputs.get(name)
-    if value is None:
-        return default
-    flat = np.asarray(value).reshape(-1)
-    if flat.size != 1:
-        raise ValueError(f"{name} must hold one element, got {flat.size}")
-    return flat[0]
-
-
-def _number(inputs: Mapping[str, np.ndarray], name: str, default: int) -> int:
-    value = _scalar(inputs, name, default)
-    try:
-        return int(value)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from exc
-
-
-def _text(inputs: Mapping[str, np.ndarray], name: str, required: bool = False) -> str:
-    if name not in inputs:
-        if required:
-            raise ValueError(f"{name} is required (BYTES, one UTF-8 string)")
-        return ""
-    value = _scalar(inputs, name, b"")
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, bytes | bytearray | np.bytes_):
-        raise ValueError(f"{name} must be BYTES (a UTF-8 string), got {type(value).__name__}")
-    if len(value) > MAX_PROMPT_BYTES:
-        raise ValueError(f"{name} is {len(value)} bytes; at most {MAX_PROMPT_BYTES}")
-    try:
-        return bytes(value).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{name} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc

@@ -95,12 +95,29 @@ def conflicting_options(args: argparse.Namespace) -> str | None:
         return "--arrival closed runs at a concurrency: use --concurrency/--concurrencies, not --rate/--rates"
     if args.concurrencies and not closed:
         return "--concurrencies is for --arrival closed"
+    return lm_conflict(args)
+
+
+def lm_conflict(args: argparse.Namespace) -> str | None:
+    """The language-model options' contradictions (one line), or None."""
+    lm_only = {"--prompt-len": args.prompt_len, "--output-len": args.output_len, "--dataset": args.dataset,
+               "--tokenizer": args.tokenizer, "--ignore-eos": args.ignore_eos or None}  # fmt: skip
+    if args.api is None:
+        given = [k for k, v in lm_only.items() if v is not None]
+        return f"{', '.join(given)}: language-model options need --api" if given else None
+    if args.images or args.protocol != "auto" or args.input_data != "random":
+        return "--api streams text to a language model: no --images, --binary/--json or --input-data"
+    if args.dataset and args.prompt_len:
+        return "--dataset gives the prompts: it cannot be combined with --prompt-len"
+    if args.tokenizer and not args.dataset:
+        return "--tokenizer counts a --dataset's answer lengths: give --dataset too"
     return None
 
 
 def add_loadgen_arguments(p: argparse.ArgumentParser) -> None:
     """Every ``loadgen`` option, one argument group per concern (as ``--help`` shows them)."""
     _add_target_arguments(p)
+    _add_lm_arguments(p)
     _add_load_arguments(p)
     _add_validity_arguments(p)
     _add_search_arguments(p)
@@ -171,6 +188,46 @@ def _add_target_arguments(p: argparse.ArgumentParser) -> None:
     )
     t.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, seconds")
     t.add_argument("--ready-timeout", type=float, default=60.0, help="wait this long for /v2/health/ready")
+
+
+def _add_lm_arguments(p: argparse.ArgumentParser) -> None:
+    """A language model's routes, prompts and output lengths (docs/llm.md)."""
+    g = p.add_argument_group("language model (streamed tokens: TTFT, TPOT, tokens/s)")
+    g.add_argument(
+        "--api",
+        choices=["generate", "openai-completions", "openai-chat"],
+        help="stream from Triton's /v2/models/{m}/generate_stream or OpenAI's /v1/completions or "
+        "/v1/chat/completions (stream=true) instead of sending KServe v2 tensors",
+    )
+    g.add_argument(
+        "--prompt-len",
+        metavar="DIST",
+        help="prompt length in words: fixed:N, uniform:LO,HI or normal:MEAN,STD (default fixed:32)",
+    )
+    g.add_argument(
+        "--output-len",
+        metavar="DIST",
+        help="max_tokens of each request, same forms (default fixed:64; with --dataset, "
+        "the answer's length unless given)",
+    )
+    g.add_argument(
+        "--dataset",
+        metavar="FILE",
+        help="ShareGPT-like JSON: a list of conversations; the first human turn is the prompt, "
+        "the first model turn's length max_tokens",
+    )
+    g.add_argument(
+        "--tokenizer",
+        metavar="FOLDER",
+        help="count a --dataset's answer lengths in this local tokenizer's tokens (default: words)",
+    )
+    g.add_argument("--prompts", type=int, default=1000, help="distinct prompts drawn (sent round robin)")
+    g.add_argument("--temperature", type=float, default=0.0, help="sent with every request (0: greedy)")
+    g.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="ask the server to generate max_tokens whatever the model says (a field of the body)",
+    )
 
 
 def _add_load_arguments(p: argparse.ArgumentParser) -> None:
@@ -377,20 +434,24 @@ async def _loadgen(args: argparse.Namespace) -> int:
     async with client.make_session(args.timeout) as session:
         try:  # a model that cannot be driven as asked (a variable dimension without
             # --input-shape, input data that does not fit it, a probe it refused): one line
-            target = await prepare_target(
-                session,
-                args.url,
-                args.model,
-                protocol,
-                args.images,
-                args.seed,
-                shapes,
-                fixed,
-                args.ready_timeout,
-                metrics_url=None if args.metrics_url == "none" else args.metrics_url,
-                string_data=args.string_data,
-                string_length=args.string_length,
-                input_data=args.input_data,
+            target = (
+                await _lm_target(session, args)
+                if args.api
+                else await prepare_target(
+                    session,
+                    args.url,
+                    args.model,
+                    protocol,
+                    args.images,
+                    args.seed,
+                    shapes,
+                    fixed,
+                    args.ready_timeout,
+                    metrics_url=None if args.metrics_url == "none" else args.metrics_url,
+                    string_data=args.string_data,
+                    string_length=args.string_length,
+                    input_data=args.input_data,
+                )
             )
         except (ValueError, RuntimeError) as exc:
             raise SystemExit(f"loadgen: error: {exc}") from None
@@ -433,12 +494,54 @@ async def _loadgen(args: argparse.Namespace) -> int:
                 console.print(step_line(i, len(specs), runs[-1]))
     title = args.title or f"wattserve loadgen: {target.model} at {target.url}"
     intro = _search_html(extra.get("search"))
-    paths = report.write_all(out, runs, title, sys.argv, extra, intro_html=intro)
+    lm_html = ""
+    if args.api:
+        from .lm_table import lm_html as make_lm_html
+
+        lm_html = make_lm_html(runs)
+    paths = report.write_all(out, runs, title, sys.argv, extra, intro_html=intro, extra_html=lm_html)
     _print_table(console, runs, extra.get("search"))
+    if args.api:
+        from .lm_table import print_lm_table
+
+        print_lm_table(console, runs)
     console.print(f"wrote {paths['results']} and {paths['report']}")
     if args.fail_invalid and not all(r.summary["valid"] for r in runs):
         return EXIT_INVALID
     return 0
+
+
+async def _lm_target(session: Any, args: argparse.Namespace) -> Any:
+    """The language-model target: items from --dataset or the length distributions."""
+    from .lm_target import prepare_lm_target
+    from .lm_workload import LengthDist, read_sharegpt, synthetic_items, tokenizer_counter, word_count
+
+    output = LengthDist.parse(args.output_len) if args.output_len else None
+    if args.dataset:
+        counter = tokenizer_counter(args.tokenizer) if args.tokenizer else word_count
+        items = read_sharegpt(args.dataset, counter, args.prompts)
+        if output is not None:  # the file's prompts with drawn output lengths
+            import dataclasses
+
+            import numpy as np
+
+            lengths = output.sample(len(items), np.random.default_rng(args.seed))
+            items = [dataclasses.replace(it, max_tokens=int(n)) for it, n in zip(items, lengths, strict=True)]
+        unit = "tokens" if args.tokenizer else "words"
+        described = output.describe() if output else f"the first model turn's length in {unit}"
+        workload = {"dataset": str(args.dataset), "prompts": len(items), "output_len": described}
+    else:
+        prompt = LengthDist.parse(args.prompt_len or "fixed:32")
+        output = output or LengthDist.parse("fixed:64")
+        items = synthetic_items(args.prompts, prompt, output, args.seed)
+        workload = {"prompt_len_words": prompt.describe(), "output_len": output.describe(),
+                    "prompts": len(items)}  # fmt: skip
+    workload.update(api=args.api, temperature=args.temperature, ignore_eos=args.ignore_eos)
+    return await prepare_lm_target(
+        session, args.url, args.model, args.api, items, workload, args.ready_timeout,
+        metrics_url=None if args.metrics_url == "none" else args.metrics_url,
+        temperature=args.temperature, ignore_eos=args.ignore_eos,
+    )  # fmt: skip
 
 
 def _search_html(search: dict[str, Any] | None) -> str:

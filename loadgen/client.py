@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 
 from .payloads import PreparedRequest
+from .stats import StreamTimes
 
 # Response headers wattserve adds to every infer answer (absent on other servers).
 H_QUEUE, H_COMPUTE, H_BATCH = ("X-Queue-Time-Ms", "X-Compute-Time-Ms", "X-Batch-Size")
@@ -22,6 +23,7 @@ class Outcome:
     compute_ms: float | None = None
     batch_size: int | None = None
     detail: str | None = None  # error body (truncated) for the probe's error messages
+    stream: StreamTimes | None = None  # a language model's streamed answer (lm_client.py)
 
 
 def make_session(timeout_s: float) -> aiohttp.ClientSession:

@@ -14,6 +14,19 @@ from typing import Any
 from .runner import RunResult
 from .stats import PERCENTILES, percentile_key
 
+# a language model's run (empty for other models): HDR percentiles of TTFT, TPOT, latency
+LM_FIGURES = ("ttft", "tpot")
+LM_SUMMARY_COLUMNS = [
+    *[f"{fig}_{percentile_key(p)}_ms" for fig in LM_FIGURES for p in PERCENTILES],
+    "output_tokens",
+    "output_tokens_per_s",
+    "mean_output_tokens",
+    "mean_prompt_tokens",
+    "token_source",
+    "server_output_tokens_per_s",
+    "energy_per_output_token_j",
+]
+LM_REQUEST_COLUMNS = ["ttft_ms", "tpot_ms", "output_tokens", "prompt_tokens", "token_source"]
 SUMMARY_COLUMNS = [
     "label",
     "model",
@@ -42,6 +55,7 @@ SUMMARY_COLUMNS = [
     "energy_per_inference_j",
     "gpu_power_w",
     "gpu_utilization",
+    *LM_SUMMARY_COLUMNS,
 ]
 REQUEST_COLUMNS = [
     "run",
@@ -56,6 +70,7 @@ REQUEST_COLUMNS = [
     "queue_ms",
     "compute_ms",
     "batch_size",
+    *LM_REQUEST_COLUMNS,
 ]
 
 
@@ -106,6 +121,16 @@ def summary_row(run: RunResult) -> dict[str, Any]:
     }
     for p in PERCENTILES:
         row[f"latency_{percentile_key(p)}_ms"] = lat[percentile_key(p)]
+    lm = s.get("lm") or {}
+    for fig in LM_FIGURES:
+        for p in PERCENTILES:
+            row[f"{fig}_{percentile_key(p)}_ms"] = (lm.get(f"{fig}_ms") or {}).get(percentile_key(p))
+    for key in ("output_tokens", "output_tokens_per_s", "mean_output_tokens", "mean_prompt_tokens"):
+        row[key] = lm.get(key)
+    row["token_source"] = ", ".join(lm.get("token_source", [])) or None
+    server_lm = server.get("lm") or {}  # the server's own count (lm_window.py)
+    row["server_output_tokens_per_s"] = server_lm.get("output_tokens_per_s")
+    row["energy_per_output_token_j"] = server_lm.get("energy_per_output_token_j")
     return row
 
 
@@ -141,6 +166,11 @@ def write_requests_csv(runs: Sequence[RunResult], path: Path) -> None:
                         _cell(r.queue_ms),
                         _cell(r.compute_ms),
                         _cell(r.batch_size),
+                        _ms(r.ttft_s),
+                        _ms(r.tpot_s),
+                        _cell(r.output_tokens),
+                        _cell(r.prompt_tokens),
+                        _cell(r.token_source),
                     ]
                 )
 
@@ -173,6 +203,10 @@ def _clean(obj: Any) -> Any:
     if hasattr(obj, "item"):  # numpy scalars
         return _clean(obj.item())
     return obj
+
+
+def _ms(v: float | None) -> str:
+    return "" if v is None else f"{v * 1000:.3f}"
 
 
 def _cell(v: Any) -> Any:

@@ -17,6 +17,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from .lm_window import lm_window
+
 LabelKey = tuple[tuple[str, str], ...]
 
 INFERENCES = "wattserve_inferences_total"
@@ -114,6 +116,9 @@ def window_stats(
     answered = inferences + cached if inferences is not None and cached is not None else inferences
     out.update(_telemetry(delta, inside, answered))
     out["policy"] = _series_table(delta, inside, inferences, is_policy)
+    lm = lm_window(delta, inside, window[1] - window[0] if window else None)
+    if lm is not None:  # a language model: its tokens over the window (lm_window.py)
+        out["lm"] = lm
     return out
 
 

@@ -24,7 +24,7 @@ import dataclasses
 import gc
 import itertools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -51,6 +51,9 @@ async def sleep_until(deadline: float) -> None:
         await asyncio.sleep(delay)
 
 
+Sender = Callable[..., Awaitable[client.Outcome]]
+
+
 @dataclass
 class Target:
     """A model on a KServe v2 server, with its request bodies prepared."""
@@ -61,6 +64,9 @@ class Target:
     requests: list[PreparedRequest]
     metrics_url: str | None  # None when the server has no /metrics
     metadata: dict[str, Any] = field(default_factory=dict)
+    # how one request is sent: KServe v2 (read whole) or a language model's stream (lm_client)
+    send: Sender = client.send
+    workload: dict[str, Any] | None = None  # a language model's prompts and lengths, described
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -70,6 +76,7 @@ class Target:
             "metrics": self.metrics_url is not None,
             "platform": self.metadata.get("platform"),
             "inputs": self.metadata.get("inputs"),
+            **({"workload": self.workload} if self.workload else {}),
         }
 
 
@@ -334,8 +341,37 @@ def summarize(records: Sequence[RequestRecord], spec: LoadSpec, scheduled: int |
         "latency_ms": stats.summarize_ms([r.latency_s for r in ok]),
         "lag_ms": lag,
         "client_headers": stats.header_means(ok),
+        **lm_summary(ok, records, w0, w1),
         "valid": not reasons,
         "invalid_reasons": reasons,
+    }
+
+
+def lm_summary(
+    ok: Sequence[RequestRecord], records: Sequence[RequestRecord], w0: float, w1: float
+) -> dict[str, Any]:
+    """A language model's figures (``{"lm": ...}``), or nothing for other models: TTFT, TPOT
+    and latency percentiles of the window's answered requests, their output tokens and who
+    counted them, and tokens/s (the output tokens of the requests answered inside the window,
+    over its length: the rule ``achieved_rate`` follows)."""
+    if not any(r.output_tokens is not None for r in ok):
+        return {}
+    finished = [r for r in records if r.ok and w0 <= r.done_s < w1 and r.output_tokens is not None]
+    ttft = [t for r in ok if (t := r.ttft_s) is not None]
+    tpot = [t for r in ok if (t := r.tpot_s) is not None]
+    tokens = [r.output_tokens for r in ok if r.output_tokens is not None]
+    prompts = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+    return {
+        "lm": {
+            "ttft_ms": stats.summarize_ms(ttft),
+            "tpot_ms": stats.summarize_ms(tpot),
+            "latency_ms": stats.summarize_ms([r.latency_s for r in ok]),
+            "output_tokens": sum(tokens),
+            "mean_output_tokens": sum(tokens) / len(tokens) if tokens else None,
+            "mean_prompt_tokens": sum(prompts) / len(prompts) if prompts else None,
+            "token_source": sorted({r.token_source for r in ok if r.token_source}),
+            "output_tokens_per_s": sum(r.output_tokens or 0 for r in finished) / (w1 - w0),
+        }
     }
 
 
@@ -372,6 +408,7 @@ class _OpenLoop:
         live: LiveCounts,
     ) -> None:
         self.session, self.reqs, self.url = session, target.requests, target.url
+        self.send = target.send
         self.t0, self.records, self.live = t0, records, live
         self.sem = asyncio.Semaphore(spec.max_outstanding) if spec.max_outstanding > 0 else None
         self.window_end = t0 + spec.warmup_s + spec.duration_s
@@ -430,7 +467,7 @@ class _OpenLoop:
                 lag_ms = (sent - due) * 1000.0
                 if lag_ms > live.max_lag_ms:
                     live.max_lag_ms = lag_ms
-                out = await client.send(self.session, self.url, self.reqs[index % len(self.reqs)])
+                out = await self.send(self.session, self.url, self.reqs[index % len(self.reqs)])
             finally:
                 if sem is not None:
                     sem.release()
@@ -438,7 +475,7 @@ class _OpenLoop:
             done = now()
             # The schedule's own offset, not due - t0: rounding must not move a request
             # across the window's edge.
-            _record(self.records, live, index, offset, sent - self.t0, done - self.t0, out)
+            _record(self.records, live, index, offset, sent - self.t0, done - self.t0, out, self.t0)
 
     def _settle(self, task: asyncio.Task[None]) -> None:
         self.owed.discard(task)
@@ -464,16 +501,16 @@ async def _closed_loop(
 ) -> None:
     end = t0 + spec.warmup_s + spec.duration_s
     counter = itertools.count()
-    reqs, url = target.requests, target.url
+    reqs, url, send = target.requests, target.url, target.send
     await sleep_until(t0)
 
     async def worker() -> None:
         while (sent := now()) < end:
             index = next(counter)
             live.sent += 1
-            out = await client.send(session, url, reqs[index % len(reqs)])
+            out = await send(session, url, reqs[index % len(reqs)])
             done = now()
-            _record(records, live, index, sent - t0, sent - t0, done - t0, out)
+            _record(records, live, index, sent - t0, sent - t0, done - t0, out, t0)
 
     await asyncio.gather(*(worker() for _ in range(max(1, spec.concurrency))))
 
@@ -486,19 +523,20 @@ def _record(
     sent: float,
     done: float,
     out: client.Outcome,
+    t0: float = 0.0,
 ) -> None:
-    records.append(
-        RequestRecord(
-            index,
-            intended,
-            sent,
-            done,
-            out.status,
-            out.queue_ms,
-            out.compute_ms,
-            out.batch_size,
-        )
+    record = RequestRecord(
+        index, intended, sent, done, out.status, out.queue_ms, out.compute_ms, out.batch_size
     )
+    if out.stream is not None:  # a language model's stream: its token times, as offsets
+        st = out.stream
+        record.first_token_s = None if st.first_s is None else st.first_s - t0
+        record.last_token_s = None if st.last_s is None else st.last_s - t0
+        record.output_tokens, record.prompt_tokens = st.tokens, st.prompt_tokens
+        record.token_source = st.token_source
+        if st.tokens > 1 and st.token_events > 1 and st.first_token_s is not None and st.last_s is not None:
+            record.tpot_s = (st.last_s - st.first_token_s) / (st.tokens - 1)
+    records.append(record)
     live.done += 1
     if out.status != stats.OK:
         live.errors += 1

@@ -23,6 +23,24 @@ OK = "200"
 
 
 @dataclass(slots=True)
+class StreamTimes:
+    """A streamed language-model answer as the client saw it: absolute ``perf_counter`` times
+    of the first event with text (time to first token), of the first and the last event
+    carrying a token (time per output token), how many events carried tokens, the output
+    tokens and where their count came from (``usage``: the server's OpenAI usage; ``events``: one
+    generate_stream event per token, or the ids of a whole answer; ``chunks``: OpenAI chunks
+    counted when the server sent no usage)."""
+
+    first_s: float | None = None
+    first_token_s: float | None = None
+    last_s: float | None = None
+    token_events: int = 0
+    tokens: int = 0
+    token_source: str = ""
+    prompt_tokens: int | None = None
+
+
+@dataclass(slots=True)
 class RequestRecord:
     """One request. Times are seconds from the run's start on the generator's monotonic clock.
 
@@ -39,6 +57,19 @@ class RequestRecord:
     queue_ms: float | None = None
     compute_ms: float | None = None
     batch_size: int | None = None
+    # language models (streamed): offsets of the first text and last token, as ``done_s``
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    output_tokens: int | None = None
+    prompt_tokens: int | None = None
+    token_source: str | None = None
+    # (last - first token event) / (tokens - 1); None for one token or one event holding all
+    tpot_s: float | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token, from the intended send time (as latency)."""
+        return None if self.first_token_s is None else self.first_token_s - self.intended_s
 
     @property
     def latency_s(self) -> float:

@@ -6,7 +6,9 @@ filled in by ``prepare`` before the request is queued):
 - ``text_input`` BYTES (UTF-8 prompt), ``max_tokens`` INT32 (0: the configured default);
 - ``temperature`` FP32 (0: greedy, the default), ``top_p`` FP32 (1: off), ``top_k`` INT32
   (0: off), ``seed`` INT64 (-1: none; a sampled request without one draws a fresh seed);
-- ``stop`` BYTES (a JSON list of stop strings, or one plain string), ``ignore_eos`` BOOL.
+- ``stop`` BYTES (a JSON list of stop strings, or one plain string), ``ignore_eos`` BOOL;
+- ``stream`` BOOL, for the streaming front ends alone (false: one answer, not one per
+  token; Triton's vLLM and TensorRT-LLM backends take it as an input): ``prepare`` drops it.
 
 Outputs: ``text_output`` BYTES (the generated text, stop string excluded), ``output_ids``
 INT64 [-1] (the generated tokens, an end-of-sequence token included as Hugging Face's
@@ -63,6 +65,7 @@ INPUTS = [
     TensorSpec("seed", (1,), "INT64", optional=True),
     TensorSpec("stop", (1,), "BYTES", optional=True),
     TensorSpec("ignore_eos", (1,), "BOOL", optional=True),
+    TensorSpec("stream", (1,), "BOOL", optional=True),
 ]
 OUTPUTS = [
     TensorSpec("text_output", (1,), "BYTES"),

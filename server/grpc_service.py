@@ -46,6 +46,7 @@ from wattserve.server.core.documents import (
     statistics_doc,
     triton_config,
 )
+from wattserve.server.core.token_stream import stream_wanted, token_sink
 from wattserve.server.extension_errors import ExtensionError
 from wattserve.server.grpc_access import GrpcAccessControl
 from wattserve.server.grpc_codec import build_response, parse_grpc_request, payload_bytes
@@ -283,6 +284,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def _stream_answer(self, raw: bytes, put: Callable[[Any], None]) -> Any:
         request_id = ""
+        decoupled: DecoupledAnswers | None = None
         try:
             request_id = _peek_id(raw)
             request, reserved = await self._receive(raw)
@@ -292,6 +294,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 if decoupled.stream is not None:  # answered through the stream, final flag last
                     await decoupled.stream.finished.wait()
                     return _STREAMED
+                if decoupled.tokens is not None:  # a language model's tokens went out one by one
+                    return decoupled.tokens.end(response)
             except asyncio.CancelledError:  # the client went away: the model's sender says so
                 if decoupled.stream is not None:
                     decoupled.stream.cancel()
@@ -299,6 +303,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             finally:
                 self.body_budget.release(reserved)
         except Failure as failure:
+            if decoupled is not None and decoupled.tokens is not None and decoupled.tokens.final_sent:
+                return _STREAMED  # answered meanwhile (a deadline) after its final token went out
             return service_pb2.ModelStreamInferResponse(
                 error_message=str(failure), infer_response=service_pb2.ModelInferResponse(id=request_id)
             )
@@ -529,17 +535,22 @@ class DecoupledAnswers:
         self.message = message
         self.put = put
         self.stream: ResponseStream | None = None
+        self.tokens: TokenAnswers | None = None  # a language model's request, streamed
         param = message.parameters.get("triton_enable_empty_final_response")
         self.empty_final = bool(param is not None and param.bool_param)
 
     async def decode(self, runtime: ModelRuntime, message: Any) -> tuple[Any, Any]:
         request, engine = await self.service._decode(runtime, message)
+        loop = asyncio.get_running_loop()
         if is_decoupled(runtime.config):
-            self.stream = ResponseStream(
-                asyncio.get_running_loop(), partial(self.emit, runtime, request, engine)
-            )
+            self.stream = ResponseStream(loop, partial(self.emit, runtime, request, engine))
             request.response_sink = self.stream.sink
             request.response_cancelled = self.stream.is_cancelled
+        elif getattr(engine, "streams_tokens", False):  # a language model: one response per token
+            tokens = TokenAnswers(self.message.model_name, runtime.version, request, engine, self)
+            if stream_wanted(request.parameters, request.inputs):
+                request.token_sink = token_sink(loop, tokens.emit)
+            self.tokens = tokens
         return request, engine
 
     def emit(
@@ -566,6 +577,43 @@ class DecoupledAnswers:
                 messages.append(service_pb2.ModelStreamInferResponse(infer_response=last))
         for message in messages:
             self.put(_Partial(message))
+
+
+class TokenAnswers:
+    """A streamed request to a language model: each token as its own ModelStreamInferResponse
+    (``text_output`` the new text, the request's id), the one that ends the generation
+    flagged ``triton_final_response`` (Triton's vLLM and TensorRT-LLM backends send the
+    last piece with the final flag; Triton's stream handler marks every response). With
+    ``stream: false`` the request's one answer is the final response."""
+
+    def __init__(self, name: str, version: str, request: Any, engine: Any, answers: DecoupledAnswers) -> None:
+        self.name, self.version = name, version
+        self.request, self.engine = request, engine
+        self.answers = answers
+        self.sent = 0
+        self.final_sent = False
+
+    def emit(self, outputs: dict[str, Any], final: bool) -> None:
+        """On the loop, in the order generated: one token's response."""
+        response = build_response(self.name, self.version, self.request, outputs, self.engine.outputs,
+                                  self.answers.service.shm)  # fmt: skip
+        response.parameters["triton_final_response"].bool_param = final
+        self.sent += 1
+        self.final_sent = self.final_sent or final
+        self.answers.put(_Partial(service_pb2.ModelStreamInferResponse(infer_response=response)))
+
+    def end(self, response: Any) -> Any:
+        """The request's answer arrived (every token's callback ran before it, on the loop):
+        nothing more when the final token went out; else the whole answer, flagged final
+        (``stream: false``, or a response-cache hit), or, when some tokens went out but
+        none was the last, an empty final response."""
+        if self.final_sent:
+            return _STREAMED
+        if self.sent:
+            response = service_pb2.ModelInferResponse(id=self.request.id or "", model_name=self.name,
+                                                      model_version=self.version)  # fmt: skip
+        response.parameters["triton_final_response"].bool_param = True
+        return service_pb2.ModelStreamInferResponse(infer_response=response)
 
 
 def _peek_id(raw: bytes) -> str:

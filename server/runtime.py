@@ -236,8 +236,8 @@ class ModelRuntime:
 
     def _cache_key(self, request: InferRequest) -> bytes | None:
         """The request's response-cache key, or None when it is not cached: no cache, or the
-        request carries its own parameters or a response stream (either may change the answer)."""
-        if request.parameters or request.response_sink is not None:
+        request carries its own parameters or a response (or token) stream (either may change the answer)."""
+        if request.parameters or request.response_sink is not None or request.token_sink is not None:
             return None
         return request_key(self.name, self.version, request.inputs, request.outputs)
 

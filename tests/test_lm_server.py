@@ -270,8 +270,8 @@ def test_metrics_count_tokens_blocks_preemptions_and_energy_per_token(folder):
 
 
 def test_grpc_stream_infer_answers_each_generation_with_hf_greedy_tokens(folder):
-    """gRPC ModelStreamInfer: one answer per request (the token-by-token stream is HTTP's
-    only, docs/llm.md), nine concurrent generations, each equal to generate() alone."""
+    """gRPC ModelStreamInfer with ``stream: false``: one answer per request, nine concurrent
+    generations, each equal to generate() alone (token by token: tests/test_lm_grpc.py)."""
     import threading
 
     import numpy as np
@@ -301,7 +301,9 @@ def test_grpc_stream_infer_answers_each_generation_with_hf_greedy_tokens(folder)
                 text.set_data_from_numpy(np.array([[prompt.encode()]], dtype=object))
                 tokens = tgrpc.InferInput("max_tokens", [1, 1], "INT32")
                 tokens.set_data_from_numpy(np.array([[6 + i]], np.int32))
-                client.async_stream_infer(MODEL, [text, tokens], request_id=f"r{i}")
+                client.async_stream_infer(
+                    MODEL, [text, tokens], request_id=f"r{i}", parameters={"stream": False}
+                )
             assert done.wait(120)
         finally:
             client.stop_stream()

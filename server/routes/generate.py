@@ -39,6 +39,7 @@ from wattserve.server.codec import (
 )
 from wattserve.server.core.admission import Refused, admit
 from wattserve.server.core.decoupled import ResponseStream, is_decoupled
+from wattserve.server.core.token_stream import token_sink
 from wattserve.server.http_status import HTTP_STATUS
 from wattserve.server.model_set import ModelSet
 from wattserve.server.routes.body import read_upload
@@ -190,24 +191,14 @@ def _error_of(exc: BaseException) -> tuple[str, int]:
 
 
 def token_events(loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Event], state: dict[str, Any]) -> Any:
-    """A language model's token sink (engine thread) -> one streamed event per piece of text,
-    each as Triton's LLM backends stream: ``text_output`` the new text alone."""
+    """A language model's token sink (engine thread) -> one streamed event per piece of text
+    (``server.core.token_stream``, shared with gRPC streaming)."""
 
-    def on_loop(delta: str, token: int, finish_reason: str | None, prompt_tokens: int) -> None:
+    def deliver(outputs: dict[str, np.ndarray], final: bool) -> None:
         state["streamed"] = True
-        outputs = {
-            "prompt_tokens": np.array([[prompt_tokens]], np.int32),
-            "text_output": np.array([[delta.encode()]], dtype=object),
-            "output_ids": np.array([[token]], np.int64),
-            "finish_reason": np.array([[(finish_reason or "").encode()]], dtype=object),
-        }
-        events.put_nowait((outputs, None, False))
+        events.put_nowait((outputs, None, False))  # the end comes when the request is answered
 
-    def sink(delta: str, token: int, finish_reason: str | None, prompt_tokens: int) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody reads any more
-            loop.call_soon_threadsafe(on_loop, delta, token, finish_reason, prompt_tokens)
-
-    return sink
+    return token_sink(loop, deliver)
 
 
 # ---------------------------------------------------------------------------- routes

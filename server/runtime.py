@@ -73,6 +73,11 @@ class ModelRuntime:
         self.request_max_batch = serving.max_batch_size if batching else 0
         self.devices = list(serving.devices)
         self.queue_policy = serving.queue  # read per request (make_item, work_item)
+        # priority_queue_policy levels with a queue bound of their own (most models: none, so
+        # the per-request check is one empty-dict test)
+        self._level_bounds = {
+            level: p.max_queue_size for level, p in serving.queue.levels.items() if p.max_queue_size
+        }
         self.priority_levels = serving.batching.priority_levels
         self.platform = platform
         self.config = config  # parsed ModelConfig when served from a repository
@@ -319,7 +324,7 @@ class ModelRuntime:
         outcome = "success"
         result: Result | None = None
         try:
-            bound = self.queue_policy.at(item.priority).max_queue_size
+            bound = self._level_bounds.get(item.priority) if self._level_bounds else None
             if bound and self.batcher.queue.level_size(item.priority) >= bound:
                 raise QueueFull(f"Exceeds maximum queue size (priority level {item.priority} holds {bound})")
             result = await self.batcher.submit(item)

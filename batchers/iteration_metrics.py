@@ -13,7 +13,7 @@
   the batcher at scrape time).
 
 The server makes one ``IterationMetrics`` per served step model and hands it to that
-model's one batch observer (``server/batch_observer.py``), its only writer: the engine's
+model's one batch observer (``server/models/batch_observer.py``), its only writer: the engine's
 step reports arrive through the observer's ``on_step``, time to result through its
 ``on_batch``. The families are declared once per registry (many models share one;
 ``telemetry.families``).

@@ -15,7 +15,7 @@
 
 Running sequences are ``wattserve_running_states`` (batchers/iteration_metrics.py). The
 engine reports every step's new tokens on its thread (``token_observer``); the server's
-batch observer binds it (server/batch_observer.py).
+batch observer binds it (server/models/batch_observer.py).
 """
 
 from __future__ import annotations

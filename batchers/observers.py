@@ -2,7 +2,7 @@
 
 A batcher calls exactly one ``BatchObserver``. The server composes its serving metrics,
 the energy meter of the engine's device and telemetry's per-batch record into one
-(``server/batch_observer.py``); tests pass their own; without one, ``NULL_OBSERVER``.
+(``server/models/batch_observer.py``); tests pass their own; without one, ``NULL_OBSERVER``.
 
 Where each call runs matters: ``on_dispatch`` runs wherever a batch is taken from the
 queue (the event loop, or an engine thread when it chains the next batch), the

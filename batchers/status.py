@@ -2,8 +2,8 @@
 
 Triton's own error codes (``TRITONSERVER_ERROR_*``) are the model: the core says *what*
 went wrong (an invalid argument, something unavailable for now, ...) and the HTTP and gRPC
-front ends each translate that with one table (``server/http_status.py``,
-``server/grpc_service.GRPC_CODES``). A few kinds that only a transport can cause (a body
+front ends each translate that with one table (``server/http/status.py``,
+``server/grpc/service.GRPC_CODES``). A few kinds that only a transport can cause (a body
 over the size limit, a media type it does not take, a failed token check) are here too,
 so that the same table shape covers them.
 """

@@ -48,7 +48,7 @@ class WorkItem:
     # what the front end knew of the request beyond its tensors (its id, requested outputs,
     # a stream's response sink): read only by engines that take requests (RunsRequests)
     context: object = None
-    # the response cache's key for this request (server/response_cache.py); None: not cached
+    # the response cache's key for this request (server/models/response_cache.py); None: not cached
     cache_key: bytes | None = None
     # the client has gone (HTTP connection lost, gRPC call cancelled): set on the loop, read
     # by a running engine that takes requests (a Python model's ``request.is_cancelled()``)

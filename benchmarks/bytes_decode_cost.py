@@ -5,12 +5,12 @@
 For each element length L: one ModelInferRequest with ``--elements`` BYTES elements of L
 bytes in ``bytes_contents`` is serialized here; a fresh child process reads it, then does
 what the gRPC front end does with it (``ModelInferRequest.FromString``, then
-``server.bytes_tensors.bytes_from_values`` into the object array the engine gets) and
+``server.core.bytes_tensors.bytes_from_values`` into the object array the engine gets) and
 reports its peak RSS (VmHWM, reset first) above what it held before parsing (the wire bytes
 themselves, which ``RequestPeek.decode_cost`` counts apart). A least-squares fit of
 ``peak = a * contents_wire_bytes + b * elements + c * objects`` (objects: elements longer
 than 1 byte, which CPython cannot share: ``b""`` and 1-byte values are cached singletons)
-gives the per-unit costs ``server/grpc_wire.py`` reserves. The rows are saved to
+gives the per-unit costs ``server/grpc/wire.py`` reserves. The rows are saved to
 ``results/bytes_decode_cost.json``.
 """
 
@@ -33,7 +33,7 @@ MIB = 1024 * 1024
 CHILD = """
 import gc, sys
 from tritonclient.grpc import service_pb2
-from wattserve.server.bytes_tensors import bytes_from_values
+from wattserve.server.core.bytes_tensors import bytes_from_values
 def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key):

@@ -5,7 +5,7 @@ subnormal, the rest spread over every exponent; its JSON mode writes the non-fin
 NaN/Infinity tokens. Two candidate costs, each measured beside ordinary inputs:
 
 1. decode: a JSON body of mobilenet_v2's input (150,528 values, ~3.3 MB) through
-   ``server.codec``'s parser (orjson; python-rapidjson when tokens make orjson refuse), beside
+   ``server.http.codec``'s parser (orjson; python-rapidjson when tokens make orjson refuse), beside
    orjson on the same body with the tokens replaced by ordinary numbers and beside Python's
    json (the fallback before). Also the event loop's longest stall while the body is parsed
    on a worker thread, as the server does past 256 KB: a parser that holds the GIL stalls
@@ -84,7 +84,7 @@ async def loop_stall_ms(parse: Callable[[], Any], repeats: int) -> float:
 def decode_costs(repeats: int) -> dict[str, Any]:
     import json as stdlib_json
 
-    from wattserve.server.codec import _loads
+    from wattserve.server.http.codec import _loads
 
     tokens = body(random_bits(SHAPE))
     plain = tokens.replace(b"NaN", b"0.0").replace(b"Infinity", b"0.0")  # same body, ordinary numbers

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 from wattserve.engines.base import DATATYPE_TO_NUMPY
-from wattserve.server.bytes_tensors import BytesTensorError, deserialize_bytes
+from wattserve.server.core.bytes_tensors import BytesTensorError, deserialize_bytes
 
 from .payloads import InputSpec
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import orjson
 from wattserve.engines.base import DATATYPE_TO_NUMPY
-from wattserve.server.bytes_tensors import serialize_bytes
+from wattserve.server.core.bytes_tensors import serialize_bytes
 
 PROTOCOLS = ("auto", "binary", "json", "image")
 

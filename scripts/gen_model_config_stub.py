@@ -1,4 +1,4 @@
-"""Regenerate server/repository/model_config_pb2.pyi (type stubs for the vendored protoc output).
+"""Regenerate server/models/repository/model_config_pb2.pyi (type stubs for the vendored protoc output).
 
 mypy-protobuf is a protoc plugin; protoc is not needed: the vendored module carries its own
 FileDescriptorProto, which is all the plugin reads. Run after re-vendoring model_config_pb2.py:

@@ -1,8 +1,8 @@
 """The FastAPI app factory: the model set, the routers, the guards, the lifespan. Wiring only.
 
 Two front ends over one protocol-neutral core (``server/core/``: admission, decoding, the
-documents both serve): HTTP routes in ``server/routes/`` by concern, gRPC in
-``server/grpc_service.py``. Both reach the models only through the ``ModelSet`` and the
+documents both serve): HTTP routes in ``server/http/routes/`` by concern, gRPC in
+``server/grpc/service.py``. Both reach the models only through the ``ModelSet`` and the
 core; nothing there imports this module, so there is no cycle.
 """
 
@@ -21,37 +21,38 @@ from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from wattserve.engines.python_backend.custom_metrics import CustomMetrics, publishing_to
 from wattserve.engines.registry import build_engine
-from wattserve.server.classification import ClassLabels
 from wattserve.server.core.decode import BodyBudget
 from wattserve.server.core.documents import VERSION
 from wattserve.server.core.model_caller import model_caller
-from wattserve.server.cuda_ipc import CudaRuntimeIpc
-from wattserve.server.fast_path import WattserveApp
+from wattserve.server.extensions.classification import ClassLabels
+from wattserve.server.extensions.cuda_ipc import CudaRuntimeIpc
+from wattserve.server.extensions.shared_memory import SharedMemoryRegistry
+from wattserve.server.extensions.trace_logging import LogSettings, TraceSettings
+from wattserve.server.extensions.triton_metrics import TritonMetrics
+from wattserve.server.http.fast_path import WattserveApp
+from wattserve.server.http.middleware import http_error, internal_error, invalid_parameters
+from wattserve.server.http.routes.generate import generate_routes
+from wattserve.server.http.routes.health import health_router
+from wattserve.server.http.routes.images import images_router
+from wattserve.server.http.routes.inference import inference_routes
+from wattserve.server.http.routes.openai import openai_routes
+from wattserve.server.http.routes.repository import repository_router
+from wattserve.server.http.routes.shared_memory import shared_memory_router
+from wattserve.server.http.routes.trace_logging import trace_logging_router
+from wattserve.server.http.schemas import ErrorBody, InferRequestBody, InferResponseBody
 from wattserve.server.lifecycle import IdleTrimmer
-from wattserve.server.metrics import ServingMetrics, server_metrics
-from wattserve.server.middleware import http_error, internal_error, invalid_parameters
-from wattserve.server.model_plan import EngineFactory, ModelPlan, ModelSource, SettingsSource
-from wattserve.server.model_set import ModelSet, ModelSetActivity
-from wattserve.server.response_cache import ResponseCache, parse_cache_config
-from wattserve.server.routes.generate import generate_routes
-from wattserve.server.routes.health import health_router
-from wattserve.server.routes.images import images_router
-from wattserve.server.routes.inference import inference_routes
-from wattserve.server.routes.openai import openai_routes
-from wattserve.server.routes.repository import repository_router
-from wattserve.server.routes.shared_memory import shared_memory_router
-from wattserve.server.routes.trace_logging import trace_logging_router
-from wattserve.server.runtime import ModelRuntime
-from wattserve.server.schemas import ErrorBody, InferRequestBody, InferResponseBody
+from wattserve.server.models.metrics import ServingMetrics, server_metrics
+from wattserve.server.models.model_set import ModelSet, ModelSetActivity
+from wattserve.server.models.plan import EngineFactory, ModelPlan, ModelSource, SettingsSource
+from wattserve.server.models.repository.poll import RepositoryPoller
+from wattserve.server.models.response_cache import ResponseCache, parse_cache_config
+from wattserve.server.models.runtime import ModelRuntime
 from wattserve.server.security import AccessControl, parse_restricted_api
 from wattserve.server.settings import Settings
-from wattserve.server.shared_memory import SharedMemoryRegistry
-from wattserve.server.trace_logging import LogSettings, TraceSettings
-from wattserve.server.triton_metrics import TritonMetrics
 from wattserve.telemetry import TelemetryService
 
 if TYPE_CHECKING:
-    from wattserve.server.grpc_service import GrpcFrontEnd
+    from wattserve.server.grpc.service import GrpcFrontEnd
 
 log = logging.getLogger("wattserve.server")
 
@@ -59,7 +60,7 @@ log = logging.getLogger("wattserve.server")
 def model_source(settings: Settings, engine_factory: EngineFactory) -> ModelSource:
     """A repository when one is configured, else the one built-in model the settings name."""
     if settings.model_repository is not None:
-        from wattserve.server.repository.plan import RepositorySource
+        from wattserve.server.models.repository.plan import RepositorySource
 
         return RepositorySource(settings.model_repository, settings)
     return SettingsSource(settings, engine_factory)
@@ -78,7 +79,7 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
 
     def make_runtime(plan: ModelPlan) -> ModelRuntime:
         if plan.platform == "ensemble":  # no engine or batcher: its steps use their models'
-            from wattserve.server.ensemble import ensemble_runtime
+            from wattserve.server.models.ensemble import ensemble_runtime
 
             return ensemble_runtime(plan, registry, lambda: models)
         policy = plan.serving.policy  # the batcher that runs, e.g. iteration for continuous on diffusion
@@ -114,7 +115,7 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     strict = settings.strict or settings.model_repository is None
     models = ModelSet(model_source(settings, engine_factory), make_runtime, strict=strict,
                       mode=settings.model_control_mode, startup=settings.load_model,
-                      poll_s=settings.repository_poll_secs)  # fmt: skip
+                      poll_s=settings.repository_poll_secs, poller=RepositoryPoller)  # fmt: skip
     # Triton's nv_* names, read at scrape time
     registry.register(TritonMetrics(models, telemetry, cache=cache))
     registry.register(custom_metrics)  # Python models' own families, read at scrape time
@@ -124,7 +125,7 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
     trace, log_settings = TraceSettings(), LogSettings(settings.log_level)
     grpc_front = None
     if settings.grpc_port:  # same models, admission path and batchers as HTTP; same event loop
-        from wattserve.server.grpc_service import GrpcFrontEnd
+        from wattserve.server.grpc.service import GrpcFrontEnd
 
         grpc_front = GrpcFrontEnd(models, settings, body_budget, restrictions, shm=shm, trace=trace,
                                   log=log_settings)  # fmt: skip
@@ -216,7 +217,7 @@ def _add_routes(
     app.router.routes.extend(generate_routes(models, settings))  # Triton's generate extension (POST)
     app.router.routes.extend(openai_routes(models, settings))  # /v1: OpenAI-compatible, language models
     # The hot path: plain Starlette routes, first in the table, and past the middleware
-    # stack when the app has no middleware of its own (server.fast_path).
+    # stack when the app has no middleware of its own (server.http.fast_path).
     infer_routes = inference_routes(models, settings, body_budget, shm)
     app.router.routes[0:0] = infer_routes
     app.fast_routes = infer_routes

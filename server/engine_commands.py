@@ -70,8 +70,8 @@ def run_export(args: argparse.Namespace) -> int:
     export straight into a repository entry and write its ``config.pbtxt``."""
     if args.repository is None:
         return _export_onnx(args, args.out)
-    from wattserve.server.repository.config import CONFIG_FILE, to_text
-    from wattserve.server.repository.export import entry_config, write_entry
+    from wattserve.server.models.repository.config import CONFIG_FILE, to_text
+    from wattserve.server.models.repository.export import entry_config, write_entry
 
     out = Path(args.repository) / args.model / "1" / "model.onnx"
     status = _export_onnx(args, out)

@@ -330,8 +330,8 @@ def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Co
 
 def http_protocol(settings: Settings, metrics: Any) -> type | str:
     """uvicorn's httptools protocol with the header deadline, header size and connection
-    caps (server.http_protocol); plain h11 (with its own header cap) without httptools."""
-    from wattserve.server.http_protocol import GuardLimits, guarded_protocol, raise_open_file_limit
+    caps (server.http.protocol); plain h11 (with its own header cap) without httptools."""
+    from wattserve.server.http.protocol import GuardLimits, guarded_protocol, raise_open_file_limit
 
     soft, _hard = raise_open_file_limit()
     max_connections = min(settings.max_connections, max(16, soft - 64))  # fds for files, threads

@@ -7,7 +7,7 @@ fields' descriptions. The fields marked ``PER_MODEL`` may also be set per model 
 repository model's config.pbtxt ``parameters`` (``MODEL_PARAMETERS``).
 
 Settings are the process's; no layer below server/ sees them. Each model's configuration is
-built once from them (and its config.pbtxt) as a ``server.serving_config.ServingConfig``,
+built once from them (and its config.pbtxt) as a ``server.models.serving_config.ServingConfig``,
 whose parts (the engine's ``EngineConfig``, the batcher's ``BatchingSpec``) are what the
 engines and batchers receive; telemetry receives ``telemetry_config()``.
 """
@@ -24,7 +24,7 @@ from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.registry import BatcherName, batcher_help
 from wattserve.engines.catalog import BUILTIN_MODELS, EngineName
 from wattserve.engines.config import EngineConfig
-from wattserve.server.response_cache import parse_cache_config
+from wattserve.server.models.response_cache import parse_cache_config
 from wattserve.telemetry.service import TelemetryConfig
 
 # json_schema_extra of the fields a repository model's ``parameters`` may set for itself

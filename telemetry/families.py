@@ -4,7 +4,7 @@ A Prometheus registry refuses a second family of one name, yet many models (and 
 reload of one) share one registry, one ``/metrics``. So each group of families is a class
 whose constructor declares them on a registry, and ``families(registry, Group)`` returns
 the one instance of it for that registry, declaring it on first use. The serving metrics
-(``server/metrics.py``) and the iteration metrics (``batchers/iteration_metrics.py``) both
+(``server/models/metrics.py``) and the iteration metrics (``batchers/iteration_metrics.py``) both
 declare theirs through it; a registry's groups go with the registry (weak keys).
 """
 

@@ -1,4 +1,4 @@
-"""The inference route's header pass and body reservation (server/routes/body.py, the budget
+"""The inference route's header pass and body reservation (server/http/routes/body.py, the budget
 in server/core/decode.py): one pass over
 the raw headers reads what Starlette's header lookups would, and a body's reservation is
 given back by whoever holds it, or at once when reading fails."""
@@ -10,9 +10,9 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from wattserve.batchers.status import Status
 from wattserve.batchers.types import ClientGone
-from wattserve.server.codec import BadRequest
 from wattserve.server.core.decode import BodyBudget, BudgetExceeded
-from wattserve.server.routes.body import inference_headers, read_reserved_body
+from wattserve.server.core.request import BadRequest
+from wattserve.server.http.routes.body import inference_headers, read_reserved_body
 
 RAW_HEADER_LISTS = [
     [],

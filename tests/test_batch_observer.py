@@ -85,9 +85,9 @@ async def test_the_runtime_wires_one_observer_and_the_policys_own_collector():
     with the model's name while the batcher serves and unregistered when it stops, so a
     reload does not leave a stale copy behind."""
     from prometheus_client import CollectorRegistry
-    from wattserve.server.metrics import ServingMetrics
-    from wattserve.server.runtime import ModelRuntime
-    from wattserve.server.serving_config import ServingConfig
+    from wattserve.server.models.metrics import ServingMetrics
+    from wattserve.server.models.runtime import ModelRuntime
+    from wattserve.server.models.serving_config import ServingConfig
     from wattserve.server.settings import Settings
 
     registry = CollectorRegistry()
@@ -108,9 +108,9 @@ async def test_the_runtime_wires_one_observer_and_the_policys_own_collector():
 
 
 async def test_a_batcher_that_cannot_serve_the_engine_fails_the_load_and_frees_it():
-    from wattserve.server.metrics import ServingMetrics
-    from wattserve.server.runtime import ModelRuntime
-    from wattserve.server.serving_config import ServingConfig
+    from wattserve.server.models.metrics import ServingMetrics
+    from wattserve.server.models.runtime import ModelRuntime
+    from wattserve.server.models.serving_config import ServingConfig
     from wattserve.server.settings import Settings
 
     closed = []

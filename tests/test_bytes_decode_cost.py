@@ -1,5 +1,5 @@
 """The gRPC front end's decoding estimate for typed BYTES contents bounds what decoding
-really holds (server/grpc_wire.py ``TYPED_COST``; Triton's qa/L0_grpc/python_unit_test.py
+really holds (server/grpc/wire.py ``TYPED_COST``; Triton's qa/L0_grpc/python_unit_test.py
 ``test_bytes_contents_many_elements_serialization`` sends 10 Mi ``bytes_contents``).
 
 Measured in a fresh process (benchmarks/bytes_decode_cost.py): protobuf's parse, then the
@@ -11,7 +11,7 @@ wire byte (32.3 and 30.2 measured, against 34 reserved; the old 32 was below the
 from __future__ import annotations
 
 import pytest
-from wattserve.server.grpc_wire import peek_request
+from wattserve.server.grpc.wire import peek_request
 
 from benchmarks.bytes_decode_cost import measure, request_bytes
 

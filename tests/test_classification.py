@@ -1,4 +1,4 @@
-"""server.classification: Triton's top-K strings, exactly as its server prints them
+"""server.extensions.classification: Triton's top-K strings, exactly as its server prints them
 (src/classification.cc: ``std::to_string(value) + ":" + std::to_string(index)`` and
 ``":" + label`` where there is one), and the labels file read as Triton reads it."""
 
@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from wattserve.server.classification import (
+from wattserve.server.extensions.classification import (
     ClassLabels,
     check_classifiable,
     class_count,
     read_labels,
     top_k_strings,
 )
-from wattserve.server.repository import model_config_pb2 as pb
+from wattserve.server.models.repository import model_config_pb2 as pb
 
 
 def test_batched_rows_sorted_descending_with_labels():

@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 from wattserve.engines.base import TensorSpec
-from wattserve.server.codec import MAX_JSON_DEPTH, BadRequest, parse_infer_request
+from wattserve.server.core.request import BadRequest
+from wattserve.server.http.codec import MAX_JSON_DEPTH, parse_infer_request
 
 SPEC = TensorSpec("input", (4096,), "FP32")
 OUT = TensorSpec("output", (4096,), "FP32")

@@ -113,7 +113,7 @@ def test_client_gone_before_its_batch_is_formed_is_never_computed(monkeypatch):
     server has seen the hang-up (its queue empties), the engine is released: the gone
     client's request must not be computed. (The old watcher started 20 ms after
     submission; a longer window here makes the race deterministic.)"""
-    from wattserve.server.routes import common
+    from wattserve.server.http.routes import common
 
     monkeypatch.setattr(common, "WATCH_AFTER_S", 30.0)
     engine = GatedEngine(max_batch_size=1)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from wattserve.engines.python_backend import custom_metrics, pb_utils
-from wattserve.server.repository.plan import plan_model
+from wattserve.server.models.repository.plan import plan_model
 from wattserve.server.settings import Settings
 
 from support.python_models import write_python_model

@@ -62,7 +62,7 @@ def test_architecture_names_only_files_that_exist() -> None:
 
 
 def test_the_path_check_catches_a_missing_file() -> None:
-    text = "### server/\n\n| `model_set.py` | x |\n| `no_such_module.py` | y |\n\nsee `batchers/{queue,nothing}.py`\n"
+    text = "### server/models/\n\n| `model_set.py` | x |\n| `no_such_module.py` | y |\n\nsee `batchers/{queue,nothing}.py`\n"
     missing = [name for name, section, _ in _named_paths(text) if not _exists(name, section)]
     assert missing == ["no_such_module.py", "batchers/nothing.py"]
 

@@ -10,9 +10,9 @@ import threading
 
 import pytest
 from prometheus_client import CollectorRegistry
-from wattserve.server.metrics import ServingMetrics
-from wattserve.server.runtime import ModelRuntime
-from wattserve.server.serving_config import ServingConfig
+from wattserve.server.models.metrics import ServingMetrics
+from wattserve.server.models.runtime import ModelRuntime
+from wattserve.server.models.serving_config import ServingConfig
 from wattserve.server.settings import Settings
 
 from tests.gated_engine import GatedEngine, item_input

@@ -1,4 +1,4 @@
-"""POST .../infer skips the framework's middleware stack (server.fast_path) unless the app
+"""POST .../infer skips the framework's middleware stack (server.http.fast_path) unless the app
 has middleware of its own; every other request, and every request of an app with access
 control, takes the full stack."""
 
@@ -15,7 +15,7 @@ import orjson
 from starlette.responses import Response
 from starlette.routing import Route
 from wattserve.server.app import create_app
-from wattserve.server.fast_path import InferenceFastPath
+from wattserve.server.http.fast_path import InferenceFastPath
 from wattserve.server.settings import Settings
 
 from tests.gated_engine import GatedEngine

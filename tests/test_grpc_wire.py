@@ -1,10 +1,10 @@
-"""server.grpc_wire reads a ModelInferRequest's header from its bytes as protobuf does."""
+"""server.grpc.wire reads a ModelInferRequest's header from its bytes as protobuf does."""
 
 from __future__ import annotations
 
 import pytest
 from tritonclient.grpc import service_pb2
-from wattserve.server.grpc_wire import WireError, peek_request
+from wattserve.server.grpc.wire import WireError, peek_request
 
 
 def message() -> service_pb2.ModelInferRequest:

@@ -8,10 +8,10 @@ import gc
 import weakref
 
 from prometheus_client import CollectorRegistry
-from wattserve.server.metrics import ServingMetrics
-from wattserve.server.model_plan import SettingsSource
-from wattserve.server.model_set import ModelSet
-from wattserve.server.runtime import ModelRuntime
+from wattserve.server.models.metrics import ServingMetrics
+from wattserve.server.models.model_set import ModelSet
+from wattserve.server.models.plan import SettingsSource
+from wattserve.server.models.runtime import ModelRuntime
 from wattserve.server.settings import Settings
 
 from tests.gated_engine import GatedEngine
@@ -70,7 +70,7 @@ def test_an_unwatched_observer_lets_go_of_the_batcher_in_every_gauge():
     """The gauge families outlive a model's batcher (reloads reuse them): after ``unwatch``
     neither the serving gauges nor a step model's running-set gauge may hold it."""
     from wattserve.batchers.iteration_metrics import IterationMetrics
-    from wattserve.server.batch_observer import ServingObserver
+    from wattserve.server.models.batch_observer import ServingObserver
 
     class Watched:
         queue_depth = 3

@@ -23,12 +23,13 @@ from prometheus_client import CollectorRegistry
 from tritonclient.utils import InferenceServerException
 from wattserve.batchers.status import Status
 from wattserve.engines.registry import build_engine
-from wattserve.server.codec import BadRequest, parse_infer_request
 from wattserve.server.core.admission import Refused
 from wattserve.server.core.decode import OFFLOAD_DECODE_BYTES, BodyBudget, InferenceDecoder
-from wattserve.server.metrics import ServingMetrics
-from wattserve.server.runtime import ModelRuntime
-from wattserve.server.serving_config import ServingConfig
+from wattserve.server.core.request import BadRequest
+from wattserve.server.http.codec import parse_infer_request
+from wattserve.server.models.metrics import ServingMetrics
+from wattserve.server.models.runtime import ModelRuntime
+from wattserve.server.models.serving_config import ServingConfig
 from wattserve.server.settings import Settings
 
 from tests.servers import free_port, threaded_server

@@ -13,10 +13,10 @@ from wattserve.batchers.status import Status
 from wattserve.engines.registry import build_engine
 from wattserve.server.core.admission import Refused
 from wattserve.server.core.inprocess import infer_in_process
-from wattserve.server.metrics import ServingMetrics
-from wattserve.server.model_plan import SettingsSource
-from wattserve.server.model_set import ModelSet
-from wattserve.server.runtime import ModelRuntime
+from wattserve.server.models.metrics import ServingMetrics
+from wattserve.server.models.model_set import ModelSet
+from wattserve.server.models.plan import SettingsSource
+from wattserve.server.models.runtime import ModelRuntime
 from wattserve.server.settings import Settings
 
 

@@ -31,8 +31,8 @@ from wattserve.batchers.types import (
 )
 from wattserve.engines.diffusion import DiffusionEngine
 from wattserve.engines.identity import IdentityEngine
-from wattserve.server.batch_observer import ServingObserver
-from wattserve.server.metrics import ServingMetrics
+from wattserve.server.models.batch_observer import ServingObserver
+from wattserve.server.models.metrics import ServingMetrics
 from wattserve.server.settings import Settings
 
 from tests.diffusion_support import quiet_cpu  # noqa: F401  (autouse fixture)

@@ -1,6 +1,6 @@
 """Package layering: batchers/ and engines/ sit below server/ and never import it; inside
-server/, the HTTP and gRPC front ends sit over a protocol-neutral core (server/core/) and
-never import each other.
+server/, the HTTP and gRPC front ends (server/http/, server/grpc/) sit over protocol-neutral
+groups (server/core/, server/models/, server/extensions/) and never import each other.
 
 server/ builds batchers over engines and wires them to HTTP, metrics and telemetry; an
 import the other way would tie the core to the web layer (and invite import cycles).
@@ -60,29 +60,32 @@ def test_lower_packages_never_import_server(package):
 def test_the_check_sees_an_upward_import(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text(
-        "import wattserve.server.metrics\nfrom ..server import settings\nfrom wattserve.engines import base\n"
+        "import wattserve.server.models.metrics\nfrom ..server import settings\nfrom wattserve.engines import base\n"
     )
     modules = [m for _, m in imported_modules(sample, "batchers")]
     assert [m for m in modules if upward(m)] == [
-        "wattserve.server.metrics", "wattserve.server", "wattserve.server.settings",
+        "wattserve.server.models.metrics", "wattserve.server", "wattserve.server.settings",
     ]  # fmt: skip
 
 
-# ---------------------------------------------------------------- server/: two front ends over one core
+# ---------------------------------------------------------------- server/: grouped by what it serves
 SERVER = ROOT / "server"
-FRAMEWORKS = ("starlette", "fastapi", "grpc", "tritonclient", "google.protobuf", "uvicorn")
-# server/security.py is not listed: its restricted-API groups are parsed once for both
-# (gRPC reads them from metadata), beside HTTP's ASGI middleware
-HTTP_FRONT = (
-    "wattserve.server.routes",
-    "wattserve.server.fast_path",
-    "wattserve.server.http_status",
-    "wattserve.server.http_protocol",
-    "wattserve.server.middleware",
-)  # fmt: skip
-GRPC_FRONT = ("wattserve.server.grpc_service", "wattserve.server.grpc_codec", "wattserve.server.grpc_wire",
-              "wattserve.server.grpc_access")  # fmt: skip
-CORE_MAY_NOT = (*FRAMEWORKS, *HTTP_FRONT, *GRPC_FRONT, "wattserve.server.app")
+# At the top of server/ only the wiring: the app factory, CLI, settings, process lifecycle,
+# access control (parsed once for both front ends). Everything else lives in a group.
+TOP_LEVEL = {"__init__", "__main__", "app", "cli", "engine_commands", "lifecycle", "security", "settings"}
+GROUPS = {"core", "extensions", "grpc", "http", "models"}
+FRAMEWORKS = ("starlette", "fastapi", "grpc", "tritonclient", "uvicorn")
+HTTP_FRONT = ("wattserve.server.http",)
+GRPC_FRONT = ("wattserve.server.grpc",)
+FRONT_ENDS = (*HTTP_FRONT, *GRPC_FRONT, "wattserve.server.app")
+# What each protocol-neutral group may not import: no web or RPC framework, no front end. The
+# core (the requests both front ends translate to) not even protobuf; a model's configuration
+# is protobuf text (config.pbtxt), so models/ reads it with google.protobuf.
+NEUTRAL_MAY_NOT = {
+    "core": (*FRAMEWORKS, "google.protobuf", *FRONT_ENDS),
+    "models": (*FRAMEWORKS, *FRONT_ENDS),
+    "extensions": (*FRAMEWORKS, "google.protobuf", *FRONT_ENDS),
+}
 
 
 def within(module: str, prefixes: tuple[str, ...]) -> bool:
@@ -93,23 +96,32 @@ def server_imports(path: Path) -> list[tuple[int, str]]:
     return imported_modules(path, "server")
 
 
-def test_the_core_knows_no_protocol():
-    """server/core/ is what both front ends translate to: no web or RPC framework, no front end."""
-    sources = sorted((SERVER / "core").rglob("*.py"))
-    assert sources, "no sources under server/core/"
+def test_the_top_of_server_holds_only_wiring():
+    modules = {path.stem for path in SERVER.glob("*.py")}
+    folders = {path.name for path in SERVER.iterdir() if path.is_dir() and (path / "__init__.py").is_file()}
+    assert modules == TOP_LEVEL, f"put new server modules in a group ({sorted(GROUPS)})"
+    assert folders == GROUPS
+
+
+@pytest.mark.parametrize("group", sorted(NEUTRAL_MAY_NOT))
+def test_the_neutral_groups_know_no_protocol(group):
+    """core/, models/ and extensions/ are what both front ends translate to and serve from."""
+    sources = sorted((SERVER / group).rglob("*.py"))
+    assert sources, f"no sources under server/{group}/"
     bad = [
         f"{path.relative_to(ROOT)}:{line}: {module}"
         for path in sources
+        if path.name != "model_config_pb2.py"  # generated: protobuf's own runtime
         for line, module in server_imports(path)
-        if within(module, CORE_MAY_NOT)
+        if within(module, NEUTRAL_MAY_NOT[group])
     ]
-    assert not bad, "protocol imports in the core:\n" + "\n".join(bad)
+    assert not bad, f"protocol imports in server/{group}/:\n" + "\n".join(bad)
 
 
 def test_the_front_ends_never_import_each_other():
-    grpc_sources = sorted(SERVER.glob("grpc_*.py"))
-    http_sources = [*sorted((SERVER / "routes").rglob("*.py")), SERVER / "fast_path.py"]
-    assert grpc_sources and len(http_sources) > 2
+    grpc_sources = sorted((SERVER / "grpc").rglob("*.py"))
+    http_sources = sorted((SERVER / "http").rglob("*.py"))
+    assert len(grpc_sources) > 2 and len(http_sources) > 2
     bad = [
         f"{path.relative_to(ROOT)}:{line}: {module}"
         for sources, other in ((grpc_sources, HTTP_FRONT), (http_sources, GRPC_FRONT))
@@ -123,16 +135,58 @@ def test_the_front_ends_never_import_each_other():
 def test_the_front_end_check_sees_a_cross_import(tmp_path):
     sample = tmp_path / "grpc_sample.py"
     sample.write_text(
-        "from wattserve.server.routes.inference import X\nfrom starlette.requests import Request\n"
+        "from wattserve.server.http.routes.inference import X\nfrom starlette.requests import Request\n"
     )
     modules = [m for _, m in server_imports(sample)]
     assert [m for m in modules if within(m, HTTP_FRONT)] == [
-        "wattserve.server.routes.inference", "wattserve.server.routes.inference.X",
+        "wattserve.server.http.routes.inference", "wattserve.server.http.routes.inference.X",
     ]  # fmt: skip
-    assert [m for m in modules if within(m, CORE_MAY_NOT)][-2:] == [
+    assert [m for m in modules if within(m, NEUTRAL_MAY_NOT["core"])][-2:] == [
         "starlette.requests",
         "starlette.requests.Request",
     ]
+
+
+def server_cycle(root: Path) -> list[str]:
+    """A cycle of imports among every module under ``root`` (``wattserve.server``, nested
+    groups included), with the first repeated at the end; [] when there is none."""
+    modules: dict[str, Path] = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(["wattserve.server", *parts])] = path
+    graph = {
+        name: {m for _, m in server_imports(path) if m in modules and m not in (name, "wattserve.server")}
+        for name, path in modules.items()
+    }
+    try:
+        tuple(TopologicalSorter(graph).static_order())
+    except CycleError as error:
+        return list(error.args[1])
+    return []
+
+
+def test_no_import_cycle_in_server():
+    """Lazy imports count (the same dependency, only later): e.g. the repository poller drives
+    the model set, so the app hands the set its poller rather than the set importing it."""
+    cycle = server_cycle(SERVER)
+    assert not cycle, "import cycle in server/: " + " -> ".join(cycle)
+
+
+def test_the_server_cycle_check_sees_a_nested_cycle(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text("")
+    (tmp_path / "models" / "model_set.py").write_text(
+        "def start():\n    from wattserve.server.models.poll import Poller\n"
+    )
+    (tmp_path / "models" / "poll.py").write_text("from wattserve.server.models.model_set import ModelSet\n")
+    assert set(server_cycle(tmp_path)) == {
+        "wattserve.server.models.model_set",
+        "wattserve.server.models.poll",
+    }
+    (tmp_path / "models" / "poll.py").write_text("import asyncio\n")
+    assert server_cycle(tmp_path) == []
 
 
 def import_cycle(folder: Path, package: str) -> list[str]:

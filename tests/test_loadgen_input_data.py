@@ -13,7 +13,7 @@ import orjson
 import pytest
 from wattserve.loadgen.input_data import InputDataError, load_input_data, zero_data
 from wattserve.loadgen.payloads import InputSpec, encode_requests, input_specs
-from wattserve.server.bytes_tensors import deserialize_bytes
+from wattserve.server.core.bytes_tensors import deserialize_bytes
 
 META = {
     "inputs": [

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from wattserve.loadgen.promwindow import gauge_series, is_power, parse, window_stats
-from wattserve.server.metrics import ServingMetrics
+from wattserve.server.models.metrics import ServingMetrics
 
 
 def scrape(registry: CollectorRegistry, model: str = "m") -> object:

@@ -27,7 +27,7 @@ from wattserve.loadgen.payloads import (
     tensor_requests,
 )
 from wattserve.loadgen.runner import prepare_target
-from wattserve.server.bytes_tensors import deserialize_bytes
+from wattserve.server.core.bytes_tensors import deserialize_bytes
 from wattserve.server.settings import Settings
 
 from support.datatype_models import make_datatype_repository

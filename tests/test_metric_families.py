@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter
 from wattserve.batchers.iteration_metrics import IterationMetrics
-from wattserve.server.metrics import ServingMetrics
+from wattserve.server.models.metrics import ServingMetrics
 from wattserve.telemetry.families import families
 
 

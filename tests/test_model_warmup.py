@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from wattserve.server.repository.config import ConfigError
-from wattserve.server.repository.plan import plan_model
+from wattserve.server.models.repository.config import ConfigError
+from wattserve.server.models.repository.plan import plan_model
 from wattserve.server.settings import Settings
 
 from tests.servers import threaded_server

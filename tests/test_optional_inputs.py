@@ -16,9 +16,9 @@ import tritonclient.grpc as tgrpc
 from onnx import TensorProto, helper, numpy_helper
 from wattserve.batchers.queue import PriorityFifo
 from wattserve.engines.config import EngineConfig
-from wattserve.server.codec import InferRequest
-from wattserve.server.repository.config import ConfigError
-from wattserve.server.repository.plan import plan_model
+from wattserve.server.core.request import InferRequest
+from wattserve.server.models.repository.config import ConfigError
+from wattserve.server.models.repository.plan import plan_model
 from wattserve.server.settings import Settings
 
 from tests.servers import free_port, threaded_server

@@ -64,7 +64,7 @@ def test_wheel_holds_only_the_wattserve_package(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     top_level = {name.split("/", 1)[0] for name in names}
     assert {t for t in top_level if not t.endswith(".dist-info")} == {"wattserve"}
-    for module in ("server/cli.py", "server/routes/__init__.py", "server/repository/config.py",
+    for module in ("server/cli.py", "server/http/routes/__init__.py", "server/models/repository/config.py",
                    "batchers/base.py", "engines/torch_engine.py", "telemetry/__init__.py",
                    "loadgen/cli.py", "__main__.py"):  # fmt: skip
         assert f"wattserve/{module}" in names

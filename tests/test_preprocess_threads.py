@@ -1,6 +1,6 @@
 """Image preprocessing runs torch ops without starting an OpenMP team of its own, so an image
 upload does not make the engines' teams sleep between parallel regions
-(server/preprocess_threads.py). Checked in a fresh interpreter: a thread count is only
+(server/http/preprocess_threads.py). Checked in a fresh interpreter: a thread count is only
 meaningful in a process no other test has started threads in."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ CHILD = textwrap.dedent(
     from concurrent.futures import ThreadPoolExecutor
     import numpy as np, torch
     from PIL import Image
-    from wattserve.server.images import preprocess_image
-    from wattserve.server.preprocess_threads import preprocess_executor
+    from wattserve.server.http.image_preprocess import preprocess_image
+    from wattserve.server.http.preprocess_threads import preprocess_executor
 
     tasks = lambda: len(os.listdir("/proc/self/task"))
     buf = io.BytesIO()

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
 from tritonclient.utils import InferenceServerException
-from wattserve.server.repository.config import ConfigError
-from wattserve.server.repository.plan import plan_model
+from wattserve.server.models.repository.config import ConfigError
+from wattserve.server.models.repository.plan import plan_model
 from wattserve.server.settings import Settings
 
 from tests.servers import free_port, threaded_server

@@ -14,8 +14,8 @@ from wattserve.batchers.dynamic import DynamicBatcher
 from wattserve.batchers.types import WorkItem
 from wattserve.engines.python_backend import pb_utils
 from wattserve.engines.request_engines import RunsRequests
-from wattserve.server.repository.config import ConfigError
-from wattserve.server.repository.plan import plan_model
+from wattserve.server.models.repository.config import ConfigError
+from wattserve.server.models.repository.plan import plan_model
 from wattserve.server.settings import Settings
 
 from support.python_models import write_python_model

@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import tritonclient.grpc as tgrpc
 from wattserve.engines.registry import build_engine
-from wattserve.server.model_plan import SettingsSource
-from wattserve.server.repository.plan import plan_model
+from wattserve.server.models.plan import SettingsSource
+from wattserve.server.models.repository.plan import plan_model
 from wattserve.server.settings import Settings
 
 from tests.servers import free_port, threaded_server

@@ -19,10 +19,10 @@ import pytest
 import torch
 import tritonclient
 from wattserve.server.app import create_app
-from wattserve.server.model_set import ModelLoadError
-from wattserve.server.repository.config import ConfigError, parse_config, read_config
-from wattserve.server.repository.plan import RepositorySource, plan_model
-from wattserve.server.serving_config import ServingConfig
+from wattserve.server.models.model_set import ModelLoadError
+from wattserve.server.models.repository.config import ConfigError, parse_config, read_config
+from wattserve.server.models.repository.plan import RepositorySource, plan_model
+from wattserve.server.models.serving_config import ServingConfig
 from wattserve.server.settings import Settings
 
 from tests.servers import ROOT, threaded_server
@@ -360,8 +360,8 @@ def test_tensorrt_plan_served_through_the_tensorrt_engine_on_the_double(tmp_path
 
 
 def test_queue_policy_timeout_override_with_triton_meaning():
-    from wattserve.server.metrics import ServingMetrics
-    from wattserve.server.runtime import ModelRuntime
+    from wattserve.server.models.metrics import ServingMetrics
+    from wattserve.server.models.runtime import ModelRuntime
 
     def deadline_in(settings: Settings, timeout_us: int | None) -> float | None:
         runtime = ModelRuntime(

@@ -14,9 +14,9 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
-from wattserve.server.repository.config import ConfigError, parse_config
-from wattserve.server.repository.plan import plan_config
-from wattserve.server.response_cache import ResponseCache, parse_cache_config, request_key
+from wattserve.server.models.repository.config import ConfigError, parse_config
+from wattserve.server.models.repository.plan import plan_config
+from wattserve.server.models.response_cache import ResponseCache, parse_cache_config, request_key
 from wattserve.server.settings import Settings
 
 from tests.servers import free_port, threaded_server

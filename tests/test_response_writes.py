@@ -1,4 +1,4 @@
-"""A response's head leaves with its body in one write (server/http_protocol.py,
+"""A response's head leaves with its body in one write (server/http/protocol.py,
 ``_LingeringClose``), over a real loopback connection; writes are counted on the way through.
 A head whose body does not follow at once (a streamed response) still goes out on the loop's
 next turn, and a close never loses a held head."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from wattserve.server.http_protocol import _LingeringClose
+from wattserve.server.http.protocol import _LingeringClose
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"
 

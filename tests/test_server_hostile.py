@@ -141,8 +141,8 @@ def test_decompression_bomb_is_refused_from_its_header(server):
 
 def test_preprocess_checks_pixels_before_decoding():
     from PIL import Image, ImageFile
-    from wattserve.server.codec import BadRequest
-    from wattserve.server.images import preprocess_image
+    from wattserve.server.core.request import BadRequest
+    from wattserve.server.http.image_preprocess import preprocess_image
 
     buf = io.BytesIO()
     Image.new("L", (8000, 8000)).save(buf, format="PNG", optimize=True)
@@ -160,7 +160,7 @@ def test_preprocess_checks_pixels_before_decoding():
 
 def test_jpeg_is_decoded_scaled_down_and_still_preprocessed_right():
     from PIL import Image
-    from wattserve.server.images import preprocess_image
+    from wattserve.server.http.image_preprocess import preprocess_image
 
     buf = io.BytesIO()
     rng = np.random.default_rng(0)
@@ -289,7 +289,7 @@ def test_chunked_multipart_upload_is_held_to_the_body_limit(server):
 
 def test_chunked_multipart_limit_on_an_image_model():
     from starlette.datastructures import Headers
-    from wattserve.server.routes.body import read_upload
+    from wattserve.server.http.routes.body import read_upload
 
     class FakeRequest:  # only what read_upload reads: headers and stream()
         headers = Headers({"content-type": "multipart/form-data; boundary=b"})
@@ -300,7 +300,7 @@ def test_chunked_multipart_limit_on_an_image_model():
                 yield b"\0" * 1024
             yield b"\r\n--b--\r\n"
 
-    from wattserve.server.codec import BadRequest
+    from wattserve.server.core.request import BadRequest
 
     with pytest.raises(BadRequest) as info:
         asyncio.run(read_upload(FakeRequest(), 10 * 1024))  # type: ignore[arg-type]

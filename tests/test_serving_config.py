@@ -15,7 +15,7 @@ from wattserve.batchers.registry import running_policy
 from wattserve.engines.catalog import BUILTIN_MODELS, ENGINE_NAMES
 from wattserve.engines.config import EngineConfig
 from wattserve.engines.registry import ENGINES, MODELS
-from wattserve.server.serving_config import ServingConfig
+from wattserve.server.models.serving_config import ServingConfig
 from wattserve.server.settings import MODEL_PARAMETERS, Settings
 from wattserve.telemetry.service import TelemetryConfig
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import types
 
 from prometheus_client import CollectorRegistry
-from wattserve.server.triton_metrics import TritonMetrics
+from wattserve.server.extensions.triton_metrics import TritonMetrics
 from wattserve.telemetry.simulated_gpu import PowerModel
 
 from tests.simulated_telemetry import ManualClock, simulated_service

@@ -11,9 +11,9 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
-from wattserve.server.repository import plan as plan_module
-from wattserve.server.repository.config import ConfigError
-from wattserve.server.repository.plan import plan_model
+from wattserve.server.models.repository import plan as plan_module
+from wattserve.server.models.repository.config import ConfigError
+from wattserve.server.models.repository.plan import plan_model
 from wattserve.server.settings import Settings
 
 from tests.servers import free_port, threaded_server

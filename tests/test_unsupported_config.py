@@ -1,5 +1,5 @@
 """Nothing in a Triton config is dropped in silence: every field of ``ModelConfig`` is either
-honoured (``HONOURED`` in server/repository/config.py) or refused at load naming it, unless
+honoured (``HONOURED`` in server/models/repository/config.py) or refused at load naming it, unless
 ``--allow-unsupported-config`` (then cleared, with a warning, so the model and ``/config``
 see exactly what runs)."""
 
@@ -13,8 +13,8 @@ import pytest
 import tritonclient.grpc as tgrpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
-from wattserve.server.repository import model_config_pb2 as pb
-from wattserve.server.repository.config import (
+from wattserve.server.models.repository import model_config_pb2 as pb
+from wattserve.server.models.repository.config import (
     HONOURED,
     ConfigError,
     check_supported,
@@ -22,7 +22,7 @@ from wattserve.server.repository.config import (
     parse_config,
     unhonoured_fields,
 )
-from wattserve.server.repository.plan import plan_config
+from wattserve.server.models.repository.plan import plan_config
 from wattserve.server.settings import Settings
 
 from tests.servers import free_port, threaded_server

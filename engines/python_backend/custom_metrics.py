@@ -14,7 +14,7 @@ unload drops them all: the stub process's exit does that under Triton, and here 
 reference cycle in the model must not keep its series on /metrics after it is gone.
 
 Exposition differs from Triton's in one way the library forces (as for the ``nv_*``
-counters, server/triton_metrics.py): a counter is exposed ``untyped`` under the exact name
+counters, server/extensions/triton_metrics.py): a counter is exposed ``untyped`` under the exact name
 the model gave, because prometheus_client names every counter ``*_total``.
 """
 

@@ -149,7 +149,7 @@ class PythonModelEngine:
     def warmup(self, batch_sizes: Sequence[int]) -> None:
         """Nothing: Triton calls ``execute`` only for real requests (or a config's
         ``model_warmup`` samples, which the repository's engine factory runs:
-        server/repository/warmup.py)."""
+        server/models/repository/warmup.py)."""
 
     def infer(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """A batch of rows as one request (for callers that know no requests)."""

@@ -18,9 +18,9 @@ from typing import Any
 from wattserve.batchers.status import Status
 from wattserve.batchers.types import RequestError, Result, WorkItem
 from wattserve.engines.base import Engine
-from wattserve.server.codec import BadRequest, InferRequest
-from wattserve.server.model_set import ModelSet, ModelState, UnknownModel
-from wattserve.server.runtime import ModelRuntime
+from wattserve.server.core.request import BadRequest, InferRequest
+from wattserve.server.models.model_set import ModelSet, ModelState, UnknownModel
+from wattserve.server.models.runtime import ModelRuntime
 
 
 class Refused(Exception):

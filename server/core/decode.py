@@ -3,7 +3,7 @@
 A front end gives two things: how to *read* its request (HTTP: the body within its limits;
 gRPC: the message it already holds), reserving the payload's bytes in the shared
 ``BodyBudget``, and how to *parse* that payload against the model's tensor specs
-(``server.codec.parse_infer_request``, ``server.grpc_codec.parse_grpc_request``).
+(``server.http.codec.parse_infer_request``, ``server.grpc.codec.parse_grpc_request``).
 ``InferenceDecoder`` does the rest once: refuse a model being unloaded, parse on a worker
 thread past ``OFFLOAD_DECODE_BYTES``, release the reservation, and hand back the engine the
 request was decoded for.
@@ -17,10 +17,10 @@ from typing import Any
 
 from wattserve.batchers.status import Status
 from wattserve.engines.base import Engine
-from wattserve.server.codec import BadRequest, InferRequest
 from wattserve.server.core.admission import Refused
-from wattserve.server.runtime import ModelRuntime
-from wattserve.server.shared_memory import SharedMemoryRegistry
+from wattserve.server.core.request import BadRequest, InferRequest
+from wattserve.server.extensions.shared_memory import SharedMemoryRegistry
+from wattserve.server.models.runtime import ModelRuntime
 
 OFFLOAD_DECODE_BYTES = 256 * 1024  # payloads above this are parsed on a worker thread
 

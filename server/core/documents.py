@@ -9,10 +9,10 @@ from typing import Any
 from wattserve.batchers.dynamic import DynamicBatcher, DynamicConfig
 from wattserve.batchers.status import Status
 from wattserve.server.core.admission import Refused, select
-from wattserve.server.model_set import ModelSet, ModelState, UnknownModel
-from wattserve.server.repository import model_config_pb2 as pb
-from wattserve.server.repository.plan import config_datatype
-from wattserve.server.runtime import ModelRuntime
+from wattserve.server.models.model_set import ModelSet, ModelState, UnknownModel
+from wattserve.server.models.repository import model_config_pb2 as pb
+from wattserve.server.models.repository.plan import config_datatype
+from wattserve.server.models.runtime import ModelRuntime
 
 VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data", "schedule_policy", "model_configuration", "classification",

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 from wattserve.engines.base import Engine
-from wattserve.server.codec import BadRequest, InferRequest, check_shape
 from wattserve.server.core.admission import admit
-from wattserve.server.model_set import ModelSet
-from wattserve.server.runtime import ModelRuntime
+from wattserve.server.core.request import BadRequest, InferRequest, check_shape
+from wattserve.server.models.model_set import ModelSet
+from wattserve.server.models.runtime import ModelRuntime
 
 
 def request_from_arrays(

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 from wattserve.engines.base import Engine
 from wattserve.engines.request_engines import ModelCaller
-from wattserve.server.codec import BadRequest, InferRequest
 from wattserve.server.core.admission import admit
 from wattserve.server.core.decoupled import is_decoupled
 from wattserve.server.core.inprocess import infer_in_process, request_from_arrays
-from wattserve.server.model_set import ModelSet
-from wattserve.server.runtime import ModelRuntime
+from wattserve.server.core.request import BadRequest, InferRequest
+from wattserve.server.models.model_set import ModelSet
+from wattserve.server.models.runtime import ModelRuntime
 
 # (outputs or None, error or None, final): one response of a stream, as the caller sees it
 StreamEvent = tuple[dict[str, np.ndarray] | None, BaseException | None, bool]

@@ -1,4 +1,4 @@
-"""FakeCudaIpc: a TEST DOUBLE of the CUDA IPC backend (``server.cuda_ipc.CudaRuntimeIpc``).
+"""FakeCudaIpc: a TEST DOUBLE of the CUDA IPC backend (``server.extensions.cuda_ipc.CudaRuntimeIpc``).
 
 This machine has no GPU, so CUDA shared memory is tested against simulated device memory:
 ``export`` plays the client's ``cudaMalloc`` + ``cudaIpcGetMemHandle`` and returns a

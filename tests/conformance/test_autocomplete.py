@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.http as thttp
-from wattserve.server.repository.config import ConfigError
-from wattserve.server.repository.plan import RepositorySource
+from wattserve.server.models.repository.config import ConfigError
+from wattserve.server.models.repository.plan import RepositorySource
 from wattserve.server.settings import Settings
 
 from tests.conformance.tiny_models import write_model

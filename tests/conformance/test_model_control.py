@@ -27,7 +27,7 @@ import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
-from wattserve.server.model_set import CONTROL_REFUSED
+from wattserve.server.models.model_set import CONTROL_REFUSED
 from wattserve.server.settings import Settings
 
 from tests.conformance.tiny_models import ONNX_CONFIG, write_model

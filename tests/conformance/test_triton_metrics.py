@@ -21,8 +21,8 @@ import numpy as np
 import tritonclient.http as thttp
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from wattserve.server.extensions.triton_metrics import TritonMetrics
 from wattserve.server.settings import Settings
-from wattserve.server.triton_metrics import TritonMetrics
 from wattserve.telemetry import TelemetryService
 
 from support.doubles.fake_nvml import FakeGpu, FakeNvml

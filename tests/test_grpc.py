@@ -128,6 +128,34 @@ def test_infer_sync_equals_http(identity):
     assert (response.id, response.model_name, response.model_version) == ("g-1", "identity", "1")
 
 
+def test_a_grpc_request_is_looked_up_and_its_room_checked_once(identity, monkeypatch):
+    """gRPC selects the runtime from the wire header (before parsing) and admits that one:
+    the model set is asked once per request, unary and streamed."""
+    _, address, app = identity
+    models = app.state.models
+    lookups: list[str] = []
+    real_lookup = models.lookup
+
+    def counting_lookup(name, version=None):
+        lookups.append(name)
+        return real_lookup(name, version)
+
+    monkeypatch.setattr(models, "lookup", counting_lookup)
+    data = np.ones((1, 16), np.float32)
+    client = tgrpc.InferenceServerClient(address)
+    np.testing.assert_array_equal(client.infer("identity", [identity_input(data)]).as_numpy("OUTPUT0"), data)
+    assert lookups == ["identity"]
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer("identity", [identity_input(data)], request_id="s-1")
+        result, error = answers.get(timeout=30)
+    finally:
+        client.stop_stream()
+    assert error is None and result.get_response().id == "s-1"
+    assert lookups == ["identity", "identity"]
+
+
 def test_typed_contents_answer_like_raw_contents(identity):
     _, address, _ = identity
     data = np.arange(16, dtype=np.float32).reshape(1, 16) / 7

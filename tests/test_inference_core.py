@@ -26,7 +26,7 @@ from wattserve.engines.registry import build_engine
 from wattserve.server.core.admission import Refused
 from wattserve.server.core.decode import OFFLOAD_DECODE_BYTES, BodyBudget, InferenceDecoder
 from wattserve.server.core.request import BadRequest
-from wattserve.server.http.codec import parse_infer_request
+from wattserve.server.http.codec import parse_infer_body
 from wattserve.server.models.metrics import ServingMetrics
 from wattserve.server.models.runtime import ModelRuntime
 from wattserve.server.models.serving_config import ServingConfig
@@ -61,7 +61,7 @@ def reader(budget: BodyBudget, held: int, calls: list[str]):
 async def test_a_model_being_unloaded_is_refused_before_its_body_is_read():
     runtime = identity_runtime()  # not started: no engine, as after an unload cleared it
     budget, calls = BodyBudget(1 << 20), []
-    decode = InferenceDecoder(reader(budget, 10, calls), parse_infer_request, budget, None)
+    decode = InferenceDecoder(reader(budget, 10, calls), parse_infer_body, budget, None)
     with pytest.raises(Refused) as refused:
         await decode(runtime, BODY)
     assert refused.value.status is Status.UNAVAILABLE
@@ -75,7 +75,7 @@ async def test_decoded_with_its_engine_and_the_budget_released_either_way():
     await runtime.start()
     try:
         budget, calls = BodyBudget(1 << 20), []
-        decode = InferenceDecoder(reader(budget, len(BODY), calls), parse_infer_request, budget, None)
+        decode = InferenceDecoder(reader(budget, len(BODY), calls), parse_infer_body, budget, None)
         request, engine = await decode(runtime, BODY)
         assert engine is runtime.engine
         np.testing.assert_array_equal(request.inputs["INPUT0"], np.array([[1, 2, 3, 4]], np.float32))
@@ -96,7 +96,7 @@ async def test_large_payloads_are_parsed_off_the_loop(held):
 
         def parse(*args):
             threads.append(threading.get_ident())
-            return parse_infer_request(*args)
+            return parse_infer_body(*args)
 
         budget = BodyBudget(1 << 20)
         decode = InferenceDecoder(reader(budget, held, []), parse, budget, None)

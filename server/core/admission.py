@@ -104,10 +104,14 @@ async def admit(
     decode: Decode,
     source: Any,
     submit: Submit | None = None,
+    runtime: ModelRuntime | None = None,
 ) -> Admitted:
     """Lookup, readiness and room, decode + validate (4xx before any queue), submit, answer.
-    ``source``: the front end's request, handed to its ``decode`` and ``submit``."""
-    runtime = select(models, name, version)
+    ``source``: the front end's request, handed to its ``decode`` and ``submit``. ``runtime``:
+    the one ``select`` already gave this request (gRPC selects from the wire header, before
+    parsing), so it is looked up and its room checked once."""
+    if runtime is None:
+        runtime = select(models, name, version)
     try:
         request, engine = await decode(runtime, source)
         item = runtime.make_item(request)

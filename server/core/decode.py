@@ -12,11 +12,11 @@ request was decoded for.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Generic, Protocol, TypeVar
 
 from wattserve.batchers.status import Status
-from wattserve.engines.base import Engine
+from wattserve.engines.base import Engine, TensorSpec
 from wattserve.server.core.admission import Refused
 from wattserve.server.core.request import BadRequest, InferRequest
 from wattserve.server.extensions.shared_memory import SharedMemoryRegistry
@@ -58,23 +58,39 @@ class BudgetExceeded(BadRequest):
         )
 
 
-# (runtime, the front end's request) -> (the payload's leading parse arguments, the bytes of
-# the body budget the read reserved (released once parsed), the payload's size (the offload
-# decision)). gRPC reserves nothing here: its receive path already holds the message's
-# worst-case decoding cost until the answer, and counting it twice refused requests the
-# budget had room for.
-Read = Callable[[ModelRuntime, Any], Awaitable[tuple[tuple[Any, ...], int, int]]]
-# (*payload, input specs, output specs, max batch size, check values, shm) -> the request
-Parse = Callable[..., InferRequest]
+P = TypeVar("P")  # a front end's payload: HTTP's (body, binary header length), gRPC's message
+P_in = TypeVar("P_in", contravariant=True)
+
+# (runtime, the front end's request) -> (its payload, the bytes of the body budget the read
+# reserved (released once parsed), the payload's size (the offload decision)). gRPC reserves
+# nothing here: its receive path already holds the message's worst-case decoding cost until
+# the answer, and counting it twice refused requests the budget had room for.
+Read = Callable[[ModelRuntime, Any], Awaitable[tuple[P, int, int]]]
 
 
-class InferenceDecoder:
-    """The decoder (``server.core.admission.Decode``) of a front end's inference requests."""
+class Parse(Protocol[P_in]):
+    """A front end's payload -> the validated request, against the engine it is for."""
+
+    def __call__(
+        self,
+        payload: P_in,
+        specs: Sequence[TensorSpec],
+        output_specs: Sequence[TensorSpec],
+        max_batch_size: int,
+        check_values: bool,
+        shm: SharedMemoryRegistry | None,
+        /,
+    ) -> InferRequest: ...
+
+
+class InferenceDecoder(Generic[P]):
+    """The decoder (``server.core.admission.Decode``) of a front end's inference requests:
+    its ``read`` and ``parse`` agree on the payload type ``P``."""
 
     __slots__ = ("budget", "parse", "read", "shm")
 
     def __init__(
-        self, read: Read, parse: Parse, budget: BodyBudget, shm: SharedMemoryRegistry | None
+        self, read: Read[P], parse: Parse[P], budget: BodyBudget, shm: SharedMemoryRegistry | None
     ) -> None:
         self.read = read
         self.parse = parse
@@ -88,7 +104,7 @@ class InferenceDecoder:
                           body_unread=True)  # fmt: skip
         payload, held, size = await self.read(runtime, source)
         try:
-            args = (*payload, engine.inputs, engine.outputs, runtime.request_max_batch,
+            args = (payload, engine.inputs, engine.outputs, runtime.request_max_batch,
                     runtime.serving.check_values, self.shm)  # fmt: skip
             if size > OFFLOAD_DECODE_BYTES:
                 return await asyncio.to_thread(self.parse, *args), engine

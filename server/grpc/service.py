@@ -212,9 +212,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         request_protocol.set("grpc")  # this handler's own task: the metrics' protocol label
         failure = None
         try:
-            request, reserved = await self._receive(raw)
+            request, runtime, reserved = await self._receive(raw)
             try:
-                response, result = await self._infer(request)
+                response, result = await self._infer(request, runtime)
             finally:
                 self.body_budget.release(reserved)
         except Failure as caught:  # a fresh exception: the caught one's traceback holds ``raw``
@@ -292,10 +292,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         decoupled: DecoupledAnswers | None = None
         try:
             request_id = _peek_id(raw)
-            request, reserved = await self._receive(raw)
+            request, runtime, reserved = await self._receive(raw)
             decoupled = DecoupledAnswers(self, request, put)
             try:
-                response, _ = await self._infer(request, decoupled.decode)
+                response, _ = await self._infer(request, runtime, decoupled.decode)
                 if decoupled.stream is not None:  # answered through the stream, final flag last
                     await decoupled.stream.finished.wait()
                     return _STREAMED
@@ -316,12 +316,13 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ModelStreamInferResponse(infer_response=response)
 
     # ------------------------------------------------------------------ receiving a request
-    async def _receive(self, raw: bytes) -> tuple[Any, int]:
+    async def _receive(self, raw: bytes) -> tuple[Any, ModelRuntime, int]:
         """Refuse from the wire header alone (``server.grpc.wire``) what cannot be served:
         an unknown or unavailable model, unknown inputs, a wrong datatype or shape, a message
         whose decoding would cost more than the whole body budget. Then parse it, holding
-        its worst-case decoding cost in the body budget; returns the message and that
-        reservation, which the caller releases once the request is answered."""
+        its worst-case decoding cost in the body budget; returns the message, the runtime
+        selected for it (admitted as is: looked up once) and that reservation, which the
+        caller releases once the request is answered."""
         try:
             peek = peek_request(raw)
         except WireError as exc:
@@ -358,20 +359,20 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         except Exception as exc:  # protobuf's DecodeError: what the peek could not see
             self.body_budget.release(cost)
             raise Failure(S.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}") from None
-        return message, cost
+        return message, runtime, cost
 
-    async def _read(self, runtime: ModelRuntime, message: Any) -> tuple[tuple[Any, ...], int, int]:
+    async def _read(self, runtime: ModelRuntime, message: Any) -> tuple[Any, int, int]:
         """The decoder's reader: the parsed message and its tensors' size. Nothing more is
         reserved: ``_receive`` holds the message's worst-case decoding cost until the answer."""
-        return (message,), 0, payload_bytes(message)
+        return message, 0, payload_bytes(message)
 
-    async def _infer(self, message: Any, decode: Any = None) -> tuple[Any, Any]:
-        """The admission path with the protobuf decoder; Failure for every refusal."""
+    async def _infer(self, message: Any, runtime: ModelRuntime, decode: Any = None) -> tuple[Any, Any]:
+        """The admission path with the protobuf decoder, for the runtime ``_receive``
+        selected; Failure for every refusal."""
         name = message.model_name
         try:
-            done = await admit(
-                self.models, name, message.model_version or None, decode or self._decode, message
-            )
+            done = await admit(self.models, name, message.model_version or None,
+                               decode or self._decode, message, runtime=runtime)  # fmt: skip
             runtime, engine = done.runtime, done.engine
             assert engine is not None  # the inference decoder gives the engine it decoded for
             if not done.result.outputs and is_decoupled(runtime.config):

@@ -52,9 +52,26 @@ def split_binary_body(body: bytes, header_length: str | None) -> tuple[bytes, by
     return body[:n], body[n:]
 
 
+# The HTTP front end's payload for the decoder (server.core.decode.Parse): the body and its
+# Inference-Header-Content-Length (None: all JSON).
+InferBody = tuple[bytes, str | None]
+
+
 def parse_infer_request(
     body: bytes,
     header_length: str | None,
+    specs: Sequence[TensorSpec],
+    output_specs: Sequence[TensorSpec],
+    max_batch_size: int,
+    check_values: bool = False,
+    shm: SharedMemoryRegistry | None = None,
+) -> InferRequest:
+    """``parse_infer_body`` with the body and its header length given apart."""
+    return parse_infer_body((body, header_length), specs, output_specs, max_batch_size, check_values, shm)
+
+
+def parse_infer_body(
+    payload: InferBody,
     specs: Sequence[TensorSpec],
     output_specs: Sequence[TensorSpec],
     max_batch_size: int,
@@ -69,6 +86,7 @@ def parse_infer_request(
 
     Every malformed body is a BadRequest (400): a value of the wrong JSON type anywhere
     that the checks below did not foresee is still the client's fault, never a 500."""
+    body, header_length = payload
     try:
         request = _parse_infer_request(
             body, header_length, specs, output_specs, max_batch_size, check_values, shm

@@ -6,8 +6,6 @@ machinery cost ~100 us a request here, more than the identity model's whole budg
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -17,8 +15,9 @@ from wattserve.server.extensions.shared_memory import SharedMemoryRegistry, ShmE
 from wattserve.server.http.codec import (
     BINARY_HEADER,
     BINARY_HEADER_RAW,
+    InferBody,
     encode_infer_response,
-    parse_infer_request,
+    parse_infer_body,
 )
 from wattserve.server.http.routes.body import check_content_type, inference_headers, read_reserved_body
 from wattserve.server.http.routes.common import error_response, refusal_response, watching_submit
@@ -46,14 +45,14 @@ def inference_routes(
     retry_after_s = settings.retry_after_s
     max_body_bytes = settings.max_body_bytes
 
-    async def read(runtime: ModelRuntime, request: Request) -> tuple[tuple[Any, ...], int, int]:
+    async def read(runtime: ModelRuntime, request: Request) -> tuple[InferBody, int, int]:
         """The body within the limits (415, 413, 503 past the body budget), held in the budget."""
         content_type, declared, binary_length = inference_headers(request.scope)
         check_content_type(content_type)
         body, held = await read_reserved_body(request, declared, max_body_bytes, body_budget)
         return (body, binary_length), held, len(body)
 
-    decode = InferenceDecoder(read, parse_infer_request, body_budget, shm)
+    decode = InferenceDecoder(read, parse_infer_body, body_budget, shm)
 
     async def infer(request: Request) -> Response:
         params = request.path_params

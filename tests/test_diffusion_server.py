@@ -91,8 +91,10 @@ SPECS = [(s, n) for s, n in zip(range(100, 116), [3, 8, 5, 1, 12, 6, 2, 9] * 2, 
 @pytest.mark.slow
 @pytest.mark.parametrize("batcher", ["continuous", "dynamic", "static"])
 def test_every_concurrent_request_gets_its_own_image(batcher, reference):
+    # max_queue_wait_s=0: every request must be answered with its image, and on a loaded
+    # machine 16 requests of up to 12 steps queue longer than the default 3 s time bound
     settings = Settings(model=MODEL, batcher=batcher, max_batch_size=4, max_queue_delay_ms=20,
-                        torch_threads=1, log_level="warning")  # fmt: skip
+                        torch_threads=1, log_level="warning", max_queue_wait_s=0)  # fmt: skip
     with live(settings) as url:
         answers = asyncio.run(fire(url, SPECS, spacing_s=0.01))
         state_steps = metric(url, "wattserve_iteration_state_steps_total")

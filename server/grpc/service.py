@@ -682,14 +682,17 @@ class GrpcFrontEnd:
         shm: SharedMemoryRegistry | None = None,
         trace: TraceSettings | None = None,
         log: LogSettings | None = None,
+        address: str | None = None,
     ) -> None:
+        """``address``: where to listen instead of the settings' host and port (e.g. the
+        engine core's ``unix:`` socket behind front-end processes)."""
         self.settings = settings
         self.service = InferenceService(models, settings, body_budget, shm, trace, log)
         self.restrictions = restrictions
         host = settings.grpc_host or settings.host
         if ":" in host and not host.startswith("["):  # an IPv6 address, e.g. "::"
             host = f"[{host}]"
-        self.address = f"{host}:{settings.grpc_port}"
+        self.address = address or f"{host}:{settings.grpc_port}"
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
 

@@ -33,7 +33,7 @@ from wattserve.server.core.request import InferRequest
 from wattserve.server.models.metrics import request_protocol
 from wattserve.server.split import channel
 from wattserve.server.split.core_service import ModelInfo
-from wattserve.server.split.slab import RingAllocator, Slab, pack
+from wattserve.server.split.slab import RingAllocator, Slab, from_inline, inline, pack
 
 log = logging.getLogger("wattserve.frontend")
 
@@ -197,8 +197,7 @@ class CoreClient:
             if offset >= 0:  # copied out: the block is reused once this returns
                 outputs[name] = self.slab.array(dtype, shape, offset).copy()
             else:
-                start = -1 - offset
-                outputs[name] = np.frombuffer(raw[start : start + nbytes].tobytes(), dtype).reshape(shape)
+                outputs[name] = from_inline(raw, dtype, shape, offset, nbytes)
         return Result(outputs, queue_s, compute_s, batch_size, input_s, output_s)
 
     def _send(self, header: Any, raw: Sequence[bytes | memoryview] = ()) -> None:
@@ -251,11 +250,7 @@ class CoreClient:
                 self.slab.write(offset, value)
             answer_at = (end, out_bytes)
         else:  # the ring is full: the tensors travel in the frame
-            refs, at = [], 0
-            for name, value in arrays.items():
-                refs.append((name, value.dtype, value.shape, -1 - at, value.nbytes))
-                raw.append(memoryview(value.reshape(-1).view(np.uint8)))
-                at += value.nbytes
+            refs, raw = inline(arrays)
             answer_at = (0, -1)
         request_id = self._next_id
         self._next_id += 1
@@ -341,12 +336,14 @@ class RemoteRuntime:
     """A model served by the core, as the admission path and the encoders see a runtime."""
 
     class_labels = None  # classification requests go to the core whole
+    config = None  # decoupled models' requests go to the core whole
     draining = False
     ready = True
 
-    def __init__(self, client: CoreClient, info: ModelInfo) -> None:
+    def __init__(self, client: CoreClient, info: ModelInfo, asked_version: str | None) -> None:
         self.client = client
         self.info = info
+        self.asked_version = asked_version  # the version requests name (None: the core's choice)
         self.name = info.name
         self.version = info.version
         self.engine = SpecEngine(info.inputs, info.outputs)
@@ -360,13 +357,24 @@ class RemoteRuntime:
         return RemoteItem(request)
 
     async def infer(self, item: RemoteItem) -> Result:
-        request_id, future = self.client.submit(self.info, item.request, request_protocol.get())
-        item.request_id = request_id
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self.client.cancel(request_id)
-            raise
+        """The core's answer. A model reloaded since it was described is described again and
+        the request resent when its tensors still fit (same specs); else UNAVAILABLE, retry."""
+        for _ in range(2):
+            request_id, future = self.client.submit(self.info, item.request, request_protocol.get())
+            item.request_id = request_id
+            try:
+                return await future
+            except StaleModel:
+                self.client.forget(self.name, self.asked_version)
+                fresh = await self.client.describe(self.name, self.asked_version)
+                if fresh is None or (fresh.inputs, fresh.outputs, fresh.request_max_batch) != (
+                    self.info.inputs, self.info.outputs, self.info.request_max_batch):  # fmt: skip
+                    break
+                self.info = fresh
+            except asyncio.CancelledError:
+                self.client.cancel(request_id)
+                raise
+        raise RemoteError(Status.UNAVAILABLE.value, f"model {self.name!r} was reloaded; retry", True)
 
     def cancel(self, item: RemoteItem) -> None:
         if item.request_id is not None:

@@ -38,7 +38,7 @@ from wattserve.server.models.metrics import request_protocol
 from wattserve.server.models.model_set import ModelSet
 from wattserve.server.models.runtime import ModelRuntime
 from wattserve.server.split import channel
-from wattserve.server.split.slab import Slab, TensorRef, pack
+from wattserve.server.split.slab import Slab, TensorRef, from_inline, inline, pack
 
 log = logging.getLogger("wattserve.core")
 
@@ -271,9 +271,8 @@ class FrontEndLink:
             if offset >= 0:
                 array = slab.array(dtype, shape, offset)
                 inputs[name] = array.copy() if keeps else array
-            else:  # inline, at -1 - offset in the raw section: copied out of the read buffer
-                start = -1 - offset
-                inputs[name] = np.frombuffer(raw[start : start + nbytes].tobytes(), dtype).reshape(shape)
+            else:
+                inputs[name] = from_inline(raw, dtype, shape, offset, nbytes)
         request = InferRequest(request_id, inputs, batched, rows, priority, timeout_us, outputs)
         if parameters:
             request.parameters = parameters
@@ -306,13 +305,7 @@ class FrontEndLink:
             for (_, _, _, offset, _), value in zip(refs, outputs.values(), strict=True):
                 self.slab.write(offset, value)
         else:  # no room reserved (variable shapes): inline, after the header
-            at = 0
-            inline: list[TensorRef] = []
-            for name, value in outputs.items():
-                inline.append((name, value.dtype, value.shape, -1 - at, value.nbytes))
-                raw.append(memoryview(value.reshape(-1).view(np.uint8)))
-                at += value.nbytes
-            refs = inline
+            refs, raw = inline(outputs)
         timing = (
             result.queue_time_s,
             result.compute_time_s,

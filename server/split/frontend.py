@@ -32,7 +32,7 @@ from wattserve.server.http.routes.common import json_response, watching_submit
 from wattserve.server.http.routes.inference import infer_routes
 from wattserve.server.security import AccessControl, parse_restricted_api
 from wattserve.server.settings import Settings
-from wattserve.server.split.core_client import CoreClient, RemoteRuntime, StaleModel
+from wattserve.server.split.core_client import CoreClient, RemoteRuntime
 from wattserve.server.split.http_proxy import CoreHttp
 
 log = logging.getLogger("wattserve.frontend")
@@ -56,6 +56,7 @@ class FrontEndRuntimes:
     def __init__(self, client: CoreClient) -> None:
         self.client = client
         self._by_token: dict[int, RemoteRuntime] = {}
+        self._last: dict[tuple[str, str | None], RemoteRuntime] = {}
 
     async def get(self, name: str, version: str | None) -> RemoteRuntime | None:
         info = await self.client.describe(name, version)
@@ -63,20 +64,27 @@ class FrontEndRuntimes:
             return None
         runtime = self._by_token.get(info.token)
         if runtime is None:
-            runtime = self._by_token[info.token] = RemoteRuntime(self.client, info)
+            runtime = self._by_token[info.token] = RemoteRuntime(self.client, info, version)
+        self._last[(name, version)] = runtime
         return runtime
+
+    def cached(self, name: str, version: str | None) -> RemoteRuntime:
+        """The runtime ``get`` just gave for this name and version (the gRPC service's
+        synchronous lookup, after its handler awaited ``get``)."""
+        return self._last[(name, version)]
 
 
 def frontend_app(
     settings: Settings,
-    client: CoreClient,
+    runtimes: FrontEndRuntimes,
     core_http: CoreHttp,
+    budget: BodyBudget,
     services: Callable[[], contextlib.AbstractAsyncContextManager[None]] | None = None,
 ) -> Starlette:
     """The front end's ASGI app: the infer fast path, local liveness, the rest forwarded.
-    ``services``: what else lives as long as the app (the gRPC relay)."""
-    budget = BodyBudget(settings.max_inflight_body_bytes)
-    runtimes = FrontEndRuntimes(client)
+    ``budget``: the body bytes being read at once, shared with the gRPC port; ``services``:
+    what else lives as long as the app (the gRPC port)."""
+    client = runtimes.client
     max_body_bytes = settings.max_body_bytes
 
     async def read(runtime: Any, request: Request) -> tuple[InferBody, int, int]:
@@ -87,7 +95,6 @@ def frontend_app(
         if any(key in json_part for key in CORE_ONLY_KEYS):
             budget.release(held)
             raise ToCore(body)
-        request.state.body = body  # kept for the core, should the model be reloaded meanwhile
         return (body, binary_length), held, len(body)
 
     decode = InferenceDecoder(read, parse_infer_body, budget, None)
@@ -99,11 +106,7 @@ def frontend_app(
             raise Refused(str(exc), exc.status, exc.retry_after, body_unread=True) from None
         if runtime is None:
             raise ToCore(b"")
-        try:
-            return await admit(None, name, version, decode, request, watching_submit, runtime=runtime)  # type: ignore[arg-type]
-        except StaleModel:
-            client.forget(name, version)
-            raise ToCore(getattr(request.state, "body", b"")) from None
+        return await admit(None, name, version, decode, request, watching_submit, runtime=runtime)  # type: ignore[arg-type]
 
     [infer_path, infer_version_path] = infer_routes(admit_request, settings.retry_after_s)
 

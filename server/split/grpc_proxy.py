@@ -1,10 +1,11 @@
-"""A front end's gRPC port: every KServe v2 RPC relayed, as bytes, to the core's gRPC server.
+"""A front end's gRPC port (shared by every front end with SO_REUSEPORT).
 
-The messages are not parsed here (no protobuf objects, no copy beyond the relay's own):
-the core's gRPC front end answers them as a single-process server would, streams included,
-with its status codes and trailing metadata passed back unchanged. The public port is
-shared by every front end with SO_REUSEPORT. gRPC inference is relayed, not decoded in the
-front end: its per-request work stays in the core (docs/architecture.md says what that costs).
+``ModelInfer`` on a model the core described is answered here with the one-process gRPC
+service's own code (``server.grpc.service.InferenceService``: the wire peek, parse,
+validation and encoding), its runtime this front end's ``RemoteRuntime``. Every other RPC
+(and inference that needs the core's state: shared memory, classification) is relayed as
+bytes to the core's gRPC server, which answers as a single-process server would, streams
+included, with its status codes and trailing metadata passed back unchanged.
 """
 
 from __future__ import annotations
@@ -15,11 +16,20 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from wattserve.server.grpc.service import SERVICE
+from wattserve.batchers.types import RequestError
+from wattserve.server.core.decode import BodyBudget
+from wattserve.server.grpc.service import SERVICE, InferenceService
+from wattserve.server.grpc.wire import WireError, peek_request
+from wattserve.server.models.runtime import ModelRuntime
+from wattserve.server.settings import Settings
+from wattserve.server.split.frontend import FrontEndRuntimes
 
 log = logging.getLogger("wattserve.frontend")
 
 STREAMING = frozenset({"ModelStreamInfer"})
+# Parameter names (protobuf map keys, as bytes on the wire) of inference that needs the
+# core's state; tensor bytes that happen to spell one only send that request the long way.
+CORE_ONLY_KEYS = (b"shared_memory_region", b"classification")
 # metadata the transport sets itself
 RESERVED = frozenset({"user-agent", "grpc-timeout", "content-type", "te", "grpc-accept-encoding",
                       "grpc-encoding", "accept-encoding"})  # fmt: skip
@@ -34,21 +44,64 @@ def _timeout(context: grpc.aio.ServicerContext) -> float | None:
     return remaining if remaining is not None and remaining < 1e8 else None
 
 
-class RelayHandler(grpc.GenericRpcHandler):
-    """Any method of the inference service, relayed to ``channel`` (the core's socket)."""
+class FrontEndInference(InferenceService):
+    """The one-process gRPC inference over the core's models as this front end sees them."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, runtimes: FrontEndRuntimes, settings: Settings, budget: BodyBudget) -> None:
+        super().__init__(None, settings, budget)  # type: ignore[arg-type]  # no ModelSet here
+        self.runtimes = runtimes
+
+    def _select(self, name: str, version: str | None) -> ModelRuntime:
+        return self.runtimes.cached(name, version)  # type: ignore[return-value]
+
+
+class RelayHandler(grpc.GenericRpcHandler):
+    """Any method of the inference service, relayed to ``channel`` (the core's socket);
+    ``ModelInfer`` answered by ``inference`` where it can be."""
+
+    def __init__(self, channel: grpc.aio.Channel, inference: FrontEndInference | None = None) -> None:
         self.channel = channel
-        self._calls: dict[str, Any] = {}
+        self.inference = inference
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = details.method  # "/inference.GRPCInferenceService/ModelInfer"
+        handler = self._handlers.get(method)
+        if handler is not None:
+            return handler
         _, service, name = method.split("/", 2) if method.count("/") == 2 else ("", "", "")
         if service != SERVICE:
             return None
         if name in STREAMING:
-            return grpc.stream_stream_rpc_method_handler(self._stream(method))
-        return grpc.unary_unary_rpc_method_handler(self._unary(method))
+            handler = grpc.stream_stream_rpc_method_handler(self._stream(method))
+        elif name == "ModelInfer" and self.inference is not None:
+            handler = grpc.unary_unary_rpc_method_handler(self._infer(method, self.inference))
+        else:
+            handler = grpc.unary_unary_rpc_method_handler(self._unary(method))
+        self._handlers[method] = handler
+        return handler
+
+    def _infer(self, method: str, inference: FrontEndInference) -> Any:
+        relay = self._unary(method)
+
+        async def infer(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            if any(key in raw for key in CORE_ONLY_KEYS):
+                return await relay(raw, context)
+            try:
+                peek = peek_request(raw)
+                runtime = await inference.runtimes.get(peek.model_name, peek.model_version or None)
+            except WireError:  # the core answers it, in its words
+                return await relay(raw, context)
+            except RequestError as exc:  # the core is away
+                await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc),
+                                    trailing_metadata=inference.retry_metadata)  # fmt: skip
+                raise  # unreachable: abort raises
+            if runtime is None:
+                return await relay(raw, context)
+            response = await inference.ModelInfer(raw, context)
+            return response.SerializeToString()  # type: ignore[no-any-return]
+
+        return infer
 
     def _unary(self, method: str) -> Any:
         call = self.channel.unary_unary(method)
@@ -93,10 +146,16 @@ class GrpcRelay:
     """The front end's grpc.aio server on the shared public port."""
 
     def __init__(
-        self, address: str, core_address: str, max_message_bytes: int, max_metadata_bytes: int
+        self,
+        address: str,
+        core_address: str,
+        max_message_bytes: int,
+        max_metadata_bytes: int,
+        inference: FrontEndInference | None = None,
     ) -> None:
         self.address = address
         self.core_address = core_address
+        self.inference = inference
         self.options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", -1),
@@ -112,7 +171,7 @@ class GrpcRelay:
             options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)],
         )
         server = grpc.aio.server(options=self.options)
-        server.add_generic_rpc_handlers((RelayHandler(self._channel),))
+        server.add_generic_rpc_handlers((RelayHandler(self._channel, self.inference),))
         port = server.add_insecure_port(self.address)
         if not port:
             raise RuntimeError(f"gRPC could not bind {self.address}")

@@ -90,23 +90,26 @@ def reuseport_socket(host: str, port: int, listen: bool = True) -> socket.socket
 
 def run_frontend(settings: Settings, sockets: CoreSockets) -> None:
     """A front end: the public HTTP and gRPC ports (shared), the core behind."""
+    from wattserve.server.core.decode import BodyBudget
     from wattserve.server.lifecycle import DrainingServer, uvicorn_config
     from wattserve.server.split.core_client import CoreClient
-    from wattserve.server.split.frontend import FrontEndDrain, frontend_app
-    from wattserve.server.split.grpc_proxy import GrpcRelay
+    from wattserve.server.split.frontend import FrontEndDrain, FrontEndRuntimes, frontend_app
+    from wattserve.server.split.grpc_proxy import FrontEndInference, GrpcRelay
     from wattserve.server.split.http_proxy import CoreHttp
 
     _setup(settings, "frontend")
-    client = CoreClient(
-        sockets.channel, settings.frontend_slab_mib << 20, int(os.environ.get(ENV_INDEX, "0"))
-    )
+    index = int(os.environ.get(ENV_INDEX, "0"))
+    client = CoreClient(sockets.channel, settings.frontend_slab_mib << 20, index)
+    runtimes = FrontEndRuntimes(client)
+    budget = BodyBudget(settings.max_inflight_body_bytes)  # HTTP and gRPC together, as in one process
     core_http = CoreHttp(sockets.http, settings.max_body_bytes, settings.retry_after_s)
     relay = None
     if settings.grpc_port:
         host = settings.grpc_host or settings.host
         host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        inference = FrontEndInference(runtimes, settings, budget)
         relay = GrpcRelay(f"{host}:{settings.grpc_port}", sockets.grpc, settings.max_body_bytes,
-                          settings.max_header_bytes)  # fmt: skip
+                          settings.max_header_bytes, inference)  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def grpc_lifespan() -> AsyncIterator[None]:
@@ -118,7 +121,7 @@ def run_frontend(settings: Settings, sockets: CoreSockets) -> None:
             if relay is not None:
                 await relay.stop(settings.drain_timeout_s)
 
-    app = frontend_app(settings, client, core_http, grpc_lifespan)
+    app = frontend_app(settings, runtimes, core_http, budget, grpc_lifespan)
     config = uvicorn_config(app, settings)
     server = DrainingServer(config, FrontEndDrain(client), settings.drain_grace_s)
 

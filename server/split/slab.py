@@ -20,9 +20,25 @@ import numpy as np
 
 ALIGN = 64  # cache-line aligned tensors (numpy and the engines read them in place)
 
-# One tensor crossing: (name, numpy dtype, shape, offset, nbytes). An offset >= 0 is into the
+# One tensor crossing: (name, dtype code, shape, offset, nbytes). An offset >= 0 is into the
 # slab; -1 - offset is into the frame's raw section (inline: it did not fit the slab).
-TensorRef = tuple[str, np.dtype, tuple[int, ...], int, int]
+TensorRef = tuple[str, "str | np.dtype", tuple[int, ...], int, int]
+
+
+def dtype_code(dtype: np.dtype) -> str | np.dtype:
+    """What crosses for a dtype: its string (a dtype object costs ~4 us to pickle), or the
+    object itself where the string would lose it (ml_dtypes' bfloat16 reads as void)."""
+    return dtype.str if dtype.kind != "V" else dtype
+
+
+_DTYPES: dict[str | np.dtype, np.dtype] = {}
+
+
+def dtype_of(code: str | np.dtype) -> np.dtype:
+    dtype = _DTYPES.get(code)
+    if dtype is None:
+        dtype = _DTYPES[code] = np.dtype(code)
+    return dtype
 
 
 def _aligned(n: int) -> int:
@@ -44,9 +60,9 @@ class Slab:
         os.ftruncate(fd, size)
         return cls(fd, size)
 
-    def array(self, dtype: np.dtype, shape: Sequence[int], offset: int) -> np.ndarray:
+    def array(self, code: str | np.dtype, shape: Sequence[int], offset: int) -> np.ndarray:
         """A view of a tensor in the slab (no copy)."""
-        return np.ndarray(tuple(shape), dtype=dtype, buffer=self.map, offset=offset)
+        return np.ndarray(shape, dtype=dtype_of(code), buffer=self.map, offset=offset)
 
     def write(self, offset: int, array: np.ndarray) -> None:
         """Copy ``array`` (any layout) into the slab at ``offset``, C order."""
@@ -119,6 +135,27 @@ def pack(arrays: Mapping[str, np.ndarray], base: int) -> tuple[list[TensorRef], 
     offset = base
     for name, array in arrays.items():
         nbytes = array.nbytes
-        refs.append((name, array.dtype, array.shape, offset, nbytes))
+        refs.append((name, dtype_code(array.dtype), array.shape, offset, nbytes))
         offset = offset + _aligned(nbytes)
     return refs, offset
+
+
+def inline(arrays: Mapping[str, np.ndarray]) -> tuple[list[TensorRef], list[memoryview]]:
+    """Tensors that travel in a frame's raw section (no slab room): refs at ``-1 - offset``
+    and the bytes to send after the header (views, not copies)."""
+    refs: list[TensorRef] = []
+    raw: list[memoryview] = []
+    at = 0
+    for name, value in arrays.items():
+        refs.append((name, dtype_code(value.dtype), value.shape, -1 - at, value.nbytes))
+        raw.append(memoryview(value.reshape(-1).view(np.uint8)))
+        at += value.nbytes
+    return refs, raw
+
+
+def from_inline(
+    raw: memoryview, code: str | np.dtype, shape: Sequence[int], offset: int, nbytes: int
+) -> np.ndarray:
+    """A tensor read from a frame's raw section (copied: the read buffer is reused)."""
+    start = -1 - offset
+    return np.frombuffer(raw[start : start + nbytes].tobytes(), dtype_of(code)).reshape(shape)

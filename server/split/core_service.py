@@ -22,13 +22,15 @@ import os
 import pickle
 import socket
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter
 from wattserve.batchers.status import Status
-from wattserve.batchers.types import RequestError, WorkItem
+from wattserve.batchers.types import RequestError, Result, WorkItem
 from wattserve.engines.base import StepEngine
 from wattserve.engines.request_engines import RunsRequests
 from wattserve.server.core.admission import Refused, select
@@ -43,6 +45,8 @@ from wattserve.server.split.slab import Slab, TensorRef, from_inline, inline, pa
 log = logging.getLogger("wattserve.core")
 
 HELLO_BYTES = 4096
+
+Answer = Callable[[Result | None, BaseException | None], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +197,7 @@ class FrontEndLink:
         self.pid = pid
         self.served = service.requests.labels(index)  # a restarted front end keeps its index
         self.protocol = channel.FrameProtocol(self._on_frame, self._on_lost)
-        self.inflight: dict[int, tuple[ModelRuntime, WorkItem, asyncio.Task[None]]] = {}
+        self.inflight: dict[int, tuple[ModelRuntime, WorkItem, asyncio.Task[None] | None]] = {}
 
     def close(self) -> None:
         self.protocol.close()
@@ -239,7 +243,7 @@ class FrontEndLink:
         _, request_id, token, name, version, block, refs, meta = header
         self.served.inc()
         protocol = meta[7]
-        reset = request_protocol.set(protocol)  # the task below copies the context
+        reset = request_protocol.set(protocol)  # the answer's callback and task copy the context
         try:
             try:
                 runtime = select(self.service.models, name, version)
@@ -255,7 +259,18 @@ class FrontEndLink:
                 status = getattr(exc, "status", Status.INVALID_ARG)
                 self._answer_error(request_id, (status.value, str(exc), False))
                 return
-            task = asyncio.get_running_loop().create_task(self._run(request_id, runtime, item, block))
+            answer = partial(self._answered, request_id, block)
+            try:
+                queued = runtime.submit_nowait(item, answer)  # no task per request
+            except RequestError as exc:
+                self._answer_error(request_id, (exc.status.value, str(exc), exc.retry_after))
+                return
+            except ValueError as exc:
+                self._answer_error(request_id, (Status.INVALID_ARG.value, str(exc), False))
+                return
+            task = None
+            if not queued:  # a model whose infer does more than queue (cache, ordering)
+                task = asyncio.get_running_loop().create_task(self._run(runtime, item, answer))
             self.inflight[request_id] = (runtime, item, task)
         finally:
             request_protocol.reset(reset)
@@ -279,24 +294,31 @@ class FrontEndLink:
         return request
 
     # ------------------------------------------------------------------ answers out
-    async def _run(
-        self, request_id: int, runtime: ModelRuntime, item: WorkItem, block: tuple[int, int]
-    ) -> None:
+    async def _run(self, runtime: ModelRuntime, item: WorkItem, answer: Answer) -> None:
+        """``infer`` awaited, for a model whose infer does more than queue."""
         try:
             result = await runtime.infer(item)
-        except RequestError as exc:
-            self.inflight.pop(request_id, None)
-            self._answer_error(request_id, (exc.status.value, str(exc), exc.retry_after))
-            return
         except asyncio.CancelledError:  # the link is gone: nobody to answer
-            self.inflight.pop(request_id, None)
             raise
-        except Exception as exc:  # a bug below: still exactly one answer
-            log.exception("request %d failed", request_id)
-            self.inflight.pop(request_id, None)
-            self._answer_error(request_id, (Status.INTERNAL.value, f"internal error: {exc}", False))
+        except Exception as exc:
+            answer(None, exc)
             return
-        self.inflight.pop(request_id, None)
+        answer(result, None)
+
+    def _answered(self, request_id: int, block: tuple[int, int], result: Result | None,
+                  error: BaseException | None) -> None:  # fmt: skip
+        """The request's one answer: its outputs into the space reserved in the slab (or
+        inline when there was none), or its error."""
+        if self.inflight.pop(request_id, None) is None:
+            return  # the link went away: nobody to answer
+        if error is not None:
+            if isinstance(error, RequestError):
+                self._answer_error(request_id, (error.status.value, str(error), error.retry_after))
+            else:  # a bug below: still exactly one answer
+                log.error("request %d failed: %r", request_id, error)
+                self._answer_error(request_id, (Status.INTERNAL.value, f"internal error: {error}", False))
+            return
+        assert result is not None
         out_offset, out_size = block
         outputs = {name: np.ascontiguousarray(value) for name, value in result.outputs.items()}
         refs, end = pack(outputs, out_offset)
@@ -306,13 +328,8 @@ class FrontEndLink:
                 self.slab.write(offset, value)
         else:  # no room reserved (variable shapes): inline, after the header
             refs, raw = inline(outputs)
-        timing = (
-            result.queue_time_s,
-            result.compute_time_s,
-            result.batch_size,
-            result.input_s,
-            result.output_s,
-        )
+        timing = (result.queue_time_s, result.compute_time_s, result.batch_size, result.input_s,
+                  result.output_s)  # fmt: skip
         self.protocol.send((channel.ANSWER, request_id, True, (refs, timing)), raw)
 
     def _answer_error(self, request_id: int, error: tuple[str, str, bool]) -> None:
@@ -324,8 +341,9 @@ class FrontEndLink:
         lost = list(self.inflight.values())
         self.inflight.clear()
         for runtime, item, task in lost:
-            runtime.cancel(item)
-            task.cancel()
+            runtime.cancel(item)  # its answer (cancelled) is counted and goes nowhere
+            if task is not None:
+                task.cancel()
         if lost:
             self.service.lost.inc(len(lost))
             log.warning("front end %s went away with %d request(s) in flight; cancelled", self.pid, len(lost))

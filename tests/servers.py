@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import uvicorn
 from wattserve.loadgen.server_process import (
@@ -49,7 +50,11 @@ def threaded_server(settings: Settings, engine_factory=None) -> Iterator[tuple[s
         settings = settings.model_copy(update={"grpc_port": 0})
     if SPLIT_WORKERS > 1 and engine_factory is None:
         with split_server(settings, SPLIT_WORKERS) as url:
-            yield url, None
+            # what a client-facing test reads of the app: its settings and gRPC port (a test
+            # that reads in-process state, the model set or the loggers, fails here: no such
+            # state in this process)
+            grpc = SimpleNamespace(port=settings.grpc_port) if settings.grpc_port else None
+            yield url, SimpleNamespace(state=SimpleNamespace(settings=settings, grpc=grpc))
         return
     app = create_app(settings, **kwargs)
     port = free_port()

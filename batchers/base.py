@@ -135,13 +135,13 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
             self._abandon(item)  # its waiter is gone: never computed if still queued
             raise
         finally:
-            self.settle(timer)
+            self.release(timer)
 
     def enqueue(self, item: WorkItem) -> tuple[asyncio.Future[Result], asyncio.TimerHandle | None]:
         """``submit`` without the coroutine, for a caller that answers from the future's
         callback (the engine core answers front-end processes so, without a task per
         request): queue ``item``; its answer's future and its deadline timer, which the
-        caller hands to ``settle`` once the future is done."""
+        caller hands to ``release`` once the future is done."""
         self.check_admission()
         if not 1 <= item.priority <= self.config.priority_levels:
             raise ValueError(f"priority level {item.priority} outside 1..{self.config.priority_levels}")
@@ -158,7 +158,7 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
         self.inflight += 1
         return future, timer
 
-    def settle(self, timer: asyncio.TimerHandle | None) -> None:
+    def release(self, timer: asyncio.TimerHandle | None) -> None:
         """An enqueued item's answer is in: its deadline timer goes, it is in flight no more."""
         if timer is not None:
             timer.cancel()

@@ -57,7 +57,7 @@ def test_ring_random_frees_never_overlap_live_blocks():
         if start is None:
             continue
         end = start + n
-        assert 0 <= start and end <= size and start % ALIGN == 0
+        assert start >= 0 and end <= size and start % ALIGN == 0
         for other, other_n in live.items():
             assert end <= other or other + other_n <= start, "overlapping blocks"
         live[start] = n

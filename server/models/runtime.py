@@ -326,7 +326,7 @@ class ModelRuntime:
             raise
 
         def done(future: asyncio.Future[Result]) -> None:
-            batcher.settle(timer)
+            batcher.release(timer)
             error = ClientGone("cancelled") if future.cancelled() else future.exception()
             if error is None:
                 result = future.result()

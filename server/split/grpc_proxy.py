@@ -99,12 +99,12 @@ class RelayHandler(grpc.GenericRpcHandler):
             if runtime is None:
                 return await relay(raw, context)
             response = await inference.ModelInfer(raw, context)
-            return response.SerializeToString()  # type: ignore[no-any-return]
+            return response.SerializeToString()
 
         return infer
 
     def _unary(self, method: str) -> Any:
-        call = self.channel.unary_unary(method)
+        call: Any = self.channel.unary_unary(method)
 
         async def relay(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             upstream = call(request, metadata=_forwarded(context), timeout=_timeout(context))
@@ -119,7 +119,7 @@ class RelayHandler(grpc.GenericRpcHandler):
         return relay
 
     def _stream(self, method: str) -> Any:
-        call = self.channel.stream_stream(method)
+        call: Any = self.channel.stream_stream(method)
 
         async def relay(
             requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext

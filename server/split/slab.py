@@ -148,7 +148,7 @@ def inline(arrays: Mapping[str, np.ndarray]) -> tuple[list[TensorRef], list[memo
     at = 0
     for name, value in arrays.items():
         refs.append((name, dtype_code(value.dtype), value.shape, -1 - at, value.nbytes))
-        raw.append(memoryview(value.reshape(-1).view(np.uint8)))
+        raw.append(value.reshape(-1).view(np.uint8).data)
         at += value.nbytes
     return refs, raw
 

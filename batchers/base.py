@@ -128,6 +128,20 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
     # ------------------------------------------------------------------ public contract
     async def submit(self, item: WorkItem) -> Result:
         """The only way in: queue ``item`` and wait for its one answer."""
+        future, timer = self.enqueue(item)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._abandon(item)  # its waiter is gone: never computed if still queued
+            raise
+        finally:
+            self.release(timer)
+
+    def enqueue(self, item: WorkItem) -> tuple[asyncio.Future[Result], asyncio.TimerHandle | None]:
+        """``submit`` without the coroutine, for a caller that answers from the future's
+        callback (the engine core answers front-end processes so, without a task per
+        request): queue ``item``; its answer's future and its deadline timer, which the
+        caller hands to ``release`` once the future is done."""
         self.check_admission()
         if not 1 <= item.priority <= self.config.priority_levels:
             raise ValueError(f"priority level {item.priority} outside 1..{self.config.priority_levels}")
@@ -142,15 +156,13 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
         if item.deadline is not None:
             timer = loop.call_later(max(0.0, item.deadline - monotonic()), self._expire, item)
         self.inflight += 1
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self._abandon(item)  # its waiter is gone: never computed if still queued
-            raise
-        finally:
-            if timer is not None:
-                timer.cancel()
-            self.inflight -= 1
+        return future, timer
+
+    def release(self, timer: asyncio.TimerHandle | None) -> None:
+        """An enqueued item's answer is in: its deadline timer goes, it is in flight no more."""
+        if timer is not None:
+            timer.cancel()
+        self.inflight -= 1
 
     def check_admission(self, rows: int = 1) -> None:
         """Raise the refusal ``submit`` would give now, so a route can refuse a request

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from time import monotonic
 from typing import Any
@@ -20,7 +20,7 @@ from wattserve.batchers.base import Batcher, engine_thread
 from wattserve.batchers.iteration_metrics import IterationMetrics
 from wattserve.batchers.lm_metrics import LMMetrics
 from wattserve.batchers.registry import build_batcher
-from wattserve.batchers.types import Draining, QueueFull, RequestError, Result, WorkItem
+from wattserve.batchers.types import ClientGone, Draining, QueueFull, RequestError, Result, WorkItem
 from wattserve.engines.base import (
     Engine,
     PreparesInputs,
@@ -303,6 +303,41 @@ class ModelRuntime:
             raise
         await _wait_turn(previous, mine)
         return result
+
+    def submit_nowait(
+        self, item: WorkItem, answer: Callable[[Result | None, BaseException | None], None]
+    ) -> bool:
+        """``infer`` without a coroutine, for a caller with many requests and no task per
+        request (the engine core behind front-end processes, ``server.split``): queue the
+        item now, count its one outcome and call ``answer(result, error)`` once it is in.
+        False, with nothing done, for a model whose ``infer`` does more than queue (response
+        cache, preserve_ordering, per-level queue bounds): await ``infer`` for those. Raises
+        the refusals ``infer`` raises before queueing."""
+        if self.response_cache is not None or self.serving.preserve_ordering or self._level_bounds:
+            return False
+        batcher = self.batcher
+        if batcher is None:  # unloaded between admission and submit
+            raise Draining(f"model {self.name!r} is unloading")
+        started = monotonic()
+        try:
+            future, timer = batcher.enqueue(item)
+        except RequestError as exc:
+            self.record_outcome(exc.outcome, started, None)
+            raise
+
+        def done(future: asyncio.Future[Result]) -> None:
+            batcher.release(timer)
+            error = ClientGone("cancelled") if future.cancelled() else future.exception()
+            if error is None:
+                result = future.result()
+                self.record_outcome("success", started, result)
+                answer(result, None)
+            else:
+                self.record_outcome(getattr(error, "outcome", "error"), started, None)
+                answer(None, error)
+
+        future.add_done_callback(done)
+        return True
 
     async def _infer(self, item: WorkItem) -> Result:
         if self.batcher is None:  # unloaded between admission and submit

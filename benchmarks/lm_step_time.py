@@ -74,7 +74,7 @@ def decoding_states(engine: Any, n: int) -> list[Any]:
         text = " ".join(rng.choice(words, prompt_words))
         item = {
             "text_input": np.array([text.encode()], dtype=object),
-            "max_tokens": np.array([400], np.int32),
+            "max_tokens": np.array([300], np.int32),
             "ignore_eos": np.array([True]),
         }
         states.append(engine.start(item))

@@ -96,6 +96,41 @@ def time_steps(engine: Any, states: list[Any], steps: int) -> float:
     return statistics.median(times)
 
 
+def modelled_ratio(c0: float, c1: float, engine: Any, requests: int = 150, running: int = 32) -> float:
+    """Token-level / request-level tokens/s at saturation, from a step cost ``c0 + c1 * rows``.
+
+    Why: what a step's cost curve allows, apart from the server and the machine's noise.
+    The benchmark's requests (``llm_batching.workload``, prompts tokenized by ``engine``)
+    all waiting: request-level runs batches of ``running`` until each batch's longest ends
+    (finished rows leave the step), token-level keeps ``running`` sequences, admitting one
+    as one ends. A prompt token is priced as a decode row (both policies compute the same
+    prompts)."""
+    from benchmarks.llm_batching import workload
+
+    items = workload(requests, 30.0, 1)
+    out = [n for _, _, n in items]
+    prompt = [len(engine.tokenizer(p)["input_ids"]) for _, p, _ in items]
+    tokens = sum(out)
+    request_level = 0.0
+    for i in range(0, requests, running):
+        lengths = out[i : i + running]
+        request_level += c0 + c1 * (sum(prompt[i : i + running]) + len(lengths))  # prefill + 1st token
+        request_level += sum(c0 + c1 * sum(1 for n in lengths if n > k) for k in range(1, max(lengths)))
+    token_level, waiting, left = 0.0, list(range(requests)), {}
+    while waiting or left:
+        rows = 0
+        while waiting and len(left) < running:
+            i = waiting.pop(0)
+            left[i] = out[i]
+            rows += prompt[i] - 1  # the prompt's other tokens, computed in this step
+        token_level += c0 + c1 * (rows + len(left))
+        for i in list(left):
+            left[i] -= 1
+            if left[i] == 0:
+                del left[i]
+    return (tokens / token_level) / (tokens / request_level)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--running", default="1,8,32", help="running sequences, comma-separated")
@@ -140,14 +175,26 @@ def main() -> None:
                 medians[name][n].append(time_steps(engine, states, args.steps))
                 for s in states:
                     engine.release(s)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    fits: list[dict[str, Any]] = []
     print(f"{'engine':8s} {'running':>7s} {'step ms':>8s} {'ms/seq':>7s} {'tok/s':>7s}")
     for name in engines:
         for n in counts:
             t = statistics.median(medians[name][n])
             rows.append({"engine": name, "running": n, "step_s": t, "tokens_per_s": n / t})
             print(f"{name:8s} {n:7d} {t * 1e3:8.2f} {t * 1e3 / n:7.3f} {n / t:7.0f}")
-    path = save("lm_step_time", {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows})
+        if len(counts) > 1:  # the step cost's line through the fewest and the most running
+            lo, hi = min(counts), max(counts)
+            t_lo, t_hi = (statistics.median(medians[name][n]) for n in (lo, hi))
+            c1 = (t_hi - t_lo) / (hi - lo)
+            c0 = t_lo - c1 * lo
+            ratio = modelled_ratio(c0, c1, engines[name])
+            fits.append({"engine": name, "c0_s": c0, "c1_s": c1, "modelled_ratio_at_saturation": ratio})
+            print(f"{name:8s} step = {c0 * 1e3:.2f} ms + {c1 * 1e3:.3f} ms x rows; "
+                  f"modelled token-/request-level tokens/s at saturation: {ratio:.2f}x")  # fmt: skip
+    path = save(
+        "lm_step_time", {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows, "fits": fits}
+    )
     print(f"wrote {path}")
 
 

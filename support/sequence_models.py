@@ -77,6 +77,7 @@ class TritonPythonModel:
             start = int(pb_utils.get_input_tensor_by_name(request, "START").as_numpy()[0, 0])
             ready = int(pb_utils.get_input_tensor_by_name(request, "READY").as_numpy()[0, 0])
             corrid = pb_utils.get_input_tensor_by_name(request, "CORRID").as_numpy()[0, 0]
+            corrid = corrid if isinstance(corrid, bytes) else str(corrid).encode()
             if request.flags() & START:
                 self.sums[cid] = 0
             self.sums[cid] = self.sums.get(cid, 0) + value * ready
@@ -84,7 +85,7 @@ class TritonPythonModel:
                 pb_utils.Tensor("OUTPUT", np.array([[self.sums[cid]]], np.int32)),
                 pb_utils.Tensor("FLAGS", np.array([[request.flags()]], np.int32)),
                 pb_utils.Tensor("START_SEEN", np.array([[start]], np.int32)),
-                pb_utils.Tensor("CORRID_SEEN", np.array([[str(corrid).encode()]], dtype=object)),
+                pb_utils.Tensor("CORRID_SEEN", np.array([[corrid]], dtype=object)),
             ]
             responses.append(pb_utils.InferenceResponse(out))
         return responses

@@ -1,0 +1,276 @@
+"""Triton's sequence batcher (``sequence_batching``, direct) against the shape of Triton's QA
+sequence models: an accumulator that gets INPUT and the START, READY and CORRID control
+tensors (support/sequence_models.py): ONNX with implicit state, and a Python model that keeps
+a sum per ``request.correlation_id()``.
+
+Several sequences from concurrent clients over HTTP and gRPC, every running sum checked; one
+sequence's requests pipelined on a gRPC stream still run one at a time and in order (the
+Python model fails a request whose sequence has another in the same ``execute``); a request
+without a sequence ID, or one whose sequence never started or was released idle, is refused
+with Triton's words; START/END are the flags a Python model sees."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as tgrpc
+import tritonclient.http as thttp
+from tritonclient.utils import InferenceServerException
+from wattserve.batchers.sequence import SequenceBatcher, SequenceConfig
+from wattserve.batchers.sequence_slots import SequenceNotStarted
+from wattserve.batchers.types import SequenceTag, WorkItem
+from wattserve.server.models.repository.config import ConfigError
+from wattserve.server.models.repository.plan import plan_model
+from wattserve.server.settings import Settings
+
+from support.sequence_models import onnx_accumulator, python_accumulator
+from tests.gated_engine import GatedEngine, item_input
+from tests.servers import free_port, threaded_server
+
+MODELS = ("acc_onnx", "acc_python")
+LENGTH = 5
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sequence_repo")
+    onnx_accumulator(root)
+    python_accumulator(root)
+    python_accumulator(root, "acc_idle", idle_us=200_000)
+    port = free_port()
+    with threaded_server(Settings(model_repository=root, telemetry=False, grpc_port=port)) as (url, app):
+        yield url.removeprefix("http://"), f"127.0.0.1:{port}", app
+
+
+def wait_for(predicate, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.01)
+
+
+def one_input(module, value: int):
+    tensor = module.InferInput("INPUT", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[value]], np.int32))
+    return tensor
+
+
+def step(protocol: str, address: str, model: str, value: int, cid, start: bool, end: bool) -> dict:
+    """One request of a sequence; its outputs by name."""
+    module = thttp if protocol == "http" else tgrpc
+    client = module.InferenceServerClient(address)
+    result = client.infer(model, [one_input(module, value)], sequence_id=cid, sequence_start=start,
+                          sequence_end=end)  # fmt: skip
+    onnx = model == "acc_onnx"
+    names = ["OUTPUT", "CORRID_OUT"] if onnx else ["OUTPUT", "FLAGS", "START_SEEN", "CORRID_SEEN"]
+    return {name: result.as_numpy(name)[0, 0] for name in names}
+
+
+def correlation_id(model: str, i: int):
+    """uint64 IDs (some past 2^32) for the ONNX model (its CORRID is TYPE_UINT64), strings for
+    the Python model's TYPE_STRING CORRID."""
+    return f"seq-{i}" if model == "acc_python" else (i + 1) * 1_000_003_007
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_interleaved_sequences_from_concurrent_clients_over_http_and_grpc(served, model):
+    http_address, grpc_address, _ = served
+    sequences = 4  # one per batch slot (max_batch_size): a fifth would wait for a slot, and its round
+    barrier = threading.Barrier(sequences)  # every client sends its k-th request in the same round
+    rng = np.random.default_rng(1)
+    values = rng.integers(-50, 50, size=(sequences, LENGTH))
+
+    def client(i: int) -> list[dict]:
+        protocol, address = ("http", http_address) if i % 2 else ("grpc", grpc_address)
+        answers = []
+        for k in range(LENGTH):
+            barrier.wait(timeout=60)
+            answers.append(step(protocol, address, model, int(values[i, k]), correlation_id(model, i),
+                                k == 0, k == LENGTH - 1))  # fmt: skip
+        return answers
+
+    with ThreadPoolExecutor(sequences) as pool:
+        results = list(pool.map(client, range(sequences)))
+    for i, answers in enumerate(results):
+        assert [int(a["OUTPUT"]) for a in answers] == np.cumsum(values[i]).tolist(), i
+        if model == "acc_python":  # the flags and control tensors the model saw
+            assert [int(a["FLAGS"]) for a in answers] == [1, 0, 0, 0, 2]
+            assert [int(a["START_SEEN"]) for a in answers] == [1, 0, 0, 0, 0]
+            assert {a["CORRID_SEEN"] for a in answers} == {correlation_id(model, i).encode()}
+        else:
+            assert {int(a["CORRID_OUT"]) for a in answers} == {correlation_id(model, i)}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_sequence_pipelined_on_one_stream_runs_one_request_at_a_time_in_order(served, model):
+    """Every request of three sequences sent on one gRPC stream without waiting for answers:
+    the Python model fails any request whose sequence shares its execute; every running sum
+    comes out right only if each sequence's requests ran in order."""
+    _, grpc_address, _ = served
+    answers: queue.Queue = queue.Queue()
+    client = tgrpc.InferenceServerClient(grpc_address)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    ids = [correlation_id(model, 100 + i) for i in range(3)]
+    expected = {}
+    try:
+        for k in range(LENGTH):
+            for n, cid in enumerate(ids):
+                value = 10 * n + k + 1
+                expected[f"{n}-{k}"] = expected.get(f"{n}-{k - 1}", 0) + value
+                client.async_stream_infer(model, [one_input(tgrpc, value)], request_id=f"{n}-{k}",
+                                          sequence_id=cid, sequence_start=k == 0,
+                                          sequence_end=k == LENGTH - 1)  # fmt: skip
+        got = {}
+        for _ in range(len(expected)):
+            result, error = answers.get(timeout=60)
+            assert error is None, error
+            got[result.get_response().id] = int(result.as_numpy("OUTPUT")[0, 0])
+    finally:
+        client.stop_stream()
+    assert got == expected
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_request_without_a_sequence_id_is_refused_with_tritons_message(served, protocol):
+    http_address, grpc_address, _ = served
+    module = thttp if protocol == "http" else tgrpc
+    client = module.InferenceServerClient(http_address if protocol == "http" else grpc_address)
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("acc_onnx", [one_input(module, 1)])
+    assert "inference request to model 'acc_onnx' must specify a non-zero or non-empty correlation ID" in str(
+        refused.value
+    )
+    assert refused.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+
+
+def test_control_inputs_are_not_client_inputs(served):
+    http_address, _, _ = served
+    meta = httpx.get(f"http://{http_address}/v2/models/acc_onnx").json()
+    assert [t["name"] for t in meta["inputs"]] == ["INPUT"]
+    assert [t["name"] for t in meta["outputs"]] == ["OUTPUT", "CORRID_OUT"]  # the state output stays inside
+    sent = httpx.post(f"http://{http_address}/v2/models/acc_onnx/infer", json={
+        "parameters": {"sequence_id": 77, "sequence_start": True, "sequence_end": True},
+        "inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [9]},
+                   {"name": "START", "shape": [1, 1], "datatype": "INT32", "data": [0]}]})  # fmt: skip
+    assert sent.status_code == 400  # a control input is the server's to fill
+
+
+def test_a_sequence_that_did_not_start_is_refused(served):
+    http_address, _, _ = served
+    with pytest.raises(InferenceServerException, match=(
+        "inference request for sequence 31337 to model 'acc_onnx' must specify the START flag on the first "
+        "request of the sequence")):  # fmt: skip
+        step("http", http_address, "acc_onnx", 1, 31337, start=False, end=False)
+
+
+def test_an_idle_sequence_is_released_and_a_late_request_refused(served):
+    http_address, _, app = served
+    batcher = app.state.models.lookup("acc_idle").runtime.batcher
+    assert step("http", http_address, "acc_idle", 4, "slow", start=True, end=False)["OUTPUT"] == 4
+    assert "slow" in batcher.sequences.live
+    wait_for(lambda: "slow" not in batcher.sequences.live)  # max_sequence_idle_microseconds: 200 ms
+    assert batcher.sequences.free == batcher.sequences.slots  # its slot is free again
+    with pytest.raises(InferenceServerException, match="must specify the START flag"):
+        step("http", http_address, "acc_idle", 1, "slow", start=False, end=False)
+    assert step("http", http_address, "acc_idle", 2, "slow", start=True, end=True)["OUTPUT"] == 2
+
+
+# ---------------------------------------------------------------- the batcher alone
+
+
+def sequence_item(value: float, cid, start: bool = False, end: bool = False) -> WorkItem:
+    return WorkItem(item_input(value), sequence=SequenceTag(cid, start=start, end=end))
+
+
+async def test_requests_of_one_sequence_never_share_a_batch_and_run_in_order():
+    engine = GatedEngine(max_batch_size=4)
+    engine.gate.clear()
+    batcher = SequenceBatcher([engine], SequenceConfig(max_batch_size=4))
+    runner = asyncio.create_task(batcher.run())
+    a = [sequence_item(1 + k, "a", start=k == 0, end=k == 2) for k in range(3)]
+    b = [sequence_item(11 + k, "b", start=k == 0, end=k == 2) for k in range(3)]
+    tasks = [asyncio.create_task(batcher.submit(it)) for pair in zip(a, b, strict=True) for it in pair]
+    await asyncio.sleep(0)
+    engine.gate.set()
+    await asyncio.gather(*tasks)
+    await batcher.drain()
+    await runner
+    for batch in engine.batches:  # each batch holds at most one request of each sequence
+        assert len([v for v in batch if v < 10]) <= 1 and len([v for v in batch if v > 10]) <= 1
+    assert [v for v in engine.seen if v < 10] == [1, 2, 3] and [v for v in engine.seen if v > 10] == [
+        11,
+        12,
+        13,
+    ]
+    assert batcher.sequences.free == 4 and not batcher.sequences.live
+
+
+async def test_a_sequence_waits_for_a_free_slot_and_gets_the_one_an_ending_sequence_frees():
+    engine = GatedEngine(max_batch_size=1)
+    batcher = SequenceBatcher([engine], SequenceConfig(max_batch_size=1))
+    runner = asyncio.create_task(batcher.run())
+    first = asyncio.create_task(batcher.submit(sequence_item(1, 1, start=True)))
+    await first
+    second = asyncio.create_task(batcher.submit(sequence_item(2, 2, start=True, end=True)))
+    for _ in range(20):  # let it run as far as it can: into the backlog, not the engine
+        await asyncio.sleep(0)
+    assert not second.done() and list(batcher.sequences.backlog)  # no slot: it waits
+    await batcher.submit(sequence_item(3, 1, end=True))  # sequence 1 ends: its slot goes to 2
+    await second
+    assert engine.seen == [1, 3, 2]
+    with pytest.raises(SequenceNotStarted):
+        await batcher.submit(sequence_item(4, 1))
+    await batcher.drain()
+    await runner
+
+
+# ---------------------------------------------------------------- what is refused at load
+
+
+@pytest.mark.parametrize(
+    ("change", "refused"),
+    [
+        (lambda t: t.replace("direct {", "oldest {"), "'sequence_batching.oldest' is not supported"),
+        (lambda t: t.replace("zero_data: true", 'data_file: "init"'),
+         "'sequence_batching.state[0].initial_state[0].data_file' is not supported"),
+        (lambda t: t.replace('count: 1 kind', 'count: 2 kind'), "with 2 model instances"),
+        (lambda t: t + 'parameters { key: "batcher" value: { string_value: "dynamic" } }\n',
+         "runs on the sequence batcher"),
+        (lambda t: t.replace("max_sequence_idle_microseconds", "iterative_sequence: true\n  max_sequence_idle_microseconds"),
+         "'sequence_batching.iterative_sequence' is not supported"),
+    ],
+)  # fmt: skip
+def test_what_is_not_implemented_is_refused_at_load_by_name(tmp_path, change, refused):
+    folder = onnx_accumulator(tmp_path)
+    config = folder / "config.pbtxt"
+    config.write_text(change(config.read_text()))
+    with pytest.raises(ConfigError, match=re.escape(refused)):
+        plan_model(folder, Settings(telemetry=False))
+
+
+def test_implicit_state_is_refused_for_a_python_model(tmp_path):
+    folder = python_accumulator(tmp_path)
+    config = folder / "config.pbtxt"
+    text = config.read_text().rstrip()
+    config.write_text(text.replace("sequence_batching {", 'sequence_batching {\n  state [ { input_name: "S" '
+                                   'output_name: "T" data_type: TYPE_INT32 dims: [ 1 ] } ]'))  # fmt: skip
+    with pytest.raises(
+        ConfigError, match=re.escape("'sequence_batching.state' is not supported by wattserve (implicit")
+    ):
+        plan_model(folder, Settings(telemetry=False))
+
+
+def test_a_sequence_model_runs_the_sequence_batcher_whatever_the_environment_names(tmp_path):
+    (plan,) = plan_model(onnx_accumulator(tmp_path), Settings(telemetry=False, batcher="dynamic"))
+    assert plan.serving.batching.batcher == "sequence"
+    assert plan.serving.batching.max_queue_delay_ms == 0.0
+    assert plan.serving.batching.sequence_idle_s == 5.0  # type: ignore[attr-defined]

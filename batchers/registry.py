@@ -9,9 +9,9 @@ name runs on an engine; the server labels metrics and ``/config`` with its answe
 One explicit mapping, on purpose: on a step engine (diffusion), ``continuous`` means
 iteration-level batching (``ON_STEP_ENGINES``), as the design defines continuous batching
 for iterative models: the batch is re-formed before every model call. Every other name
-keeps its meaning on every engine (``sequence`` is what a repository model with
-``sequence_batching`` runs, whatever else is named), so static and dynamic batch whole diffusion requests,
-for comparison; ``iteration`` may also be named directly.
+keeps its meaning on every engine, so static and dynamic batch whole diffusion requests,
+for comparison; ``iteration`` may also be named directly. ``sequence`` and ``sequence_oldest``
+are what a repository model with ``sequence_batching`` runs, whatever else is named.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from wattserve.batchers.dynamic import DynamicBatcher
 from wattserve.batchers.iteration import IterationBatcher
 from wattserve.batchers.observers import BatchObserver
 from wattserve.batchers.sequence import SequenceBatcher
+from wattserve.batchers.sequence_oldest import OldestSequenceBatcher
 from wattserve.batchers.single import SingleBatcher
 from wattserve.batchers.static import StaticBatcher
 from wattserve.engines.base import Engine, StepEngine
@@ -44,6 +45,7 @@ POLICIES: dict[str, type[Batcher]] = {
         AimdBatcher,
         SingleBatcher,
         SequenceBatcher,
+        OldestSequenceBatcher,
     )
 }
 BATCHER_NAMES: tuple[str, ...] = tuple(POLICIES)

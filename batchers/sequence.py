@@ -43,6 +43,7 @@ class SequenceBatchingSpec(BatchingSpec):
 
     min_slot_utilization: float = 0.0
     sequence_idle_s: float = DEFAULT_IDLE_S
+    slots: int = 0  # live sequences at once (oldest's max_candidate_sequences); 0: max_batch_size
 
 
 @dataclass
@@ -50,6 +51,7 @@ class SequenceConfig(BatcherConfig):
     max_queue_delay_s: float = 0.0
     min_slot_utilization: float = 0.0
     idle_s: float = DEFAULT_IDLE_S
+    slots: int = 0  # 0: max_batch_size
 
 
 class SequenceBatcher(RequestBatcher):
@@ -61,7 +63,7 @@ class SequenceBatcher(RequestBatcher):
 
     def __init__(self, engines: Sequence[Engine], config: SequenceConfig, **hooks: Any) -> None:
         super().__init__(engines, config, **hooks)
-        self.sequences = Sequences(config.max_batch_size, config.idle_s, self.engine.name)
+        self.sequences = Sequences(config.slots or config.max_batch_size, config.idle_s, self.engine.name)
         # a batch goes at once when this many slots have a request ready
         self._enough = max(1, math.ceil(config.min_slot_utilization * config.max_batch_size - 1e-9))
         self._waiting = 0  # requests waiting for their turn (outside the queue)
@@ -73,6 +75,7 @@ class SequenceBatcher(RequestBatcher):
             max_queue_delay_s=spec.max_queue_delay_ms / 1000.0,
             min_slot_utilization=getattr(spec, "min_slot_utilization", 0.0),
             idle_s=getattr(spec, "sequence_idle_s", DEFAULT_IDLE_S),
+            slots=getattr(spec, "slots", 0),
         )
 
     # ------------------------------------------------------------------ the policy

@@ -4,7 +4,7 @@ the running sum of its sequence's inputs.
 
 - ``onnx_accumulator``: ONNX (built with onnx.helper), its running sum kept as implicit state
   (``state { input_name: "SUM_IN" output_name: "SUM_OUT" }``); CORRID comes back as
-  CORRID_OUT, so a test sees the server filled it.
+  CORRID_OUT, so a test sees the server filled it. Direct by default, or any strategy.
 - ``python_accumulator``: a Python model that keeps a sum per ``request.correlation_id()``,
   answers the request flags and the CORRID tensor it was given, and fails a request whose
   sequence has another request in the same ``execute`` (they must never run together).
@@ -31,7 +31,7 @@ output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }},
          {{ name: "CORRID_OUT" data_type: TYPE_UINT64 dims: [ 1 ] }} ]
 sequence_batching {{
   max_sequence_idle_microseconds: {idle_us}
-  direct {{ max_queue_delay_microseconds: {delay_us} }}
+  {strategy}
 {controls}
   state [ {{ input_name: "SUM_IN" output_name: "SUM_OUT" data_type: TYPE_INT32 dims: [ 1 ]
              initial_state {{ data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "zeros" }} }} ]
@@ -114,11 +114,15 @@ def accumulator_graph():
     return graph_model(nodes, inputs, outputs, "accumulator")
 
 
-def onnx_accumulator(root: Path, name: str = "acc_onnx", idle_us: int = 5_000_000, delay_us: int = 0) -> Path:
+def onnx_accumulator(
+    root: Path, name: str = "acc_onnx", idle_us: int = 5_000_000, delay_us: int = 0, strategy: str = ""
+) -> Path:
+    """``strategy``: the config's strategy (default: direct with ``delay_us``)."""
     folder = Path(root) / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
     controls = CONTROLS.format(corrid_type="TYPE_UINT64")
-    text = ONNX_CONFIG.format(idle_us=idle_us, delay_us=delay_us, controls=controls)
+    strategy = strategy or f"direct {{ max_queue_delay_microseconds: {delay_us} }}"
+    text = ONNX_CONFIG.format(idle_us=idle_us, strategy=strategy, controls=controls)
     (folder / "config.pbtxt").write_text(text)
     save(accumulator_graph(), str(folder / "1" / "model.onnx"))
     return folder

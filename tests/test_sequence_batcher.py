@@ -35,7 +35,10 @@ from support.sequence_models import onnx_accumulator, python_accumulator
 from tests.gated_engine import GatedEngine, item_input
 from tests.servers import free_port, threaded_server
 
-MODELS = ("acc_onnx", "acc_python")
+MODELS = ("acc_onnx", "acc_python", "acc_oldest")
+OLDEST = (
+    "oldest { max_candidate_sequences: 8 preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 2000 }"
+)
 LENGTH = 5
 
 
@@ -45,6 +48,7 @@ def served(tmp_path_factory):
     onnx_accumulator(root)
     python_accumulator(root)
     python_accumulator(root, "acc_idle", idle_us=200_000)
+    onnx_accumulator(root, "acc_oldest", strategy=OLDEST)
     port = free_port()
     with threaded_server(Settings(model_repository=root, telemetry=False, grpc_port=port)) as (url, app):
         yield url.removeprefix("http://"), f"127.0.0.1:{port}", app
@@ -70,7 +74,7 @@ def step(protocol: str, address: str, model: str, value: int, cid, start: bool, 
     client = module.InferenceServerClient(address)
     result = client.infer(model, [one_input(module, value)], sequence_id=cid, sequence_start=start,
                           sequence_end=end)  # fmt: skip
-    onnx = model == "acc_onnx"
+    onnx = model != "acc_python" and model != "acc_idle"
     names = ["OUTPUT", "CORRID_OUT"] if onnx else ["OUTPUT", "FLAGS", "START_SEEN", "CORRID_SEEN"]
     return {name: result.as_numpy(name)[0, 0] for name in names}
 
@@ -84,7 +88,7 @@ def correlation_id(model: str, i: int):
 @pytest.mark.parametrize("model", MODELS)
 def test_interleaved_sequences_from_concurrent_clients_over_http_and_grpc(served, model):
     http_address, grpc_address, _ = served
-    sequences = 4  # one per batch slot (max_batch_size): a fifth would wait for a slot, and its round
+    sequences = 4  # one per batch slot (max_batch_size 4): a fifth would wait for a slot, and its round
     barrier = threading.Barrier(sequences)  # every client sends its k-th request in the same round
     rng = np.random.default_rng(1)
     values = rng.integers(-50, 50, size=(sequences, LENGTH))
@@ -239,7 +243,8 @@ async def test_a_sequence_waits_for_a_free_slot_and_gets_the_one_an_ending_seque
 @pytest.mark.parametrize(
     ("change", "refused"),
     [
-        (lambda t: t.replace("direct {", "oldest {"), "'sequence_batching.oldest' is not supported"),
+        (lambda t: t.replace("direct {", "oldest { preserve_ordering: true "),
+         "'sequence_batching.oldest.preserve_ordering' is not supported"),
         (lambda t: t.replace("zero_data: true", 'data_file: "init"'),
          "'sequence_batching.state[0].initial_state[0].data_file' is not supported"),
         (lambda t: t.replace('count: 1 kind', 'count: 2 kind'), "with 2 model instances"),
@@ -274,3 +279,33 @@ def test_a_sequence_model_runs_the_sequence_batcher_whatever_the_environment_nam
     assert plan.serving.batching.batcher == "sequence"
     assert plan.serving.batching.max_queue_delay_ms == 0.0
     assert plan.serving.batching.sequence_idle_s == 5.0  # type: ignore[attr-defined]
+
+
+def test_the_oldest_strategy_batches_candidate_sequences_as_dynamic_does(tmp_path):
+    (plan,) = plan_model(onnx_accumulator(tmp_path, strategy=OLDEST), Settings(telemetry=False))
+    batching = plan.serving.batching
+    assert (batching.batcher, batching.preferred_batch_sizes, batching.max_queue_delay_ms) == (
+        "sequence_oldest",
+        (2,),
+        2.0,
+    )
+    assert batching.slots == 8  # type: ignore[attr-defined]
+
+
+async def test_oldest_holds_at_most_its_candidate_sequences():
+    from wattserve.batchers.sequence_oldest import OldestConfig, OldestSequenceBatcher
+
+    engine = GatedEngine(max_batch_size=4)
+    batcher = OldestSequenceBatcher([engine], OldestConfig(max_batch_size=4, slots=2, max_queue_delay_s=0.0))
+    runner = asyncio.create_task(batcher.run())
+    for cid in (1, 2):
+        await batcher.submit(sequence_item(cid, cid, start=True))
+    third = asyncio.create_task(batcher.submit(sequence_item(3, 3, start=True, end=True)))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not third.done() and batcher.sequences.free == 0
+    await batcher.submit(sequence_item(4, 1, end=True))
+    await third
+    assert engine.seen == [1, 2, 4, 3]
+    await batcher.drain()
+    await runner

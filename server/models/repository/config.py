@@ -63,12 +63,13 @@ HONOURED_BY_KIND: dict[str, dict[str, set[str]]] = {
     },
 }
 # Triton's sequence batcher (batchers/sequence.py, server/models/repository/sequence_config.py):
-# the direct strategy and the control inputs for ONNX Runtime and Python models, implicit
+# the direct and oldest strategies and the control inputs for ONNX Runtime and Python models, implicit
 # state for ONNX Runtime models
 SEQUENCE_BATCHING: dict[str, set[str]] = {
     "ModelConfig": {"sequence_batching"},
-    "ModelSequenceBatching": {"direct", "max_sequence_idle_microseconds", "control_input"},
+    "ModelSequenceBatching": {"direct", "oldest", "max_sequence_idle_microseconds", "control_input"},
     "StrategyDirect": {"max_queue_delay_microseconds", "minimum_slot_utilization"},
+    "StrategyOldest": {"max_candidate_sequences", "preferred_batch_size", "max_queue_delay_microseconds"},
     "ControlInput": {"name", "control"},
     "Control": {"kind", "int32_false_true", "fp32_false_true", "bool_false_true", "data_type"},
 }
@@ -93,7 +94,8 @@ for _kind in ("onnx", "torchscript", "tensorrt", "builtin", "python"):
 WHY = {
     "sequence_batching": "stateful models (the sequence batcher) are served for ONNX Runtime and Python "
     "models only",
-    "sequence_batching.oldest": "the oldest strategy of the sequence batcher is not implemented (direct is)",
+    "sequence_batching.oldest.preserve_ordering": "the oldest strategy's preserve_ordering is not "
+    "implemented",
     "sequence_batching.iterative_sequence": "iterative sequences are not implemented",
     "sequence_batching.state": "implicit state is implemented for ONNX Runtime models only",
     "sequence_batching.state.use_same_buffer_for_input_output": "state buffers shared by input and output "

@@ -300,10 +300,10 @@ def _model_settings(
     else:
         update["model"] = name
     if config.HasField("sequence_batching"):  # a stateful model runs on the sequence batcher only
-        if update.get("batcher", "sequence") != "sequence":
+        if update.get("batcher", "sequence") not in ("sequence", "sequence_oldest"):
             raise ConfigError(f"{source}: parameters key 'batcher' is {update['batcher']!r} but a model with "
                               "'sequence_batching' runs on the sequence batcher")  # fmt: skip
-        update["batcher"] = "sequence"
+        update["batcher"] = "sequence"  # its strategy's (sequence_plan.sequence_serving)
     elif "batcher" not in update and "batcher" in base.model_fields_set:
         update["batcher"] = base.batcher
     elif "batcher" not in update:  # Triton batches across requests only when the config asks

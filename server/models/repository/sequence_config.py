@@ -77,6 +77,9 @@ class SequenceModelSpec:
     max_queue_delay_ms: float
     min_slot_utilization: float
     idle_s: float
+    strategy: str = "direct"  # or "oldest"
+    slots: int = 0  # oldest's max_candidate_sequences (0: max_batch_size)
+    preferred_batch_sizes: tuple[int, ...] = ()  # oldest's
 
     def control_specs(self) -> list[TensorSpec]:
         return [TensorSpec(c.name, (1,), c.datatype) for c in self.controls]
@@ -128,19 +131,24 @@ def sequence_spec(config: pb.ModelConfig, name: str, source: str) -> SequenceMod
         seen.add(control.kind)
         controls.append(control)
     states = [_state(s, f"{where}.state[{i}]") for i, s in enumerate(sb.state)]
-    direct = sb.direct
+    idle_s = (sb.max_sequence_idle_microseconds or DEFAULT_IDLE_US) / 1e6
+    if sb.WhichOneof("strategy_choice") == "oldest":
+        oldest = sb.oldest
+        if oldest.max_candidate_sequences < 0:
+            raise ConfigError(f"{where}.oldest.max_candidate_sequences must be >= 0")
+        preferred = tuple(int(s) for s in oldest.preferred_batch_size)
+        if any(not 1 <= s <= max(1, config.max_batch_size) for s in preferred):
+            raise ConfigError(f"{where}.oldest.preferred_batch_size {list(preferred)}: each must be "
+                              f"within 1..max_batch_size ({config.max_batch_size})")  # fmt: skip
+        delay_ms = oldest.max_queue_delay_microseconds / 1000.0
+        return SequenceModelSpec(name, tuple(controls), tuple(states), delay_ms, 0.0, idle_s, "oldest",
+                                 oldest.max_candidate_sequences, preferred)  # fmt: skip
+    direct = sb.direct  # Triton's default strategy
     utilization = float(direct.minimum_slot_utilization)
     if not 0.0 <= utilization <= 1.0:
         raise ConfigError(f"{where}.direct.minimum_slot_utilization must be within 0..1, got {utilization}")
-    idle_us = sb.max_sequence_idle_microseconds or DEFAULT_IDLE_US
-    return SequenceModelSpec(
-        model=name,
-        controls=tuple(controls),
-        states=tuple(states),
-        max_queue_delay_ms=direct.max_queue_delay_microseconds / 1000.0,
-        min_slot_utilization=utilization,
-        idle_s=idle_us / 1e6,
-    )
+    delay_ms = direct.max_queue_delay_microseconds / 1000.0
+    return SequenceModelSpec(name, tuple(controls), tuple(states), delay_ms, utilization, idle_s)
 
 
 def _datatype(value: pb.DataType.ValueType) -> str:

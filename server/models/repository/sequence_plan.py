@@ -15,16 +15,19 @@ from wattserve.server.models.serving_config import ServingConfig
 
 
 def sequence_serving(serving: ServingConfig, sequence: SequenceModelSpec) -> ServingConfig:
-    """The serving config with the sequence batcher's knobs (direct's delay and slot
-    utilization, the idle timeout) and the spec the runtime fills control inputs from."""
+    """The serving config with the sequence batcher's knobs (the strategy's delay, direct's
+    slot utilization, oldest's candidate sequences and preferred sizes, the idle timeout) and
+    the spec the runtime fills control inputs from."""
     batching = SequenceBatchingSpec(
         **{
             **asdict(serving.batching),
-            "batcher": "sequence",
+            "batcher": "sequence_oldest" if sequence.strategy == "oldest" else "sequence",
             "max_queue_delay_ms": sequence.max_queue_delay_ms,
+            "preferred_batch_sizes": sequence.preferred_batch_sizes,
         },
         min_slot_utilization=sequence.min_slot_utilization,
         sequence_idle_s=sequence.idle_s,
+        slots=sequence.slots,
     )
     return replace(serving, batching=batching, sequence=sequence)
 

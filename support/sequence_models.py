@@ -80,7 +80,8 @@ class TritonPythonModel:
             corrid = corrid if isinstance(corrid, bytes) else str(corrid).encode()
             if request.flags() & START:
                 self.sums[cid] = 0
-            self.sums[cid] = self.sums.get(cid, 0) + value * ready
+            total = self.sums.get(cid, 0) + value * ready
+            self.sums[cid] = (total + 2**31) % 2**32 - 2**31  # int32 arithmetic, as the ONNX model's
             out = [
                 pb_utils.Tensor("OUTPUT", np.array([[self.sums[cid]]], np.int32)),
                 pb_utils.Tensor("FLAGS", np.array([[request.flags()]], np.int32)),

@@ -94,18 +94,17 @@ class TritonPythonModel:
 
 
 def accumulator_graph():
-    """OUTPUT = SUM_OUT = INPUT + (START ? 0 : SUM_IN) when READY, else SUM_IN; CORRID_OUT = CORRID."""
+    """OUTPUT = SUM_OUT = SUM_IN + (READY ? INPUT : 0); CORRID_OUT = CORRID. START is an input
+    the graph does not read: on START the server feeds the initial state (Triton's implicit
+    state), so the sum starts over there."""
 
     def tensor(name: str, kind: int):
         return helper.make_tensor_value_info(name, kind, ["batch", 1])
 
     int32 = TensorProto.INT32
     nodes = [
-        helper.make_node("Constant", [], ["one"], value=helper.make_tensor("one", int32, [], [1])),
-        helper.make_node("Sub", ["one", "START"], ["keep"]),
-        helper.make_node("Mul", ["SUM_IN", "keep"], ["carried"]),
         helper.make_node("Mul", ["INPUT", "READY"], ["added"]),
-        helper.make_node("Add", ["carried", "added"], ["SUM_OUT"]),
+        helper.make_node("Add", ["SUM_IN", "added"], ["SUM_OUT"]),
         helper.make_node("Identity", ["SUM_OUT"], ["OUTPUT"]),
         helper.make_node("Identity", ["CORRID"], ["CORRID_OUT"]),
     ]

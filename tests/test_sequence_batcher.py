@@ -17,6 +17,7 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -245,8 +246,9 @@ async def test_a_sequence_waits_for_a_free_slot_and_gets_the_one_an_ending_seque
     [
         (lambda t: t.replace("direct {", "oldest { preserve_ordering: true "),
          "'sequence_batching.oldest.preserve_ordering' is not supported"),
-        (lambda t: t.replace("zero_data: true", 'data_file: "init"'),
-         "'sequence_batching.state[0].initial_state[0].data_file' is not supported"),
+        (lambda t: t.replace("dims: [ 1 ]\n", "dims: [ 1 ] use_growable_memory: true\n", 1),
+         "'sequence_batching.state[0].use_growable_memory' is not supported"),
+        (lambda t: t.replace("zero_data: true", 'data_file: "missing"'), "initial_state/missing"),
         (lambda t: t.replace('count: 1 kind', 'count: 2 kind'), "with 2 model instances"),
         (lambda t: t + 'parameters { key: "batcher" value: { string_value: "dynamic" } }\n',
          "runs on the sequence batcher"),
@@ -309,3 +311,28 @@ async def test_oldest_holds_at_most_its_candidate_sequences():
     assert engine.seen == [1, 2, 4, 3]
     await batcher.drain()
     await runner
+
+
+def test_implicit_state_starts_from_a_data_file_and_carries_over(tmp_path):
+    """The engine alone: each request gets its sequence's state (the data file's on START),
+    and the state output is kept, not answered."""
+    folder = onnx_accumulator(tmp_path)
+    config = folder / "config.pbtxt"
+    config.write_text(config.read_text().replace("zero_data: true", 'data_file: "hundred"'))
+    (folder / "initial_state").mkdir()
+    (folder / "initial_state" / "hundred").write_bytes(np.array([100], np.int32).tobytes())
+    (plan,) = plan_model(folder, Settings(telemetry=False))
+    engine = plan.engine_factory(plan.serving.engine)
+    sequence = plan.serving.sequence
+    state: dict = {}
+    try:
+        answers = []
+        for k, value in enumerate((1, 2, 3)):
+            tag = SequenceTag(5, start=k == 0, state=state)
+            inputs = sequence.admit(tag, 1, {"INPUT": np.array([[value]], np.int32)})
+            (answer,) = engine.run_requests([(inputs, SimpleNamespace(sequence=tag), lambda: False)])
+            answers.append(int(answer["OUTPUT"][0, 0]))
+            assert set(answer) == {"OUTPUT", "CORRID_OUT"}
+        assert answers == [101, 103, 106]
+    finally:
+        engine.close()

@@ -76,7 +76,7 @@ SEQUENCE_BATCHING: dict[str, set[str]] = {
 IMPLICIT_STATE: dict[str, set[str]] = {
     "ModelSequenceBatching": {"state"},
     "State": {"input_name", "output_name", "data_type", "dims", "initial_state"},
-    "InitialState": {"data_type", "dims", "zero_data", "name"},
+    "InitialState": {"data_type", "dims", "zero_data", "data_file", "name"},
 }
 for _kind, _parts in (("onnx", (SEQUENCE_BATCHING, IMPLICIT_STATE)), ("python", (SEQUENCE_BATCHING,))):
     _own = HONOURED_BY_KIND.setdefault(_kind, {})
@@ -101,8 +101,6 @@ WHY = {
     "sequence_batching.state.use_same_buffer_for_input_output": "state buffers shared by input and output "
     "are not implemented",
     "sequence_batching.state.use_growable_memory": "growable state memory is not implemented",
-    "sequence_batching.state.initial_state.data_file": "an initial state from a data file is not "
-    "implemented (zero_data is)",
     "response_cache": "an ensemble's own requests are not cached (its steps' models may cache theirs)",
     "optimization": "Triton's backend optimization settings are not applied",
     "model_repository_agents": "repository agents are not implemented",

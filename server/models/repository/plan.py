@@ -160,7 +160,9 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
     if kind == "python":  # auto_complete_config, and what a Python model may not ask for
         python_models.prepare(config, model_dir, base, source, warnings)
         warnings += check_supported(config, kind, f"{source} (as auto_complete_config left it)", allow)
-    sequence = sequence_spec(config, name, source) if config.HasField("sequence_batching") else None
+    sequence = (
+        sequence_spec(config, name, source, model_dir) if config.HasField("sequence_batching") else None
+    )
     settings = _model_settings(config, base, kind, name, source, warnings)
     batching = config.max_batch_size > 0
     devices = _instance_devices(config, base, source, warnings, kind)

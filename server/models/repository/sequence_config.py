@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,14 +58,17 @@ class Control:
 @dataclass(frozen=True)
 class ImplicitState:
     """One implicit state: the model's input that gets it and output that gives its next
-    value, its spec (per row), and its initial value (zeros)."""
+    value, its spec (per row), and its initial value (one row: zeros, or a data file's)."""
 
     input_name: str
     output_name: str
     spec: TensorSpec
+    initial_data: bytes | None = None  # row-major bytes (initial_state.data_file); None: zeros
 
     def initial(self) -> np.ndarray:
-        return np.zeros((1, *self.spec.shape), dtype=self.spec.dtype)
+        if self.initial_data is None:
+            return np.zeros((1, *self.spec.shape), dtype=self.spec.dtype)
+        return np.frombuffer(self.initial_data, self.spec.dtype).reshape((1, *self.spec.shape)).copy()
 
 
 @dataclass(frozen=True)
@@ -110,9 +114,9 @@ class SequenceModelSpec:
         return out
 
 
-def sequence_spec(config: pb.ModelConfig, name: str, source: str) -> SequenceModelSpec:
+def sequence_spec(config: pb.ModelConfig, name: str, source: str, model_dir: Path) -> SequenceModelSpec:
     """The config's ``sequence_batching``, checked as Triton checks it (ConfigError naming the
-    field)."""
+    field); a state's ``initial_state.data_file`` is read from ``<model_dir>/initial_state/``."""
     sb = config.sequence_batching
     where = f"{source}: sequence_batching"
     controls: list[Control] = []
@@ -130,7 +134,7 @@ def sequence_spec(config: pb.ModelConfig, name: str, source: str) -> SequenceMod
             )
         seen.add(control.kind)
         controls.append(control)
-    states = [_state(s, f"{where}.state[{i}]") for i, s in enumerate(sb.state)]
+    states = [_state(s, f"{where}.state[{i}]", model_dir) for i, s in enumerate(sb.state)]
     idle_s = (sb.max_sequence_idle_microseconds or DEFAULT_IDLE_US) / 1e6
     if sb.WhichOneof("strategy_choice") == "oldest":
         oldest = sb.oldest
@@ -183,7 +187,7 @@ def _control(name: str, control: Any, where: str) -> Control:
     return Control(name, kind, datatype, (values[0], values[1]))
 
 
-def _state(state: Any, where: str) -> ImplicitState:
+def _state(state: Any, where: str, model_dir: Path) -> ImplicitState:
     if not state.input_name or not state.output_name:
         raise ConfigError(f"{where} needs input_name and output_name")
     dims = tuple(int(d) for d in state.dims)
@@ -195,9 +199,31 @@ def _state(state: Any, where: str) -> ImplicitState:
         got = pb.DataType.Name(state.data_type)
         raise ConfigError(f"{where} ({state.input_name}): data_type {got} is not supported for implicit "
                           "state")  # fmt: skip
-    for j, initial in enumerate(state.initial_state):
-        if initial.WhichOneof("state_data") != "zero_data":
-            raise ConfigError(f"{where}.initial_state[{j}]: only zero_data is supported by wattserve")
+    spec = TensorSpec(state.input_name, dims, datatype)
+    if len(state.initial_state) > 1:
+        raise ConfigError(f"{where} ({state.input_name}): one initial_state at most")
+    data = None
+    for initial in state.initial_state:
         if tuple(initial.dims) != dims or initial.data_type != state.data_type:
-            raise ConfigError(f"{where}.initial_state[{j}] must have the state's data_type and dims")
-    return ImplicitState(state.input_name, state.output_name, TensorSpec(state.input_name, dims, datatype))
+            raise ConfigError(f"{where}.initial_state[0] must have the state's data_type and dims")
+        choice = initial.WhichOneof("state_data")
+        if choice is None:
+            raise ConfigError(f"{where}.initial_state[0] needs zero_data or data_file")
+        if choice == "data_file":
+            data = _initial_data(
+                model_dir / "initial_state" / initial.data_file, spec, f"{where}.initial_state[0]"
+            )
+    return ImplicitState(state.input_name, state.output_name, spec, data)
+
+
+def _initial_data(path: Path, spec: TensorSpec, where: str) -> bytes:
+    """A data file's bytes: exactly one row of the state, row-major (Triton's rule)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{where}: data_file {path}: {exc.strerror or exc}") from None
+    expected = spec.element_count * spec.dtype.itemsize
+    if len(data) != expected:
+        raise ConfigError(f"{where}: data_file {path} has {len(data)} bytes; the state "
+                          f"(TYPE_{spec.datatype} {list(spec.shape)}) takes {expected}")  # fmt: skip
+    return data

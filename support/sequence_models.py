@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from onnx import TensorProto, helper, save
 
 from support.onnx_models import graph_model
@@ -125,6 +126,38 @@ def onnx_accumulator(
     text = ONNX_CONFIG.format(idle_us=idle_us, strategy=strategy, controls=controls)
     (folder / "config.pbtxt").write_text(text)
     save(accumulator_graph(), str(folder / "1" / "model.onnx"))
+    return folder
+
+
+TORCHSCRIPT_CONFIG = """platform: "pytorch_libtorch"
+max_batch_size: 4
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }},
+         {{ name: "CORRID_OUT" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+sequence_batching {{
+  max_sequence_idle_microseconds: {idle_us}
+{controls}
+  state [ {{ input_name: "SUM_IN" output_name: "SUM_OUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+}}
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+
+class TorchAccumulator(torch.nn.Module):
+    """The ONNX accumulator in TorchScript: its inputs positionally in config order (INPUT,
+    then the control inputs, then the state), its outputs (OUTPUT, CORRID_OUT, then SUM_OUT)."""
+
+    def forward(self, x, start, ready, corrid, sum_in):  # START unread: the server feeds the initial state
+        total = sum_in + x * ready
+        return total, corrid, total
+
+
+def torchscript_accumulator(root: Path, name: str = "acc_torchscript", idle_us: int = 5_000_000) -> Path:
+    folder = Path(root) / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    controls = CONTROLS.format(corrid_type="TYPE_INT64")
+    (folder / "config.pbtxt").write_text(TORCHSCRIPT_CONFIG.format(idle_us=idle_us, controls=controls))
+    torch.jit.script(TorchAccumulator()).save(str(folder / "1" / "model.pt"))
     return folder
 
 

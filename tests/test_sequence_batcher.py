@@ -32,11 +32,11 @@ from wattserve.server.models.repository.config import ConfigError
 from wattserve.server.models.repository.plan import plan_model
 from wattserve.server.settings import Settings
 
-from support.sequence_models import onnx_accumulator, python_accumulator
+from support.sequence_models import onnx_accumulator, python_accumulator, torchscript_accumulator
 from tests.gated_engine import GatedEngine, item_input
 from tests.servers import free_port, threaded_server
 
-MODELS = ("acc_onnx", "acc_python", "acc_oldest")
+MODELS = ("acc_onnx", "acc_python", "acc_oldest", "acc_torchscript")
 OLDEST = (
     "oldest { max_candidate_sequences: 8 preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 2000 }"
 )
@@ -50,6 +50,7 @@ def served(tmp_path_factory):
     python_accumulator(root)
     python_accumulator(root, "acc_idle", idle_us=200_000)
     onnx_accumulator(root, "acc_oldest", strategy=OLDEST)
+    torchscript_accumulator(root)
     port = free_port()
     with threaded_server(Settings(model_repository=root, telemetry=False, grpc_port=port)) as (url, app):
         yield url.removeprefix("http://"), f"127.0.0.1:{port}", app
@@ -81,8 +82,8 @@ def step(protocol: str, address: str, model: str, value: int, cid, start: bool, 
 
 
 def correlation_id(model: str, i: int):
-    """uint64 IDs (some past 2^32) for the ONNX model (its CORRID is TYPE_UINT64), strings for
-    the Python model's TYPE_STRING CORRID."""
+    """uint64 IDs (some past 2^32) for the ONNX and TorchScript models (their CORRID is
+    TYPE_UINT64, TYPE_INT64), strings for the Python model's TYPE_STRING CORRID."""
     return f"seq-{i}" if model == "acc_python" else (i + 1) * 1_000_003_007
 
 

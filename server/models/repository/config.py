@@ -63,8 +63,8 @@ HONOURED_BY_KIND: dict[str, dict[str, set[str]]] = {
     },
 }
 # Triton's sequence batcher (batchers/sequence.py, server/models/repository/sequence_config.py):
-# the direct and oldest strategies and the control inputs for ONNX Runtime and Python models, implicit
-# state for ONNX Runtime models
+# the direct and oldest strategies and the control inputs for ONNX Runtime, TorchScript and Python
+# models, implicit state for ONNX Runtime and TorchScript models
 SEQUENCE_BATCHING: dict[str, set[str]] = {
     "ModelConfig": {"sequence_batching"},
     "ModelSequenceBatching": {"direct", "oldest", "max_sequence_idle_microseconds", "control_input"},
@@ -78,7 +78,11 @@ IMPLICIT_STATE: dict[str, set[str]] = {
     "State": {"input_name", "output_name", "data_type", "dims", "initial_state"},
     "InitialState": {"data_type", "dims", "zero_data", "data_file", "name"},
 }
-for _kind, _parts in (("onnx", (SEQUENCE_BATCHING, IMPLICIT_STATE)), ("python", (SEQUENCE_BATCHING,))):
+for _kind, _parts in (
+    ("onnx", (SEQUENCE_BATCHING, IMPLICIT_STATE)),
+    ("torchscript", (SEQUENCE_BATCHING, IMPLICIT_STATE)),
+    ("python", (SEQUENCE_BATCHING,)),
+):
     _own = HONOURED_BY_KIND.setdefault(_kind, {})
     for _part in _parts:
         for _message, _fields in _part.items():
@@ -92,12 +96,12 @@ for _kind in ("onnx", "torchscript", "tensorrt", "builtin", "python"):
 # Why a field is refused, by its path without indices (the first prefix found); the rest:
 # "wattserve does not implement it".
 WHY = {
-    "sequence_batching": "stateful models (the sequence batcher) are served for ONNX Runtime and Python "
-    "models only",
+    "sequence_batching": "stateful models (the sequence batcher) are served for ONNX Runtime, TorchScript "
+    "and Python models only",
     "sequence_batching.oldest.preserve_ordering": "the oldest strategy's preserve_ordering is not "
     "implemented",
     "sequence_batching.iterative_sequence": "iterative sequences are not implemented",
-    "sequence_batching.state": "implicit state is implemented for ONNX Runtime models only",
+    "sequence_batching.state": "implicit state is implemented for ONNX Runtime and TorchScript models only",
     "sequence_batching.state.use_same_buffer_for_input_output": "state buffers shared by input and output "
     "are not implemented",
     "sequence_batching.state.use_growable_memory": "growable state memory is not implemented",

@@ -120,6 +120,11 @@ class SequenceBatcher(RequestBatcher):
         finally:
             self.sequences.answered(seq, mine, None)
 
+    def close(self) -> None:
+        """The base's (engine threads, engines), and no idle timer outlives the model."""
+        self.sequences.forget()
+        super().close()
+
     def check_admission(self, rows: int = 1) -> None:
         """The base's checks; requests waiting for their turn count against the queue's bound."""
         super().check_admission(rows)

@@ -136,6 +136,14 @@ class Sequences:
                 return
         self.free += 1
 
+    def forget(self) -> None:
+        """The model is unloading: no sequence is live any more, no idle timer left armed."""
+        for seq in self.live.values():
+            if seq.timer is not None:
+                seq.timer.cancel()
+                seq.timer = None
+        self.live.clear()
+
     def _grant_or_wait(self, seq: LiveSequence) -> None:
         if self.free:
             self.free -= 1

@@ -27,7 +27,7 @@ import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 from wattserve.batchers.sequence import SequenceBatcher, SequenceConfig
 from wattserve.batchers.sequence_slots import SequenceNotStarted
-from wattserve.batchers.types import SequenceTag, WorkItem
+from wattserve.batchers.types import ClientGone, SequenceTag, WorkItem
 from wattserve.server.models.repository.config import ConfigError
 from wattserve.server.models.repository.plan import plan_model
 from wattserve.server.settings import Settings
@@ -170,6 +170,24 @@ def test_control_inputs_are_not_client_inputs(served):
     assert sent.status_code == 400  # a control input is the server's to fill
 
 
+def test_a_request_of_two_rows_is_refused_and_the_config_says_sequence_batching(served):
+    http_address, grpc_address, _ = served
+    two = httpx.post(f"http://{http_address}/v2/models/acc_onnx/infer", json={
+        "parameters": {"sequence_id": 78, "sequence_start": True},
+        "inputs": [{"name": "INPUT", "shape": [2, 1], "datatype": "INT32", "data": [1, 2]}]})  # fmt: skip
+    assert two.status_code == 400
+    assert "must specify batch-size 1 due to requirements of sequence batcher" in two.json()["error"]
+    config = httpx.get(f"http://{http_address}/v2/models/acc_oldest/config").json()
+    assert config["sequence_batching"]["oldest"]["max_candidate_sequences"] == 8
+    assert [c["name"] for c in config["sequence_batching"]["control_input"]] == ["START", "READY", "CORRID"]
+    assert (
+        "dynamic_batching" not in config
+        and config["parameters"]["batcher"]["string_value"] == "sequence_oldest"
+    )
+    over_grpc = tgrpc.InferenceServerClient(grpc_address).get_model_config("acc_onnx").config
+    assert over_grpc.sequence_batching.state[0].input_name == "SUM_IN"
+
+
 def test_a_sequence_that_did_not_start_is_refused(served):
     http_address, _, _ = served
     with pytest.raises(InferenceServerException, match=(
@@ -237,6 +255,28 @@ async def test_a_sequence_waits_for_a_free_slot_and_gets_the_one_an_ending_seque
         await batcher.submit(sequence_item(4, 1))
     await batcher.drain()
     await runner
+
+
+async def test_a_request_whose_client_left_while_it_waited_its_turn_is_never_computed():
+    engine = GatedEngine(max_batch_size=4)
+    engine.gate.clear()
+    batcher = SequenceBatcher([engine], SequenceConfig(max_batch_size=4))
+    runner = asyncio.create_task(batcher.run())
+    first = asyncio.create_task(batcher.submit(sequence_item(1, "c", start=True)))
+    gone = sequence_item(2, "c")
+    waiting = asyncio.create_task(batcher.submit(gone))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    batcher.cancel(gone)  # what the runtime does when the client disconnects
+    engine.gate.set()
+    await first
+    with pytest.raises(ClientGone):
+        await waiting
+    await batcher.submit(sequence_item(3, "c", end=True))  # the sequence goes on after it
+    assert engine.seen == [1, 3] and not batcher.sequences.live
+    await batcher.drain()
+    await runner
+    batcher.close()
 
 
 # ---------------------------------------------------------------- what is refused at load

@@ -1,9 +1,9 @@
 """sequence: Triton's sequence batcher for stateful models, the ``direct`` strategy.
 
-Each live sequence holds one batch slot (``max_batch_size`` slots; sequences that start
-while all are taken wait for one, in start order) and has at most one request queued or
-running: a request waits outside the queue until the one before it in its sequence is
-answered (``batchers.sequence_slots``). So the queue holds exactly the slots' next requests,
+Each live sequence holds one batch slot (``max_batch_size`` slots per model instance;
+sequences that start while all are taken wait for one, in start order) and has at most one
+request queued or running: a request waits outside the queue until the one before it in
+its sequence is answered (``batchers.sequence_slots``). So the queue holds exactly the slots' next requests,
 and a batch is some of them: requests of one sequence never run together or out of order.
 
 The decision is the same pure ``decide(view, now)`` as every policy's (``batchers.policy``):
@@ -12,7 +12,9 @@ one), else when the oldest ready request has waited ``max_queue_delay`` (Triton'
 0 and 0: at once). Triton's direct batcher also puts each sequence at its slot's row of the
 batch with READY=0 rows in between; here the batch is the ready requests, in queue order
 (docs/triton.md): a model that keys its state by the correlation ID or keeps implicit state
-sees the same; one that keys it by batch row does not.
+sees the same; one that keys it by batch row does not. A sequence is not pinned to an
+instance: any instance may run its next request (its implicit state travels with it; a
+Python model, which keeps state in its instance, is refused more than one at load).
 
 A request without a sequence (``WorkItem.sequence`` None) is queued as it is: the runtime
 refuses those for a sequence model before they get here, with Triton's message.
@@ -63,7 +65,9 @@ class SequenceBatcher(RequestBatcher):
 
     def __init__(self, engines: Sequence[Engine], config: SequenceConfig, **hooks: Any) -> None:
         super().__init__(engines, config, **hooks)
-        self.sequences = Sequences(config.slots or config.max_batch_size, config.idle_s, self.engine.name)
+        # Triton's slots: max_batch_size (oldest: max_candidate_sequences) per model instance
+        slots = (config.slots or config.max_batch_size) * len(self.instances)
+        self.sequences = Sequences(slots, config.idle_s, self.engine.name)
         # a batch goes at once when this many slots have a request ready
         self._enough = max(1, math.ceil(config.min_slot_utilization * config.max_batch_size - 1e-9))
         self._waiting = 0  # requests waiting for their turn (outside the queue)

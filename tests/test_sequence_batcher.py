@@ -36,7 +36,7 @@ from support.sequence_models import onnx_accumulator, python_accumulator, torchs
 from tests.gated_engine import GatedEngine, item_input
 from tests.servers import free_port, threaded_server
 
-MODELS = ("acc_onnx", "acc_python", "acc_oldest", "acc_torchscript")
+MODELS = ("acc_onnx", "acc_python", "acc_oldest", "acc_torchscript", "acc_two")
 OLDEST = (
     "oldest { max_candidate_sequences: 8 preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 2000 }"
 )
@@ -51,6 +51,10 @@ def served(tmp_path_factory):
     python_accumulator(root, "acc_idle", idle_us=200_000)
     onnx_accumulator(root, "acc_oldest", strategy=OLDEST)
     torchscript_accumulator(root)
+    two = onnx_accumulator(root, "acc_two")  # two instances: a sequence's state goes with it
+    (two / "config.pbtxt").write_text(
+        (two / "config.pbtxt").read_text().replace("count: 1 kind", "count: 2 kind")
+    )
     port = free_port()
     with threaded_server(Settings(model_repository=root, telemetry=False, grpc_port=port)) as (url, app):
         yield url.removeprefix("http://"), f"127.0.0.1:{port}", app
@@ -171,7 +175,7 @@ def test_control_inputs_are_not_client_inputs(served):
 
 
 def test_a_request_of_two_rows_is_refused_and_the_config_says_sequence_batching(served):
-    http_address, grpc_address, _ = served
+    http_address, grpc_address, app = served
     two = httpx.post(f"http://{http_address}/v2/models/acc_onnx/infer", json={
         "parameters": {"sequence_id": 78, "sequence_start": True},
         "inputs": [{"name": "INPUT", "shape": [2, 1], "datatype": "INT32", "data": [1, 2]}]})  # fmt: skip
@@ -184,6 +188,8 @@ def test_a_request_of_two_rows_is_refused_and_the_config_says_sequence_batching(
         "dynamic_batching" not in config
         and config["parameters"]["batcher"]["string_value"] == "sequence_oldest"
     )
+    two = app.state.models.lookup("acc_two").runtime.batcher
+    assert len(two.instances) == 2 and two.sequences.slots == 8  # Triton's: max_batch_size per instance
     over_grpc = tgrpc.InferenceServerClient(grpc_address).get_model_config("acc_onnx").config
     assert over_grpc.sequence_batching.state[0].input_name == "SUM_IN"
 
@@ -290,7 +296,6 @@ async def test_a_request_whose_client_left_while_it_waited_its_turn_is_never_com
         (lambda t: t.replace("dims: [ 1 ]\n", "dims: [ 1 ] use_growable_memory: true\n", 1),
          "'sequence_batching.state[0].use_growable_memory' is not supported"),
         (lambda t: t.replace("zero_data: true", 'data_file: "missing"'), "initial_state/missing"),
-        (lambda t: t.replace('count: 1 kind', 'count: 2 kind'), "with 2 model instances"),
         (lambda t: t + 'parameters { key: "batcher" value: { string_value: "dynamic" } }\n',
          "runs on the sequence batcher"),
         (lambda t: t.replace("max_sequence_idle_microseconds", "iterative_sequence: true\n  max_sequence_idle_microseconds"),
@@ -302,6 +307,14 @@ def test_what_is_not_implemented_is_refused_at_load_by_name(tmp_path, change, re
     config = folder / "config.pbtxt"
     config.write_text(change(config.read_text()))
     with pytest.raises(ConfigError, match=re.escape(refused)):
+        plan_model(folder, Settings(telemetry=False))
+
+
+def test_a_python_model_with_two_instances_is_refused(tmp_path):
+    folder = python_accumulator(tmp_path)
+    config = folder / "config.pbtxt"
+    config.write_text(config.read_text().replace("count: 1 kind", "count: 2 kind"))
+    with pytest.raises(ConfigError, match="with 2 instances of a Python model is not supported"):
         plan_model(folder, Settings(telemetry=False))
 
 

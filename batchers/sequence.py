@@ -74,8 +74,10 @@ class SequenceBatcher(RequestBatcher):
 
     @classmethod
     def config_from(cls, spec: BatchingSpec, engine: Engine) -> SequenceConfig:
+        # no queue time bound (max_queue_wait_s): a request that waited for its turn (the one
+        # before it in its sequence) is not late, and Triton's sequence batcher has none
         return SequenceConfig(
-            **common_config(spec),
+            **{**common_config(spec), "max_queue_wait_s": 0.0},
             max_queue_delay_s=spec.max_queue_delay_ms / 1000.0,
             min_slot_utilization=getattr(spec, "min_slot_utilization", 0.0),
             idle_s=getattr(spec, "sequence_idle_s", DEFAULT_IDLE_S),

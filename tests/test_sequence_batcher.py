@@ -25,6 +25,7 @@ import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
+from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.sequence import SequenceBatcher, SequenceConfig
 from wattserve.batchers.sequence_slots import SequenceNotStarted
 from wattserve.batchers.types import ClientGone, SequenceTag, WorkItem
@@ -390,3 +391,14 @@ def test_implicit_state_starts_from_a_data_file_and_carries_over(tmp_path):
         assert answers == [101, 103, 106]
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("cls", [SequenceBatcher, "oldest"])
+def test_no_queue_time_bound_for_a_request_that_waited_its_turn(cls):
+    """wattserve's max_queue_wait_s would answer 503 a request that waited for the one before
+    it in its sequence: it is not late (and Triton's sequence batcher has no such bound)."""
+    from wattserve.batchers.sequence_oldest import OldestSequenceBatcher
+
+    policy = OldestSequenceBatcher if cls == "oldest" else cls
+    config = policy.config_from(BatchingSpec(max_queue_wait_s=3.0), GatedEngine())
+    assert config.max_queue_wait_s == 0.0

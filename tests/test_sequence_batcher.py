@@ -195,6 +195,26 @@ def test_a_request_of_two_rows_is_refused_and_the_config_says_sequence_batching(
     assert over_grpc.sequence_batching.state[0].input_name == "SUM_IN"
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_largest_uint64_correlation_id_reaches_the_model(served, protocol):
+    """2^64 - 1: HTTP carries it as a JSON integer; gRPC's int64_param as -1 (its bits)."""
+    http_address, grpc_address, _ = served
+    address = http_address if protocol == "http" else grpc_address
+    cid = 2**64 - 1 if protocol == "http" else -1  # tritonclient's gRPC takes an int64
+    answer = step(protocol, address, "acc_onnx", 3, cid, start=True, end=True)
+    assert int(answer["CORRID_OUT"]) == 2**64 - 1 and int(answer["OUTPUT"]) == 3
+
+
+def test_a_correlation_id_the_corrid_type_cannot_hold_is_refused(tmp_path):
+    text = (onnx_accumulator(tmp_path) / "config.pbtxt").read_text().replace("TYPE_UINT64 }", "TYPE_INT32 }")
+    (tmp_path / "acc_onnx" / "config.pbtxt").write_text(text)
+    (plan,) = plan_model(tmp_path / "acc_onnx", Settings(telemetry=False))
+    with pytest.raises(ValueError, match="does not fit the CORRID control input 'CORRID' \\(TYPE_INT32\\)"):
+        plan.serving.sequence.admit(SequenceTag(2**40, start=True), 1, {})
+    with pytest.raises(ValueError, match="a string correlation ID"):
+        plan.serving.sequence.admit(SequenceTag("abc", start=True), 1, {})
+
+
 def test_a_sequence_that_did_not_start_is_refused(served):
     http_address, _, _ = served
     with pytest.raises(InferenceServerException, match=(

@@ -110,7 +110,12 @@ class SequenceModelSpec:
         out = dict(inputs)
         for control in self.controls:
             dtype = DATATYPE_TO_NUMPY[control.datatype]
-            out[control.name] = np.full((1, 1), control.value(tag), dtype=dtype)
+            try:
+                out[control.name] = np.full((1, 1), control.value(tag), dtype=dtype)
+            except OverflowError:  # a correlation ID the CORRID data type cannot hold
+                raise ValueError(f"sequence {tag.correlation_id}: the correlation ID does not fit the "
+                                 f"CORRID control input {control.name!r} (TYPE_{control.datatype})"
+                                 ) from None  # fmt: skip
         return out
 
 

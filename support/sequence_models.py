@@ -161,6 +161,24 @@ def torchscript_accumulator(root: Path, name: str = "acc_torchscript", idle_us: 
     return folder
 
 
+ENSEMBLE_CONFIG = """platform: "ensemble"
+max_batch_size: 4
+input [ {{ name: "VALUE" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "SUM" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+ensemble_scheduling {{ step [ {{ model_name: "{step}" model_version: -1
+  input_map {{ key: "INPUT" value: "VALUE" }} output_map {{ key: "OUTPUT" value: "SUM" }} }} ] }}
+"""
+
+
+def ensemble_over(root: Path, step: str, name: str = "acc_ensemble") -> Path:
+    """An ensemble whose one step is the stateful model ``step``: the step gets the
+    ensemble request's correlation ID and flags."""
+    folder = Path(root) / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "config.pbtxt").write_text(ENSEMBLE_CONFIG.format(step=step))
+    return folder
+
+
 def python_accumulator(
     root: Path, name: str = "acc_python", idle_us: int = 5_000_000, delay_us: int = 0,
     corrid_type: str = "TYPE_STRING",

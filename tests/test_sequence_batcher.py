@@ -33,7 +33,12 @@ from wattserve.server.models.repository.config import ConfigError
 from wattserve.server.models.repository.plan import plan_model
 from wattserve.server.settings import Settings
 
-from support.sequence_models import onnx_accumulator, python_accumulator, torchscript_accumulator
+from support.sequence_models import (
+    ensemble_over,
+    onnx_accumulator,
+    python_accumulator,
+    torchscript_accumulator,
+)
 from tests.gated_engine import GatedEngine, item_input
 from tests.servers import free_port, threaded_server
 
@@ -52,6 +57,7 @@ def served(tmp_path_factory):
     python_accumulator(root, "acc_idle", idle_us=200_000)
     onnx_accumulator(root, "acc_oldest", strategy=OLDEST)
     torchscript_accumulator(root)
+    ensemble_over(root, "acc_onnx")
     two = onnx_accumulator(root, "acc_two")  # two instances: a sequence's state goes with it
     (two / "config.pbtxt").write_text(
         (two / "config.pbtxt").read_text().replace("count: 1 kind", "count: 2 kind")
@@ -213,6 +219,30 @@ def test_a_correlation_id_the_corrid_type_cannot_hold_is_refused(tmp_path):
         plan.serving.sequence.admit(SequenceTag(2**40, start=True), 1, {})
     with pytest.raises(ValueError, match="a string correlation ID"):
         plan.serving.sequence.admit(SequenceTag("abc", start=True), 1, {})
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_ensemble_passes_the_sequence_to_its_stateful_step(served, protocol):
+    http_address, grpc_address, _ = served
+    module = thttp if protocol == "http" else tgrpc
+    client = module.InferenceServerClient(http_address if protocol == "http" else grpc_address)
+
+    def value(v: int):
+        tensor = module.InferInput("VALUE", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[v]], np.int32))
+        return tensor
+
+    cid = 4242 if protocol == "http" else 4343
+    sums = [
+        int(client.infer("acc_ensemble", [value(v)], sequence_id=cid, sequence_start=k == 0,
+                         sequence_end=k == 2).as_numpy("SUM")[0, 0])
+        for k, v in enumerate((5, 6, 7))
+    ]  # fmt: skip
+    assert sums == [5, 11, 18]
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("acc_ensemble", [value(1)])
+    assert ("in ensemble 'acc_ensemble'" in str(refused.value)
+            and "must specify a non-zero or non-empty correlation ID" in str(refused.value))  # fmt: skip
 
 
 def test_a_sequence_that_did_not_start_is_refused(served):

@@ -452,3 +452,28 @@ def test_no_queue_time_bound_for_a_request_that_waited_its_turn(cls):
     policy = OldestSequenceBatcher if cls == "oldest" else cls
     config = policy.config_from(BatchingSpec(max_queue_wait_s=3.0), GatedEngine())
     assert config.max_queue_wait_s == 0.0
+
+
+def test_auto_complete_cannot_swap_a_sequence_model_to_dynamic_batching(tmp_path):
+    """Triton's words when a Python model's auto_complete_config sets dynamic batching on a
+    config with sequence_batching (one scheduler per model, never silently replaced)."""
+    folder = python_accumulator(tmp_path)
+    model = folder / "1" / "model.py"
+    model.write_text(
+        model.read_text().replace(
+            "class TritonPythonModel:",
+            """class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.set_dynamic_batching()
+        return config
+""",
+        )
+    )
+    with pytest.raises(ConfigError) as refused:
+        plan_model(folder, Settings(telemetry=False))
+    assert (
+        "Configuration specified scheduling_choice as 'sequence_batching', but auto-complete-config"
+        in str(refused.value)
+    )
+    assert "tries to set scheduling_choice as 'dynamic_batching'" in str(refused.value)

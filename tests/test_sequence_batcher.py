@@ -127,6 +127,21 @@ def test_interleaved_sequences_from_concurrent_clients_over_http_and_grpc(served
             assert {int(a["CORRID_OUT"]) for a in answers} == {correlation_id(model, i)}
 
 
+def test_more_sequences_than_slots_wait_for_one_and_all_complete(served):
+    """Ten concurrent sequences on four slots (max_batch_size 4, one instance): the six that
+    start while every slot is taken wait in start order for one to end, none is refused."""
+    http_address, grpc_address, _ = served
+
+    def client(i: int) -> list[int]:
+        protocol, address = ("http", http_address) if i % 2 else ("grpc", grpc_address)
+        return [int(step(protocol, address, "acc_python", i + k, f"many-{i}", k == 0, k == 2)["OUTPUT"])
+                for k in range(3)]  # fmt: skip
+
+    with ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(client, range(10)))
+    assert results == [[i, 2 * i + 1, 3 * i + 3] for i in range(10)]
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_a_sequence_pipelined_on_one_stream_runs_one_request_at_a_time_in_order(served, model):
     """Every request of three sequences sent on one gRPC stream without waiting for answers:

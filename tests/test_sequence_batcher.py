@@ -29,8 +29,9 @@ from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.sequence import SequenceBatcher, SequenceConfig
 from wattserve.batchers.sequence_slots import SequenceNotStarted
 from wattserve.batchers.types import ClientGone, SequenceTag, WorkItem
-from wattserve.server.models.repository.config import ConfigError
+from wattserve.server.models.repository.config import ConfigError, parse_config
 from wattserve.server.models.repository.plan import plan_model
+from wattserve.server.models.repository.sequence_config import sequence_spec
 from wattserve.server.settings import Settings
 
 from support.sequence_models import (
@@ -492,3 +493,19 @@ def test_auto_complete_cannot_swap_a_sequence_model_to_dynamic_batching(tmp_path
         in str(refused.value)
     )
     assert "tries to set scheduling_choice as 'dynamic_batching'" in str(refused.value)
+
+
+def test_a_string_state_starts_empty_and_refuses_a_data_file(tmp_path):
+    """TYPE_STRING implicit state (Triton's QA has ONNX and libtorch models with one): its
+    zeros are empty strings; a data file for it is refused by name."""
+    folder = onnx_accumulator(tmp_path)
+    config = folder / "config.pbtxt"
+    text = config.read_text().replace(
+        "data_type: TYPE_INT32 dims: [ 1 ]\n", "data_type: TYPE_STRING dims: [ 1 ]\n"
+    )
+    text = text.replace("initial_state { data_type: TYPE_INT32", "initial_state { data_type: TYPE_STRING")
+    config.write_text(text)
+    spec = sequence_spec(parse_config(text), "acc_onnx", "config.pbtxt", folder)
+    assert spec.states[0].initial().tolist() == [[b""]]
+    with pytest.raises(ConfigError, match="data_file for a TYPE_STRING state is not supported"):
+        sequence_spec(parse_config(text.replace("zero_data: true", 'data_file: "x"')), "m", "c", folder)

@@ -66,6 +66,8 @@ class ImplicitState:
     initial_data: bytes | None = None  # row-major bytes (initial_state.data_file); None: zeros
 
     def initial(self) -> np.ndarray:
+        if self.initial_data is None and self.spec.datatype == "BYTES":  # zeros of a string: empty
+            return np.full((1, *self.spec.shape), b"", dtype=object)
         if self.initial_data is None:
             return np.zeros((1, *self.spec.shape), dtype=self.spec.dtype)
         return np.frombuffer(self.initial_data, self.spec.dtype).reshape((1, *self.spec.shape)).copy()
@@ -200,7 +202,7 @@ def _state(state: Any, where: str, model_dir: Path) -> ImplicitState:
         raise ConfigError(f"{where} ({state.input_name}): dims {list(dims)}: a state with variable dims is "
                           "not supported by wattserve")  # fmt: skip
     datatype = _datatype(state.data_type)
-    if datatype not in DATATYPE_TO_NUMPY or datatype == "BYTES":
+    if datatype not in DATATYPE_TO_NUMPY:
         got = pb.DataType.Name(state.data_type)
         raise ConfigError(f"{where} ({state.input_name}): data_type {got} is not supported for implicit "
                           "state")  # fmt: skip
@@ -214,6 +216,9 @@ def _state(state: Any, where: str, model_dir: Path) -> ImplicitState:
         choice = initial.WhichOneof("state_data")
         if choice is None:
             raise ConfigError(f"{where}.initial_state[0] needs zero_data or data_file")
+        if choice == "data_file" and datatype == "BYTES":
+            raise ConfigError(f"{where}.initial_state[0]: data_file for a TYPE_STRING state is not "
+                              "supported by wattserve (zero_data is: empty strings)")  # fmt: skip
         if choice == "data_file":
             data = _initial_data(
                 model_dir / "initial_state" / initial.data_file, spec, f"{where}.initial_state[0]"

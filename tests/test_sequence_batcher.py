@@ -509,3 +509,24 @@ def test_a_string_state_starts_empty_and_refuses_a_data_file(tmp_path):
     assert spec.states[0].initial().tolist() == [[b""]]
     with pytest.raises(ConfigError, match="data_file for a TYPE_STRING state is not supported"):
         sequence_spec(parse_config(text.replace("zero_data: true", 'data_file: "x"')), "m", "c", folder)
+
+
+def test_an_auto_completed_sequence_model_takes_no_control_input_from_clients(tmp_path):
+    """A config with no tensors and no max_batch_size: auto-complete reads them from
+    model.onnx (max_batch_size 4, Triton's default) but adds no dynamic_batching, and the
+    control and state tensors stay the server's (not client inputs or outputs)."""
+    folder = onnx_accumulator(tmp_path)
+    config = folder / "config.pbtxt"
+    text = config.read_text()
+    text = text[text.index("sequence_batching") :].replace("instance_group", "\ninstance_group")
+    config.write_text('platform: "onnxruntime_onnx"\n' + text)
+    (plan,) = plan_model(folder, Settings(telemetry=False))
+    assert (
+        plan.config.max_batch_size == 4 and plan.config.WhichOneof("scheduling_choice") == "sequence_batching"
+    )
+    engine = plan.engine_factory(plan.serving.engine)
+    try:
+        assert [s.name for s in engine.inputs] == ["INPUT"]
+        assert sorted(s.name for s in engine.outputs) == ["CORRID_OUT", "OUTPUT"]
+    finally:
+        engine.close()

@@ -10,7 +10,8 @@ One explicit mapping, on purpose: on a step engine (diffusion), ``continuous`` m
 iteration-level batching (``ON_STEP_ENGINES``), as the design defines continuous batching
 for iterative models: the batch is re-formed before every model call. Every other name
 keeps its meaning on every engine, so static and dynamic batch whole diffusion requests,
-for comparison; ``iteration`` may also be named directly.
+for comparison; ``iteration`` may also be named directly. ``sequence`` and ``sequence_oldest``
+are what a repository model with ``sequence_batching`` runs, whatever else is named.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from wattserve.batchers.continuous import ContinuousBatcher
 from wattserve.batchers.dynamic import DynamicBatcher
 from wattserve.batchers.iteration import IterationBatcher
 from wattserve.batchers.observers import BatchObserver
+from wattserve.batchers.sequence import SequenceBatcher
+from wattserve.batchers.sequence_oldest import OldestSequenceBatcher
 from wattserve.batchers.single import SingleBatcher
 from wattserve.batchers.static import StaticBatcher
 from wattserve.engines.base import Engine, StepEngine
@@ -41,6 +44,8 @@ POLICIES: dict[str, type[Batcher]] = {
         AdaptiveBatcher,
         AimdBatcher,
         SingleBatcher,
+        SequenceBatcher,
+        OldestSequenceBatcher,
     )
 }
 BATCHER_NAMES: tuple[str, ...] = tuple(POLICIES)

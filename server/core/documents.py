@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from google.protobuf import json_format
 from wattserve.batchers.dynamic import DynamicBatcher, DynamicConfig
 from wattserve.batchers.status import Status
 from wattserve.server.core.admission import Refused, select
@@ -120,6 +121,12 @@ def triton_config(runtime: ModelRuntime) -> dict[str, Any]:
         config["platform"], config["backend"] = "", "python"
     if policy == DynamicBatcher.name:
         config["dynamic_batching"] = _dynamic_batching(runtime, running)
+    if runtime.serving.sequence is not None and runtime.config is not None:
+        # a stateful model's, as Triton's JSON writes it (64-bit integers as strings): what runs,
+        # since every field kept is honoured; perf_analyzer reads it to send sequences
+        config["sequence_batching"] = json_format.MessageToDict(
+            runtime.config.sequence_batching, preserving_proto_field_name=True
+        )
     if getattr(runtime, "response_cache", None) is not None:  # what runs: enabled and a cache configured
         config["response_cache"] = {"enable": True}
     return config

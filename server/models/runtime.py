@@ -234,15 +234,21 @@ class ModelRuntime:
                              f"{request.rows}")  # fmt: skip
         if self._validate is not None:  # model-specific checks (-> 400), once per request
             self._validate(inputs)
+        sequence = self.serving.sequence
+        if sequence is not None:  # a stateful model: Triton's checks, its control inputs filled
+            inputs = sequence.admit(request.sequence, request.rows, inputs)
         item = self._make_item(request, inputs)
+        item.sequence = request.sequence
         if self.response_cache is not None:
             item.cache_key = self._cache_key(request)
         return item
 
     def _cache_key(self, request: InferRequest) -> bytes | None:
         """The request's response-cache key, or None when it is not cached: no cache, or the
-        request carries its own parameters or a response (or token) stream (either may change the answer)."""
-        if request.parameters or request.response_sink is not None or request.token_sink is not None:
+        request carries its own parameters, a response (or token) stream or a sequence (each may change the
+        answer)."""
+        if (request.parameters or request.response_sink is not None or request.token_sink is not None
+                or request.sequence is not None):  # fmt: skip
             return None
         return request_key(self.name, self.version, request.inputs, request.outputs)
 

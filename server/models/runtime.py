@@ -317,13 +317,16 @@ class ModelRuntime:
         request (the engine core behind front-end processes, ``server.split``): queue the
         item now, count its one outcome and call ``answer(result, error)`` once it is in.
         False, with nothing done, for a model whose ``infer`` does more than queue (response
-        cache, preserve_ordering, per-level queue bounds): await ``infer`` for those. Raises
+        cache, preserve_ordering, per-level queue bounds, a batcher whose submit does more than
+        queue, as the sequence batcher's): await ``infer`` for those. Raises
         the refusals ``infer`` raises before queueing."""
         if self.response_cache is not None or self.serving.preserve_ordering or self._level_bounds:
             return False
         batcher = self.batcher
         if batcher is None:  # unloaded between admission and submit
             raise Draining(f"model {self.name!r} is unloading")
+        if type(batcher).submit is not Batcher.submit:  # e.g. a sequence's turn is awaited first
+            return False
         started = monotonic()
         try:
             future, timer = batcher.enqueue(item)

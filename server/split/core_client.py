@@ -256,7 +256,7 @@ class CoreClient:
         self._next_id += 1
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         meta = (request.id, request.batched, request.rows, request.priority, request.timeout_us,
-                request.outputs, request.parameters, protocol)  # fmt: skip
+                request.outputs, request.parameters, protocol, request.sequence)  # fmt: skip
         try:
             self._send((channel.INFER, request_id, info.token, info.name, info.version, answer_at,
                         refs, meta), raw)  # fmt: skip

@@ -278,7 +278,7 @@ class FrontEndLink:
     def _request(
         self, runtime: ModelRuntime, refs: list[TensorRef], meta: Any, raw: memoryview
     ) -> InferRequest:
-        request_id, batched, rows, priority, timeout_us, outputs, parameters, _ = meta
+        request_id, batched, rows, priority, timeout_us, outputs, parameters, _, sequence = meta
         keeps = self.service.keeps_inputs(runtime)
         slab = self.slab
         inputs: dict[str, np.ndarray] = {}
@@ -291,6 +291,8 @@ class FrontEndLink:
         request = InferRequest(request_id, inputs, batched, rows, priority, timeout_us, outputs)
         if parameters:
             request.parameters = parameters
+        if sequence is not None:  # a stateful model's correlation ID and flags
+            request.sequence = sequence
         return request
 
     # ------------------------------------------------------------------ answers out

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from google.protobuf import json_format
 from wattserve.batchers.dynamic import DynamicBatcher, DynamicConfig
 from wattserve.batchers.status import Status
 from wattserve.server.core.admission import Refused, select
 from wattserve.server.models.model_set import ModelSet, ModelState, UnknownModel
 from wattserve.server.models.repository import model_config_pb2 as pb
 from wattserve.server.models.repository.plan import config_datatype
+from wattserve.server.models.repository.sequence_config import sequence_batching_doc
 from wattserve.server.models.runtime import ModelRuntime
 
 VERSION = "0.1.0"
@@ -124,9 +124,7 @@ def triton_config(runtime: ModelRuntime) -> dict[str, Any]:
     if runtime.serving.sequence is not None and runtime.config is not None:
         # a stateful model's, as Triton's JSON writes it (64-bit integers as strings): what runs,
         # since every field kept is honoured; perf_analyzer reads it to send sequences
-        config["sequence_batching"] = json_format.MessageToDict(
-            runtime.config.sequence_batching, preserving_proto_field_name=True
-        )
+        config["sequence_batching"] = sequence_batching_doc(runtime.config)
     if getattr(runtime, "response_cache", None) is not None:  # what runs: enabled and a cache configured
         config["response_cache"] = {"enable": True}
     return config

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from google.protobuf import json_format
 from wattserve.batchers.types import SequenceTag
 from wattserve.engines.base import DATATYPE_TO_NUMPY, TensorSpec
 from wattserve.server.models.repository import model_config_pb2 as pb
@@ -237,3 +238,9 @@ def _initial_data(path: Path, spec: TensorSpec, where: str) -> bytes:
         raise ConfigError(f"{where}: data_file {path} has {len(data)} bytes; the state "
                           f"(TYPE_{spec.datatype} {list(spec.shape)}) takes {expected}")  # fmt: skip
     return data
+
+
+def sequence_batching_doc(config: Any) -> dict[str, Any]:
+    """A model config's ``sequence_batching`` as Triton's JSON writes it (64-bit integers as
+    strings), for the configuration documents (the core knows no protobuf)."""
+    return json_format.MessageToDict(config.sequence_batching, preserving_proto_field_name=True)

@@ -335,7 +335,7 @@ class AdaptiveBatcher(SloBatcher):
             log.exception("adaptive: cost model update failed; batch answered as usual")
 
     def _learn(self, outcome: BatchOutcome) -> None:
-        now = monotonic()
+        now = self._now()
         batch = outcome.items
         if not any(isinstance(out, BaseException) for out in outcome.per_item):
             joules = measured_joules(outcome.energy)
@@ -356,7 +356,7 @@ class AdaptiveBatcher(SloBatcher):
         """What a wait would keep back for queueing at the current arrival rate (a metric:
         the decision computes the same from its own inputs)."""
         with self._arrivals_lock:
-            rate, sustained = self.arrivals.rate_and_long(monotonic())
+            rate, sustained = self.arrivals.rate_and_long(self._now())
         plan = self._plan
         if plan.view.seconds[-1] <= 0:
             return 0.0
@@ -377,7 +377,7 @@ class AdaptiveBatcher(SloBatcher):
     def max_hold_s(self) -> float:
         """The longest a planned wait may hold the oldest request at the current load: the
         budget, scaled down by the miss back-off while the objective is being missed."""
-        return self.backoff.hold_s(self.objective.budget_s, self.current_load(monotonic()))
+        return self.backoff.hold_s(self.objective.budget_s, self.current_load(self._now()))
 
     def _learn_latency(self, batch: Sequence[WorkItem], size: int, outcome: BatchOutcome, now: float) -> None:
         """Before the cost model moves: each request's arrival -> answer (``now``) against
@@ -517,7 +517,7 @@ class AdaptiveBatcher(SloBatcher):
             ),
             (
                 "wattserve_adaptive_window_miss_ratio",
-                self.backoff.miss_ratio(self.current_load(monotonic())),
+                self.backoff.miss_ratio(self.current_load(self._now())),
                 "Share of recent requests at this load (back-off window) past the objective less headroom.",
             ),
         ):
@@ -545,7 +545,7 @@ class AdaptiveBatcher(SloBatcher):
             labels=[*names, "window"],
         )
         with self._arrivals_lock:
-            short, long_ = self.arrivals.rates(monotonic())
+            short, long_ = self.arrivals.rates(self._now())
         rate.add_metric([*labels, "short"], short)
         rate.add_metric([*labels, "long"], long_)
         yield rate

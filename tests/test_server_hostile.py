@@ -20,8 +20,8 @@ from wattserve.server.security import api_of, parse_restricted_api
 from wattserve.server.settings import Settings
 
 from tests.gated_engine import GatedEngine, item_input
+from tests.polling import wait_until
 from tests.servers import threaded_server
-from tests.test_batchers import wait_until
 
 GOOD = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1.0, 2.0]}]}
 INFER = "/v2/models/gated/infer"

@@ -11,7 +11,7 @@ themselves, which ``RequestPeek.decode_cost`` counts apart). A least-squares fit
 ``peak = a * contents_wire_bytes + b * elements + c * objects`` (objects: elements longer
 than 1 byte, which CPython cannot share: ``b""`` and 1-byte values are cached singletons)
 gives the per-unit costs ``server/grpc/wire.py`` reserves (the measurement:
-``support/grpc_messages.decode_cost``, which tests/test_bytes_decode_cost.py checks the estimate against). The rows are saved to
+``support/grpc_messages.decode_cost``, which tests/test_grpc_decode_estimate.py checks the estimate against). The rows are saved to
 ``results/bytes_decode_cost.json``.
 """
 

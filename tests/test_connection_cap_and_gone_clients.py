@@ -185,7 +185,7 @@ async def test_time_bound_follows_the_drain_when_the_event_loop_sets_the_pace():
             await asyncio.sleep(0.01)
         queued = b.queue.rows
         assert queued >= 30
-        assert b.service_rate.wait_s(queued) > 0.5
+        assert b.service_rate.wait_s(queued, b.clock.now()) > 0.5
         with pytest.raises(QueueFull, match="s of work"):
             b.check_admission()
     finally:

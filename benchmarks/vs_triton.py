@@ -92,7 +92,7 @@ def triton(knobs: ServingKnobs, triton_python: str) -> Iterator[tuple[str, str]]
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    args = parse_args(argv, __doc__)
     if not Path(args.triton_python).exists():
         raise SystemExit(f"{args.triton_python} not found; build the Triton venv with scripts/triton_venv.sh")
     win = QUICK if args.quick else FULL

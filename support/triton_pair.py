@@ -329,9 +329,11 @@ async def measure(
     return doc
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:
+    """The comparison's command line (``description``: the benchmark's own help text)."""
     p = argparse.ArgumentParser(
-        description="wattserve vs Triton, side by side (python -m benchmarks.vs_triton)"
+        description=description or "wattserve vs Triton, side by side (python -m benchmarks.vs_triton)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--triton-python", default=DEFAULT_TRITON_PYTHON, help="python of the PyTriton venv")
     p.add_argument("--model", default="mobilenet_v2")

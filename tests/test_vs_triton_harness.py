@@ -169,7 +169,7 @@ def test_measure_wiring_against_two_v2_servers(capsys):
                      search_tolerance=0.5, search_steps=2)  # fmt: skip
     args = vt.parse_args(["--model", "identity", "--fractions", "0.5,1", "--search-start", "20",
                           "--slo-ms", "1000", "--request-timeout", "10"])  # fmt: skip
-    env = {"WATTSERVE_MODEL": "identity", "WATTSERVE_BATCHER": "dynamic"}
+    env = {"WATTSERVE_MODEL": "identity", "WATTSERVE_BATCHER": "dynamic", "WATTSERVE_LOG_LEVEL": "warning"}
     with server_process(env) as a, server_process(env) as b:
         doc = run_async(measure_doc(args, win, a.url, b.url))
     assert set(doc["search"]) == {"wattserve", "triton"}

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from wattserve.batchers.adaptive import AdaptiveBatcher
 from wattserve.batchers.aimd import AimdBatcher
 from wattserve.batchers.base import Batcher
+from wattserve.batchers.clock import REAL_CLOCK, Clock
 from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.continuous import ContinuousBatcher
 from wattserve.batchers.dynamic import DynamicBatcher
@@ -80,12 +81,13 @@ def build_batcher(
     engines: Sequence[Engine],
     observer: BatchObserver | None = None,
     threads: Sequence[ThreadPoolExecutor] | None = None,
+    clock: Clock = REAL_CLOCK,
 ) -> Batcher:
     """The batcher ``spec.batcher`` names, over ``engines`` (one per instance, each run on
     its own thread from ``threads`` when given), its config made by the policy from ``spec``
-    (the model's batching spec) and its engine, reporting to ``observer``."""
+    (the model's batching spec) and its engine, reporting to ``observer``, on ``clock``."""
     cls = policy_for(spec.batcher, engines[0])
-    return cls(engines, cls.config_from(spec, engines[0]), observer=observer, threads=threads)
+    return cls(engines, cls.config_from(spec, engines[0]), observer=observer, threads=threads, clock=clock)
 
 
 def batcher_help() -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
-from time import monotonic
 
 import numpy as np
+from wattserve.batchers.clock import REAL_CLOCK
 from wattserve.batchers.status import Status
 
 
@@ -53,8 +53,10 @@ class WorkItem:
 
     inputs: dict[str, np.ndarray]
     priority: int = 1  # 1 is the highest level
-    deadline: float | None = None  # time.monotonic() seconds; None = no deadline
-    arrival: float = field(default_factory=monotonic)
+    # deadline and arrival: seconds on the batcher's clock (batchers.clock; time.monotonic's
+    # unless a test gives the batcher another clock, when it sets both itself)
+    deadline: float | None = None  # None = no deadline
+    arrival: float = field(default_factory=REAL_CLOCK.now)
     future: asyncio.Future[Result] | None = None
     state: ItemState = ItemState.QUEUED
     dispatched_at: float | None = None

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from wattserve.batchers.base import Batcher, engine_thread
+from wattserve.batchers.clock import REAL_CLOCK, Clock
 from wattserve.batchers.iteration_metrics import IterationMetrics
 from wattserve.batchers.lm_metrics import LMMetrics
 from wattserve.batchers.registry import build_batcher
@@ -64,7 +65,9 @@ class ModelRuntime:
         batching: bool = True,
         platform: str | None = None,
         config: Any = None,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
+        """``clock``: the batcher's, and its work items' arrivals and deadlines (``batchers.clock``)."""
         self.serving = serving  # this model's typed configuration, built once (its plan's)
         self.name = name or serving.engine.model
         self.version = version
@@ -83,6 +86,8 @@ class ModelRuntime:
         self.config = config  # parsed ModelConfig when served from a repository
         self.class_labels: ClassLabels | None = None  # outputs' label files (classification)
         self.metrics = metrics
+        self.clock = clock
+        self._now = clock.now
         self._engine_factory = engine_factory
         # read by start(): "energy_meter_for" (device -> meter), "on_batch" (size, energy)
         self.batcher_hooks: dict[str, Any] = dict(batcher_hooks or {})
@@ -121,7 +126,7 @@ class ModelRuntime:
             bind_models(engines, self.batcher_hooks.get("call_model"), loop)
             observer = self._observer(engines[0])
             # e.g. iteration needs a step engine
-            batcher = build_batcher(self.serving.batching, engines, observer, threads)
+            batcher = build_batcher(self.serving.batching, engines, observer, threads, self.clock)
             await batcher.prepare()  # e.g. adaptive times its batch sizes: before ready, not after
         except BaseException:
             for thread, engine in zip(threads, engines, strict=False):  # a failed load frees what it built
@@ -274,7 +279,7 @@ class ModelRuntime:
         timeout: the deadline is the default timeout, shortened by the request's own."""
         level = priority or self.queue_policy.default_priority
         s = self.queue_policy.at(level)  # the level's own policy (priority_queue_policy), else the default
-        now = monotonic()
+        now = self._now()  # the batcher's clock: its deadline timer and queue bound read the same
         default_s = s.default_timeout_ms / 1e3 if s.default_timeout_ms is not None else None
         if timeout_us is not None and s.allow_timeout_override:
             timeout_s = timeout_us / 1e6  # Triton: an override may shorten the default, not extend it

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
@@ -152,10 +152,14 @@ class GrpcRelay:
         max_message_bytes: int,
         max_metadata_bytes: int,
         inference: FrontEndInference | None = None,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     ) -> None:
+        """``interceptors``: access control, for the inference answered here (what is
+        relayed meets the core's own too)."""
         self.address = address
         self.core_address = core_address
         self.inference = inference
+        self.interceptors = list(interceptors)
         self.options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", -1),
@@ -170,7 +174,7 @@ class GrpcRelay:
             self.core_address,
             options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)],
         )
-        server = grpc.aio.server(options=self.options)
+        server = grpc.aio.server(interceptors=self.interceptors, options=self.options)
         server.add_generic_rpc_handlers((RelayHandler(self._channel, self.inference),))
         port = server.add_insecure_port(self.address)
         if not port:

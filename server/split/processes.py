@@ -91,7 +91,9 @@ def reuseport_socket(host: str, port: int, listen: bool = True) -> socket.socket
 def run_frontend(settings: Settings, sockets: CoreSockets) -> None:
     """A front end: the public HTTP and gRPC ports (shared), the core behind."""
     from wattserve.server.core.decode import BodyBudget
+    from wattserve.server.grpc.access import GrpcAccessControl
     from wattserve.server.lifecycle import DrainingServer, uvicorn_config
+    from wattserve.server.security import parse_restricted_api
     from wattserve.server.split.core_client import CoreClient
     from wattserve.server.split.frontend import FrontEndDrain, FrontEndRuntimes, frontend_app
     from wattserve.server.split.grpc_proxy import FrontEndInference, GrpcRelay
@@ -108,8 +110,11 @@ def run_frontend(settings: Settings, sockets: CoreSockets) -> None:
         host = settings.grpc_host or settings.host
         host = f"[{host}]" if ":" in host and not host.startswith("[") else host
         inference = FrontEndInference(runtimes, settings, budget)
+        restrictions = parse_restricted_api(settings.restricted_api)
+        guarded = restrictions or settings.api_token
+        guard = [GrpcAccessControl(restrictions, settings.api_token)] if guarded else []
         relay = GrpcRelay(f"{host}:{settings.grpc_port}", sockets.grpc, settings.max_body_bytes,
-                          settings.max_header_bytes, inference)  # fmt: skip
+                          settings.max_header_bytes, inference, guard)  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def grpc_lifespan() -> AsyncIterator[None]:

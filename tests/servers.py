@@ -80,7 +80,7 @@ def split_server(settings: Settings, workers: int) -> Iterator[str]:
     port = free_port()
     settings = settings.model_copy(update={"frontend_workers": workers, "port": port, "host": "127.0.0.1"})
     env = server_env()
-    env["WATTSERVE_TEST_SETTINGS"] = json.dumps(settings.model_dump(mode="json"))
+    env["WATTSERVE_TEST_SETTINGS"] = json.dumps(settings.model_dump(mode="json", exclude_unset=True))
     with ServerProcess([sys.executable, "-c", SPLIT_SERVE], env, port, ready_timeout_s=180) as proc:
         yield proc.url
 

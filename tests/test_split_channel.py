@@ -107,3 +107,21 @@ def test_a_corrupt_length_fails_the_connection():
     protocol = channel.FrameProtocol(lambda h, r: None, lambda exc: None)
     with pytest.raises(ValueError, match="frame header"):
         protocol.data_received(channel.PREFIX.pack(channel.MAX_HEADER + 1, 0))
+
+
+def test_a_child_gets_only_the_settings_that_were_set(tmp_path):
+    """A default must stay a default in the core: a repository model keeps Triton's queue
+    semantics unless the user set wattserve's bound (max_queue_wait_s), and the core tells
+    the two apart by what was set."""
+    import json
+
+    from wattserve.server.settings import Settings
+    from wattserve.server.split.processes import ENV_SETTINGS
+    from wattserve.server.split.supervisor import child_env
+
+    settings = Settings(model="identity").model_copy(update={"port": 18000, "frontend_workers": 2})
+    sent = json.loads(child_env(settings, tmp_path, "core", 0)[ENV_SETTINGS])
+    assert sent == {"model": "identity", "port": 18000, "frontend_workers": 2}
+    child = Settings(**sent)
+    assert "max_queue_wait_s" not in child.model_fields_set
+    assert child.max_queue_wait_s == settings.max_queue_wait_s

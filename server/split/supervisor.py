@@ -40,7 +40,9 @@ def child_env(settings: Settings, folder: Path, role: str, index: int) -> dict[s
     root = Path(wattserve.__file__).resolve().parent.parent
     if (root / "pyproject.toml").is_file():  # a source checkout: the children run the same files
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    env[ENV_SETTINGS] = json.dumps(settings.model_dump(mode="json"))
+    # only what was set (a flag, a variable, the supervisor's ports): a default must stay a
+    # default in the child, where a repository model tells the two apart (max_queue_wait_s)
+    env[ENV_SETTINGS] = json.dumps(settings.model_dump(mode="json", exclude_unset=True))
     env[ENV_DIR] = str(folder)
     env[ENV_INDEX] = str(index)
     env["WATTSERVE_ROLE"] = role  # how benchmarks.accelerator_ceiling groups CPU by process role

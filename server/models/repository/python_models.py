@@ -33,8 +33,8 @@ REFUSED_PARAMETERS = {
 # ... and those it notes and ignores
 IGNORED_PARAMETERS = {
     "FORCE_CPU_ONLY_INPUT_TENSORS": "inputs are always CPU tensors (numpy) in wattserve",
-    "shm-default-byte-size": "no stub process: tensors are shared in-process",
-    "shm-growth-byte-size": "no stub process: tensors are shared in-process",
+    "shm-default-byte-size": "a Triton backend setting; wattserve sizes a shared-memory segment per message",
+    "shm-growth-byte-size": "a Triton backend setting; wattserve sizes a shared-memory segment per message",
 }
 _INT64 = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
 
@@ -121,7 +121,8 @@ def _newest_model_file(config: pb.ModelConfig, model_dir: Path) -> Path | None:
 def python_factory(
     path: Path, name: str, config: pb.ModelConfig, inputs: list[TensorSpec], outputs: list[TensorSpec]
 ) -> EngineFactory:
-    """Build one instance per call (on its engine thread): its own ``TritonPythonModel``."""
+    """Build one instance per call (on its engine thread): its own ``TritonPythonModel``, in
+    a worker process (``python_model_isolation`` process, the default) or on that thread."""
     from wattserve.engines.python_backend.engine import PythonModelEngine, PythonModelFile
 
     if not config.input or not config.output:
@@ -137,6 +138,12 @@ def python_factory(
     instances = itertools.count()
 
     def build(engine_config: EngineConfig) -> Engine:
-        return PythonModelEngine(model, device=engine_config.device, instance=next(instances))
+        if engine_config.python_model_isolation == "thread":
+            return PythonModelEngine(model, device=engine_config.device, instance=next(instances))
+        from wattserve.engines.python_backend.process_engine import ProcessModelEngine
+
+        return ProcessModelEngine(model, device=engine_config.device, instance=next(instances),
+                                  execute_timeout_s=engine_config.python_execute_timeout_s,
+                                  stub_timeout_s=engine_config.python_stub_timeout_s)  # fmt: skip
 
     return build

@@ -1,0 +1,211 @@
+"""A Python model's worker process (Triton's "stub"): ``python -m ...stub FD PREFIX``.
+
+It serves one model instance: the same ``PythonModelEngine`` that thread mode runs on an
+engine thread runs here on the main thread, so ``initialize``/``execute``/``finalize`` and
+every ``pb_utils`` rule behave alike in both modes. What the model needs of the server
+crosses the channel (FD, a Unix socket the server passed): tensors in shared memory under
+PREFIX, BLS calls, a decoupled request's responses, ``is_cancelled``, custom metrics.
+
+A reader thread takes the server's messages (replies go straight to their waiters, work to
+the main thread); when the server goes away the process exits at once, so a worker never
+outlives its server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from functools import partial
+from typing import Any, cast
+
+import numpy as np
+from wattserve.engines.python_backend import custom_metrics, shm
+from wattserve.engines.python_backend.channel import Calls, Channel, Closed, reply
+from wattserve.engines.python_backend.engine import PythonModelEngine, PythonModelFile
+from wattserve.engines.python_backend.metrics_bridge import RemoteStore
+from wattserve.engines.python_backend.protocol import (
+    RequestMeta,
+    WorkerContext,
+    decode_error,
+    encode_error,
+    joined,
+    split,
+)
+
+log = logging.getLogger("wattserve.python_backend.stub")
+StreamEvent = tuple[dict[str, np.ndarray] | None, BaseException | None, bool]
+
+
+class RemoteCaller:
+    """BLS from the worker: a ``ModelCaller`` (and ``stream``) whose calls the server runs."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+
+    def __call__(
+        self,
+        name: str,
+        inputs: dict[str, np.ndarray],
+        outputs: list[str] | None,
+        version: str | None,
+        request_id: str | None,
+        timeout_us: int | None,
+    ) -> Future[dict[str, np.ndarray]]:
+        layout = shm.write(self._worker.names(), inputs)
+        return self._worker.calls.start("bls", name, layout, outputs, version, request_id, timeout_us,
+                                        convert=shm.read)  # fmt: skip
+
+    def stream(
+        self,
+        name: str,
+        inputs: dict[str, np.ndarray],
+        outputs: list[str] | None,
+        version: str | None,
+        request_id: str | None,
+        timeout_us: int | None,
+    ) -> Iterator[StreamEvent]:
+        events: queue.SimpleQueue[StreamEvent] = queue.SimpleQueue()
+        stream = self._worker.open_stream(events)
+        layout = shm.write(self._worker.names(), inputs)
+        self._worker.channel.send(
+            ("bls_stream", stream, name, layout, outputs, version, request_id, timeout_us)
+        )
+        while True:
+            event = events.get()
+            yield event
+            if event[2]:
+                return
+
+
+class Worker:
+    def __init__(self, channel: Channel, prefix: str) -> None:
+        self.channel = channel
+        self.calls = Calls(channel)
+        self.names = shm.Namer(prefix, "w")
+        self.engine: PythonModelEngine | None = None
+        self._work: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._streams: dict[int, queue.SimpleQueue[StreamEvent]] = {}
+        self._stream_ids = iter(range(1 << 62))
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ threads
+    def read(self) -> None:
+        """Reader thread: replies and BLS stream events to their waiters, the rest to main."""
+        try:
+            while True:
+                message = self.channel.recv()
+                kind = message[0]
+                if kind == "reply":
+                    self.calls.resolve(message[1], message[2], message[3], decode_error)
+                elif kind == "bls_event":
+                    self._stream_event(*message[1:])
+                else:
+                    self._work.put(message)
+        except Closed:
+            os._exit(0)  # the server has gone: nobody is left to answer
+
+    def serve(self) -> None:
+        """Main thread: init, every execute, finalize; then the process ends."""
+        self.channel.send(("hello", os.getpid()))
+        while True:
+            kind, call_id, *args = self._work.get()
+            if kind == "init":
+                reply(self.channel, call_id, partial(self._init, *args), encode_error)
+            elif kind == "execute":
+                reply(self.channel, call_id, partial(self._execute, *args), encode_error)
+            elif kind == "finalize":
+                reply(self.channel, call_id, self._finalize, encode_error)
+                return
+
+    # ------------------------------------------------------------------ lifecycle
+    def _init(self, model: PythonModelFile, device: str, instance: int) -> None:
+        store = cast(custom_metrics.CustomMetrics, RemoteStore(self.calls))  # the same calls, remotely
+        build = custom_metrics.publishing_to(
+            store, lambda _: PythonModelEngine(model, device=device, instance=instance)
+        )
+        self.engine = build(None)
+        self.engine.bind_models(RemoteCaller(self))  # after initialize, as in thread mode
+
+    def _finalize(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+    def _execute(self, layout: shm.Layout, metas: list[RequestMeta]) -> tuple[shm.Layout, list[Any]]:
+        assert self.engine is not None
+        per_request = split(shm.read(layout), len(metas))
+        requests = [(inputs, self._context(meta), self._cancelled(meta.key, "request"))
+                    for inputs, meta in zip(per_request, metas, strict=True)]  # fmt: skip
+        answers = self.engine.run_requests(requests)
+        outputs: list[dict[str, np.ndarray]] = []
+        errors: list[Any] = []
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                outputs.append({})
+                errors.append(encode_error(answer))
+            else:
+                outputs.append(answer)
+                errors.append(None)
+        return shm.write(self.names(), joined(outputs)), errors
+
+    # ------------------------------------------------------------------ per request
+    def _context(self, meta: RequestMeta) -> WorkerContext:
+        sink = None
+        stream_gone = None
+        if meta.streamed:
+            sink = self._sink(meta.key)
+            stream_gone = self._cancelled(meta.key, "stream")
+        return WorkerContext(meta.id, meta.outputs, meta.parameters, sink, stream_gone)
+
+    def _cancelled(self, key: str, which: str) -> Any:
+        def cancelled() -> bool:
+            return bool(self.calls.call("cancelled", key, which))
+
+        return cancelled
+
+    def _sink(self, key: str) -> Any:
+        def sink(outputs: dict[str, np.ndarray] | None, error: BaseException | None, final: bool) -> None:
+            layout = None if outputs is None else shm.write(self.names(), outputs)
+            payload = None if error is None else encode_error(error)
+            try:
+                self.channel.send(("response", key, layout, payload, final))
+            except Closed:
+                if layout is not None:
+                    shm.discard(layout)
+
+        return sink
+
+    # ------------------------------------------------------------------ BLS streams
+    def open_stream(self, events: queue.SimpleQueue[StreamEvent]) -> int:
+        with self._lock:
+            stream = next(self._stream_ids)
+            self._streams[stream] = events
+            return stream
+
+    def _stream_event(self, stream: int, layout: shm.Layout | None, error: Any, final: bool) -> None:
+        outputs = None if layout is None else shm.read(layout)
+        with self._lock:
+            events = self._streams.pop(stream) if final else self._streams.get(stream)
+        if events is not None:
+            events.put((outputs, None if error is None else decode_error(error), final))
+
+
+def main(argv: list[str]) -> None:
+    fd, prefix = int(argv[1]), argv[2]
+    line = f"%(asctime)s %(levelname)s [python model {prefix}] %(name)s: %(message)s"
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=line)
+    worker = Worker(Channel(socket.socket(fileno=fd)), prefix)
+    threading.Thread(target=worker.read, name="stub-reader", daemon=True).start()
+    worker.serve()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # threads a model left running do not hold the process after finalize
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,329 @@
+"""The server's side of one worker process (one life of one instance's stub).
+
+``StubHost`` starts the process (``python -m wattserve.engines.python_backend.stub``, a fresh
+interpreter: forking a server with an event loop and gRPC threads is not safe), waits for it
+to say hello within the stub timeout, has it run ``initialize``, and then runs each batch
+(``execute``): inputs into shared memory, the requests' metadata over the channel, the
+answers back the same way. Its reader thread serves what the model asks of the server
+meanwhile (BLS, a decoupled request's responses, ``is_cancelled``, custom metrics).
+
+When the process dies, everything waiting on it fails at once: the batch in ``execute``
+(its caller answers each request with one error), the decoupled streams it had left open
+(each ends with one error response), the custom metric series it held (released). A host
+is not reused after that: ``ProcessModelEngine`` starts another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+from wattserve.engines.python_backend import shm
+from wattserve.engines.python_backend.channel import Calls, Channel, Closed, reply
+from wattserve.engines.python_backend.custom_metrics import CustomMetrics
+from wattserve.engines.python_backend.engine import ModelFailed, PythonModelFile
+from wattserve.engines.python_backend.metrics_bridge import MetricsHost
+from wattserve.engines.python_backend.protocol import (
+    RequestMeta,
+    decode_error,
+    encode_error,
+    joined,
+    split,
+)
+from wattserve.engines.request_engines import ModelCaller, RequestInput
+
+log = logging.getLogger("wattserve.python_backend")
+STUB_MODULE = "wattserve.engines.python_backend.stub"
+SERVICE_THREADS = 8  # per worker: BLS calls waiting on other models, BLS streams
+
+
+class StubFailed(Exception):
+    """The worker process died, hung past the execute timeout, or could not start."""
+
+
+@dataclass
+class InFlight:
+    """A request the worker holds: how to ask whether its client has gone, and where a
+    decoupled request's responses go (until the final one)."""
+
+    cancelled: Callable[[], bool]
+    stream_gone: Callable[[], bool] | None
+    sink: Callable[..., None] | None
+    executing: bool = True
+    finished: bool = False
+
+
+class StubHost:
+    def __init__(
+        self,
+        model: PythonModelFile,
+        device: str,
+        instance: int,
+        store: CustomMetrics,
+        caller: Callable[[], ModelCaller | None],
+        stub_timeout_s: float,
+    ) -> None:
+        self.instance_name = f"{model.name}_0_{instance}"
+        self.prefix = shm.new_prefix(self.instance_name)
+        self.names = shm.Namer(self.prefix, "s")
+        self.metrics = MetricsHost(store)
+        self.dead: str | None = None  # why, once the process is gone
+        self._caller = caller
+        self._stub_timeout = stub_timeout_s
+        self._closing = False
+        self._lock = threading.Lock()
+        self._requests: dict[str, InFlight] = {}
+        self._batches = iter(range(1 << 62))
+        self._hello = threading.Event()
+        self._service = ThreadPoolExecutor(SERVICE_THREADS, thread_name_prefix=f"pb-{self.instance_name}")
+        parent, child = socket.socketpair()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", STUB_MODULE, str(child.fileno()), self.prefix],
+                pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL,
+                start_new_session=True,  # the terminal's Ctrl-C is the server's to handle
+            )  # fmt: skip
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        self.channel = Channel(parent)
+        self.calls = Calls(self.channel)
+        self._reader = threading.Thread(
+            target=self._read, name=f"pb-{self.instance_name}-reader", daemon=True
+        )
+        self._reader.start()
+        threading.Thread(target=self._watch, name=f"pb-{self.instance_name}-watch", daemon=True).start()
+        try:
+            self._initialize(model, device, instance)
+        except BaseException:
+            self.kill("its start failed")
+            self._reader.join()
+            raise
+
+    def _initialize(self, model: PythonModelFile, device: str, instance: int) -> None:
+        if not self._hello.wait(self._stub_timeout) or self.dead is not None:
+            raise StubFailed(f"Python model instance {self.instance_name!r}: its process did not start "
+                             f"within {self._stub_timeout:g} s (python_stub_timeout_s)"
+                             + (f": {self.dead}" if self.dead else ""))  # fmt: skip
+        init = self.calls.start("init", model, device, instance)
+        try:
+            init.result()  # initialize may take as long as it takes; a death fails it at once
+        except StubFailed:
+            raise
+        except Exception as exc:
+            raise ModelFailed(str(exc)) from None
+
+    # ------------------------------------------------------------------ execute
+    def execute(
+        self, requests: Sequence[RequestInput], timeout_s: float | None
+    ) -> list[dict[str, np.ndarray] | BaseException]:
+        """One execute in the worker; StubFailed if it died or outlasted ``timeout_s``."""
+        batch = next(self._batches)
+        metas: list[RequestMeta] = []
+        keys = []
+        with self._lock:
+            for i, (_, context, cancelled) in enumerate(requests):
+                key = f"{batch}.{i}"
+                sink = getattr(context, "response_sink", None)
+                self._requests[key] = InFlight(cancelled, getattr(context, "response_cancelled", None), sink)
+                parameters = getattr(context, "parameters", None)
+                metas.append(RequestMeta(key, getattr(context, "id", None), getattr(context, "outputs", None),
+                                         parameters if isinstance(parameters, dict | str) else None,
+                                         sink is not None))  # fmt: skip
+                keys.append(key)
+        layout = shm.write(self.names(), joined([inputs for inputs, _, _ in requests]))
+        future = self.calls.start("execute", layout, metas)
+        try:
+            outputs_layout, errors = future.result(timeout_s)
+        except TimeoutError:
+            self._forget(keys)
+            self.kill(f"execute did not return within {timeout_s:g} s (python_execute_timeout_s)")
+            raise StubFailed(self.dead) from None
+        except StubFailed:
+            self._forget(keys)
+            raise
+        outputs = split(shm.read(outputs_layout), len(requests))
+        with self._lock:
+            for key in keys:
+                state = self._requests[key]
+                state.executing = False
+                if state.sink is None or state.finished:
+                    del self._requests[key]
+        return [outputs[i] if error is None else decode_error(error) for i, error in enumerate(errors)]
+
+    def _forget(self, keys: list[str]) -> None:
+        """The batch failed as a whole: its requests are answered by their batch's error,
+        never by a stream error as well."""
+        with self._lock:
+            for key in keys:
+                self._requests.pop(key, None)
+
+    # ------------------------------------------------------------------ reader thread
+    def _read(self) -> None:
+        try:
+            while True:
+                message = self.channel.recv()
+                kind = message[0]
+                if kind == "reply":
+                    self.calls.resolve(message[1], message[2], message[3], decode_error)
+                elif kind == "response":
+                    self._response(*message[1:])
+                elif kind == "cancelled":
+                    reply(self.channel, message[1], partial(self._cancelled, *message[2:]), encode_error)
+                elif kind == "metric":
+                    reply(self.channel, message[1], partial(self.metrics.handle, *message[2:]), encode_error)
+                elif kind == "bls":
+                    self._bls(*message[1:])
+                elif kind == "bls_stream":
+                    self._service.submit(self._bls_stream, *message[1:])
+                elif kind == "hello":
+                    self._hello.set()
+        except Closed:
+            pass
+        except Exception:
+            log.exception("Python model instance %r: its channel broke", self.instance_name)
+            self.kill("its channel broke")
+        finally:
+            self._gone()
+
+    def _response(self, key: str, layout: shm.Layout | None, error: Any, final: bool) -> None:
+        outputs = None if layout is None else shm.read(layout)
+        with self._lock:
+            state = self._requests.get(key)
+            if state is None or state.sink is None or state.finished:
+                return
+            if final:
+                state.finished = True
+                if not state.executing:
+                    del self._requests[key]
+        state.sink(outputs, None if error is None else decode_error(error), final)
+
+    def _cancelled(self, key: str, which: str) -> bool:
+        with self._lock:
+            state = self._requests.get(key)
+        if state is None:
+            return False
+        if which == "stream":
+            return bool(state.stream_gone is not None and state.stream_gone())
+        return bool(state.cancelled())
+
+    def _bls(self, call_id: int, name: str, layout: shm.Layout, *args: Any) -> None:
+        inputs = shm.read(layout)
+        caller = self._caller()
+        if caller is None:
+            reply(self.channel, call_id, _no_bls, encode_error)
+            return
+        future = caller(name, inputs, *args)
+        future.add_done_callback(lambda done: self._submit(self._bls_reply, call_id, done))
+
+    def _bls_reply(self, call_id: int, done: Future[dict[str, np.ndarray]]) -> None:
+        reply(self.channel, call_id, lambda: shm.write(self.names(), done.result()), encode_error)
+
+    def _bls_stream(self, stream: int, name: str, layout: shm.Layout, *args: Any) -> None:
+        inputs = shm.read(layout)
+        caller = self._caller()
+        try:
+            if caller is None:
+                _no_bls()
+            assert caller is not None
+            events = getattr(caller, "stream", None)
+            if events is None:
+                future = caller(name, inputs, *args)
+                events = lambda *_: iter([(future.result(), None, True)])  # noqa: E731
+            for outputs, error, final in events(name, inputs, *args):
+                out = None if outputs is None else shm.write(self.names(), outputs)
+                self.channel.send(
+                    ("bls_event", stream, out, None if error is None else encode_error(error), final)
+                )
+        except Closed:
+            return
+        except Exception as exc:
+            try:
+                self.channel.send(("bls_event", stream, None, encode_error(exc), True))
+            except Closed:
+                return
+
+    def _submit(self, work: Callable[..., None], *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # shut down: the worker is gone, nobody waits
+            self._service.submit(work, *args)
+
+    # ------------------------------------------------------------------ death and close
+    def _watch(self) -> None:
+        """Wake the reader when the process exits, even if a child it forked keeps the
+        socket open."""
+        self.process.wait()
+        self.channel.shut()
+
+    def _gone(self) -> None:
+        """Reader thread, last: the process is gone; fail everything that waited on it."""
+        try:
+            code = self.process.wait(self._stub_timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        with self._lock:
+            if self.dead is None:
+                self.dead = f"Stub process '{self.instance_name}' is not healthy ({_exit_reason(code)})"
+            states, self._requests = list(self._requests.values()), {}
+        if not self._closing:
+            log.error("Python model instance %r: %s", self.instance_name, self.dead)
+        self.calls.fail_all(StubFailed(self.dead))
+        self._hello.set()
+        for state in states:  # streams of executes that had returned: each ends with an error
+            if state.sink is not None and not state.executing and not state.finished:
+                state.sink(None, ModelFailed(self.dead), True)
+        self.metrics.release_all()
+        self._service.shutdown(wait=False, cancel_futures=True)
+        shm.sweep(self.prefix)
+
+    def kill(self, why: str) -> None:
+        with self._lock:
+            if self.dead is None:
+                self.dead = f"Stub process '{self.instance_name}' was killed: {why}"
+        with contextlib.suppress(ProcessLookupError):
+            self.process.kill()
+        self.channel.shut()
+
+    def close(self) -> None:
+        """Finalize in the worker (within the stub timeout), then make sure it is gone."""
+        self._closing = True
+        if self.dead is None:
+            try:
+                self.calls.start("finalize").result(self._stub_timeout)
+            except Exception as exc:
+                log.warning("Python model instance %r: finalize failed: %s", self.instance_name, exc)
+        try:
+            self.process.wait(self._stub_timeout)
+        except subprocess.TimeoutExpired:
+            self.kill("it did not exit after finalize")
+        self._reader.join()
+        self.channel.close()
+
+
+def _no_bls() -> None:
+    raise ModelFailed("BLS is not available here: no server model is executing (wattserve binds a model's "
+                      "BLS door once its instances are built)")  # fmt: skip
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"

@@ -1,0 +1,238 @@
+"""Python models in their own processes (``python_model_isolation`` process, Triton's stub).
+
+What Triton's python backend does and these tests hold wattserve to: a stub process that
+dies fails the requests it was running, each with one INTERNAL error ("Stub process ... is
+not healthy"), and is restarted for the next request (python_backend's python_be.cc:
+``RespondErrorToAllRequests``, then a new stub); the server and its other models go on. An
+execute that hangs is ended by ``python_execute_timeout_s`` (wattserve's own bound: Triton
+waits on a live stub), the same way. A decoupled request's stream that the dying process
+left open ends with one error response.
+
+The engine is driven directly (as the batcher's executor does) where the answer of each
+request must be seen; a real server on loopback, reached with Triton's client, shows the
+other models answering throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as thttp
+from tritonclient.utils import InferenceServerException
+from wattserve.batchers.status import Status
+from wattserve.engines.python_backend import shm
+from wattserve.engines.python_backend.engine import ModelFailed
+from wattserve.server.models.repository.plan import plan_model
+from wattserve.server.settings import Settings
+
+from support.python_models import write_python_model
+from tests.servers import threaded_server
+
+BASE = {"telemetry": False, "warmup": False, "torch_threads": 1}
+WAIT_S = 60.0  # the most a test waits for a state it polls for (not a measured bound)
+TIMEOUT = 'parameters {{ key: "python_execute_timeout_s" value: {{ string_value: "{}" }} }}'
+
+ARGS_CONFIG = """
+name: "args"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "ARGS" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+ARGS_MODEL = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.args = args
+
+    def execute(self, requests):
+        text = json.dumps(self.args, sort_keys=True).encode()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("ARGS", np.array([text], dtype=object))])
+                for _ in requests]
+"""
+
+
+class Context:
+    """What a front end hands the engine with a request (its id; a stream's sink)."""
+
+    def __init__(self, rid: str = "", sink=None) -> None:
+        self.id, self.outputs, self.parameters = rid, None, None
+        self.response_sink = sink
+
+
+def _never() -> bool:
+    return False
+
+
+def engine_for(repo: Path, kind: str, parameters: str = "", **settings):
+    folder = write_python_model(repo, kind, parameters=parameters)
+    (plan,) = plan_model(folder, Settings(telemetry=False, **settings))
+    return plan.engine_factory(plan.serving.engine)
+
+
+def run(engine, *values: float) -> list:
+    return engine.run_requests([({"INPUT0": np.array([[v]], np.float32)}, Context(f"r{i}"), _never)
+                                for i, v in enumerate(values)])  # fmt: skip
+
+
+def wait_for(check, what: str) -> None:
+    end = time.monotonic() + WAIT_S
+    while not check():
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {WAIT_S} s: {what}")
+        time.sleep(0.01)
+
+
+def test_the_model_gets_the_same_initialize_args_in_both_modes(tmp_path):
+    folder = tmp_path / "args"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(ARGS_CONFIG)
+    (folder / "1" / "model.py").write_text(ARGS_MODEL)
+    seen = {}
+    for mode in ("process", "thread"):
+        (plan,) = plan_model(folder, Settings(telemetry=False, python_model_isolation=mode))
+        engine = plan.engine_factory(plan.serving.engine)
+        try:
+            (answer,) = engine.run_requests([({"X": np.array([[1]], np.int32)}, Context(), _never)])
+            seen[mode] = json.loads(answer["ARGS"][0, 0])
+        finally:
+            engine.close()
+    assert seen["process"] == seen["thread"]
+    assert seen["process"]["model_name"] == "args" and seen["process"]["model_instance_name"] == "args_0_0"
+
+
+@pytest.mark.parametrize("crash", [-1.0, -2.0], ids=["os._exit", "SIGSEGV"])
+def test_a_crash_fails_each_request_of_its_batch_once_and_the_model_restarts(tmp_path, crash):
+    engine = engine_for(tmp_path, "unstable")
+    try:
+        (first,) = run(engine, 1.0)
+        assert first["OUTPUT0"].tolist() == [[2.0]]
+        answers = run(engine, 2.0, crash, 3.0)
+        assert len(answers) == 3
+        for answer in answers:
+            assert isinstance(answer, ModelFailed) and answer.status is Status.INTERNAL
+            assert "Stub process 'unstable_0_0' is not healthy" in str(answer)
+        (after,) = run(engine, 4.0)
+        assert after["OUTPUT0"].tolist() == [[8.0]]
+        assert int(after["PID"][0, 0]) != int(first["PID"][0, 0]) and engine.restarts == 1
+    finally:
+        engine.close()
+    assert not list(shm.SHM_DIR.glob("wsv-pb-*-unstable_0_0-*")), "a segment outlived its worker"
+
+
+def test_a_hang_past_the_execute_timeout_fails_its_batch_and_the_model_restarts(tmp_path):
+    engine = engine_for(tmp_path, "unstable", TIMEOUT.format(1))
+    try:
+        (first,) = run(engine, 1.0)
+        hung = run(engine, -3.0, 5.0)
+        for answer in hung:
+            assert isinstance(answer, ModelFailed) and answer.status is Status.INTERNAL
+            assert "python_execute_timeout_s" in str(answer)
+        (after,) = run(engine, 6.0)
+        assert after["OUTPUT0"].tolist() == [[12.0]]
+        assert int(after["PID"][0, 0]) != int(first["PID"][0, 0])
+    finally:
+        engine.close()
+
+
+def test_a_stream_left_open_by_a_dying_worker_ends_with_one_error(tmp_path):
+    engine = engine_for(tmp_path, "dies_streaming")
+    streams: dict[str, list] = {"a": [], "b": [], "c": []}
+    ended = {name: threading.Event() for name in streams}
+
+    def sink_for(name: str):
+        def sink(outputs, error, final):
+            streams[name].append((outputs, error, final))
+            if final:
+                ended[name].set()
+
+        return sink
+
+    def request(name: str, value: int):
+        return ({"IN": np.array([[value]], np.int32)}, Context(name, sink_for(name)), _never)
+
+    try:
+        assert engine.run_requests([request("a", 7)]) == [{}]  # answered through its stream
+        wait_for(lambda: len(streams["a"]) == 1, "the first response")
+        (b,) = engine.run_requests([request("b", -1)])  # releases a's thread, which ends the process
+        assert ended["a"].wait(WAIT_S)
+        (outputs, error, final), (none, death, last) = streams["a"]
+        assert outputs["OUT"].tolist() == [[7]] and error is None and not final
+        assert none is None and isinstance(death, ModelFailed) and last and "not healthy" in str(death)
+        # b: one error, either as its batch's answer (the process died during its execute)
+        # or at the end of its stream (it died after)
+        if isinstance(b, ModelFailed):
+            assert streams["b"] == []
+        else:
+            assert b == {} and ended["b"].wait(WAIT_S) and len(streams["b"]) == 1
+            assert isinstance(streams["b"][0][1], ModelFailed)
+        assert engine.run_requests([request("c", 9)]) == [{}]  # a new worker serves
+        wait_for(lambda: len(streams["c"]) == 1, "the restarted worker's response")
+        assert streams["c"][0][0]["OUT"].tolist() == [[9]]
+    finally:
+        engine.close()
+
+
+IDENTITY = """backend: "wattserve"
+max_batch_size: 16
+dynamic_batching { max_queue_delay_microseconds: 0 }
+parameters { key: "builtin" value: { string_value: "identity" } }
+"""
+
+
+def test_the_server_and_its_other_models_go_on_through_a_crash_and_a_hang(tmp_path):
+    repo = tmp_path / "repo"
+    unstable = write_python_model(repo, "unstable", parameters=TIMEOUT.format(3))
+    write_python_model(repo, "add_sub")
+    (repo / "identity").mkdir()
+    (repo / "identity" / "config.pbtxt").write_text(IDENTITY)
+    with threaded_server(Settings(model_repository=repo, grpc_port=0, **BASE)) as (url, _):
+        host = url.removeprefix("http://")
+        client = thttp.InferenceServerClient(host)  # this thread's (tritonclient's are per thread)
+
+        def unstable_infer(value: float):
+            client = thttp.InferenceServerClient(host)
+            tensor = thttp.InferInput("INPUT0", [1, 1], "FP32")
+            tensor.set_data_from_numpy(np.array([[value]], np.float32))
+            return client.infer("unstable", [tensor])
+
+        def others_answer() -> None:
+            a = thttp.InferInput("INPUT0", [4], "FP32")
+            a.set_data_from_numpy(np.arange(4, dtype=np.float32))
+            b = thttp.InferInput("INPUT1", [4], "FP32")
+            b.set_data_from_numpy(np.ones(4, np.float32))
+            assert client.infer("add_sub", [a, b]).as_numpy("OUTPUT0").tolist() == [1.0, 2.0, 3.0, 4.0]
+            x = thttp.InferInput("INPUT0", [1, 16], "FP32")
+            x.set_data_from_numpy(np.full((1, 16), 3, np.float32))
+            assert client.infer("identity", [x]).as_numpy("OUTPUT0").tolist() == [[3.0] * 16]
+
+        assert unstable_infer(1.0).as_numpy("OUTPUT0").tolist() == [[2.0]]
+        with ThreadPoolExecutor(3) as pool:  # a crash: each of its requests gets one error
+            crashed = [pool.submit(unstable_infer, -1.0) for _ in range(3)]
+            for future in crashed:
+                with pytest.raises(InferenceServerException, match="is not healthy") as raised:
+                    future.result()
+                assert raised.value.status() == "500"
+        others_answer()
+        assert unstable_infer(2.0).as_numpy("OUTPUT0").tolist() == [[4.0]]
+
+        with ThreadPoolExecutor(1) as pool:  # a hang: others answer while it hangs
+            hung = pool.submit(unstable_infer, -3.0)
+            wait_for((unstable / "hanging").exists, "the model to hang")
+            for _ in range(5):
+                others_answer()
+            with pytest.raises(InferenceServerException, match="python_execute_timeout_s") as raised:
+                hung.result()
+            assert raised.value.status() == "500"
+        assert unstable_infer(3.0).as_numpy("OUTPUT0").tolist() == [[6.0]]
+        others_answer()
+        assert client.is_server_live() and client.is_model_ready("unstable")

@@ -1,16 +1,19 @@
-"""Does a busy Python model (Triton's Python backend, run on its instance's engine thread in
-the server's process) stall the event loop and the other models?
+"""Does a busy Python model (Triton's Python backend) stall the event loop and the other
+models, with its instances on engine threads in the server's process or in worker processes?
 
-One server, one repository: a built-in identity (the fast path) and two Python models that
-take ``--busy-ms`` per execute call, one spinning in pure Python (holds the GIL but for the
+One server per isolation mode (``python_model_isolation`` thread, then process, in one
+run), one repository: a built-in identity (the fast path) and two Python models that take
+``--busy-ms`` per execute call, one spinning in pure Python (holds the GIL but for the
 interpreter's switch interval) and one sleeping (releases it: the same occupancy without
 the GIL, the control). identity latency (wrk, closed loop, 2 connections) is measured
 alone, then while each Python model is kept saturated by a second wrk (4 connections).
-What is left beside the busy model is CPU sharing and, for the spinning one, the GIL.
+What is left beside the busy model is CPU sharing and, for the spinning one in thread mode,
+the GIL; in process mode the spinning model's GIL is its own process's.
 
     python -m benchmarks.python_model_isolation [--seconds 8] [--rounds 2] [--busy-ms 50]
+                                                [--isolation thread,process]
 
-Prints a table and writes results/python_model_isolation.json. Needs wrk.
+Prints a table per mode and writes results/python_model_isolation.json. Needs wrk.
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--busy-ms", type=float, default=50)
+    parser.add_argument("--isolation", default="thread,process",
+                        help="the modes to measure, in this order (comma separated)")  # fmt: skip
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="the busy model's initialize sets sys.setswitchinterval (process-wide)")  # fmt: skip
     args = parser.parse_args()
@@ -82,25 +87,37 @@ def main() -> None:
                 f"        sys.setswitchinterval({args.switch_interval_ms / 1e3})\n\n",
             ))  # fmt: skip
         write_python_model(repo, "sleepy", busy_ms=args.busy_ms)
-        with wattserve({"WATTSERVE_MODEL_REPOSITORY": str(repo), "WATTSERVE_TELEMETRY": "false"}) as url:
-            runs = measure(url, args.seconds, args.rounds)
-
-    def mean(name: str, key: str) -> float:
-        return statistics.mean(r[key] for r in runs[name])
+        by_mode: dict[str, dict[str, list[dict]]] = {}
+        for mode in [m.strip() for m in args.isolation.split(",") if m.strip()]:
+            env = {"WATTSERVE_MODEL_REPOSITORY": str(repo), "WATTSERVE_TELEMETRY": "false",
+                   "WATTSERVE_PYTHON_MODEL_ISOLATION": mode}  # fmt: skip
+            with wattserve(env) as url:
+                by_mode[mode] = measure(url, args.seconds, args.rounds)
 
     interval = (
         args.switch_interval_ms if args.switch_interval_ms is not None else sys.getswitchinterval() * 1e3
     )
     print(f"busy model: {args.busy_ms:g} ms per execute; switch interval {interval:g} ms")
-    print(f"{'':<30} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
-    for name in runs:
+    for mode, runs in by_mode.items():
+
+        def mean(name: str, key: str, runs: dict[str, list[dict]] = runs) -> float:
+            return statistics.mean(r[key] for r in runs[name])
+
+        print(f"\n{mode:<30} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
+        for name in runs:
+            print(
+                f"{name:<30} {mean(name, 'p50_ms'):>8.2f} {mean(name, 'p99_ms'):>8.2f} "
+                f"{mean(name, 'rps'):>8.0f}"
+            )
+        alone = mean("identity_alone", "p99_ms")
         print(
-            f"{name:<30} {mean(name, 'p50_ms'):>8.2f} {mean(name, 'p99_ms'):>8.2f} {mean(name, 'rps'):>8.0f}"
+            f"identity p99 beside the spinning model / alone: {mean('identity_beside_busy_cpu', 'p99_ms') / alone:.2f}x"
         )
-    errors = sum(r["non_2xx"] for v in runs.values() for r in v)
+    errors = sum(r["non_2xx"] for runs in by_mode.values() for v in runs.values() for r in v)
     suffix = "" if args.switch_interval_ms is None else f"_switch{args.switch_interval_ms:g}ms"
-    doc = {"runs": runs, "busy_ms": args.busy_ms, "switch_interval_ms": interval, "seconds": args.seconds,
-           "rounds": args.rounds, "non_2xx": errors, "machine": platform.platform()}  # fmt: skip
+    doc = {"runs_by_isolation": by_mode, "busy_ms": args.busy_ms, "switch_interval_ms": interval,
+           "seconds": args.seconds, "rounds": args.rounds, "non_2xx": errors,
+           "machine": platform.platform()}  # fmt: skip
     path = save(f"python_model_isolation{suffix}", doc)
     print(f"non-2xx answers: {errors}\nsaved {path}")
 

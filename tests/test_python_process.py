@@ -92,6 +92,28 @@ def wait_for(check, what: str) -> None:
         time.sleep(0.01)
 
 
+def test_tensors_cross_in_one_segment_that_the_reader_unlinks():
+    import ml_dtypes
+
+    namer = shm.Namer(shm.new_prefix("roundtrip"), "t")
+    tensors = {
+        "bf16": np.arange(6, dtype=ml_dtypes.bfloat16).reshape(2, 3),
+        "bytes": np.array([[b"x", b"", b"yz"]], dtype=object),
+        "empty": np.zeros((0, 3), np.float32),
+        "strided": np.arange(10, dtype=np.int64)[::2],
+        "scalar": np.array(True),
+    }
+    layout = shm.write(namer(), tensors)
+    assert layout.segment is not None and (shm.SHM_DIR / layout.segment).exists()
+    back = shm.read(layout)
+    assert not (shm.SHM_DIR / layout.segment).exists()  # the reader's mapping outlives the name
+    for name, value in tensors.items():
+        assert back[name].dtype == value.dtype and back[name].shape == value.shape, name
+        np.testing.assert_array_equal(back[name], value)
+    back["strided"][0] = 7  # writable, as a thread-mode model's inputs are
+    assert shm.write(namer(), {"nothing": np.zeros((0,), np.int32)}).segment is None
+
+
 def test_the_model_gets_the_same_initialize_args_in_both_modes(tmp_path):
     folder = tmp_path / "args"
     (folder / "1").mkdir(parents=True)

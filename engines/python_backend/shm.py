@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from wattserve.engines.base import DATATYPE_TO_NUMPY, NUMPY_TO_DATATYPE
 
 SHM_DIR = Path("/dev/shm")
 ALIGN = 64
@@ -33,7 +34,7 @@ ALIGN = 64
 @dataclass(frozen=True)
 class TensorLayout:
     name: str
-    dtype: str  # numpy dtype string; "BYTES": Triton's length-prefixed serialization
+    dtype: str  # the protocol's datatype name (FP32, BF16, BYTES: length-prefixed), else numpy's
     shape: tuple[int, ...]
     offset: int
     nbytes: int
@@ -94,7 +95,8 @@ def write(name: str, tensors: Mapping[str, np.ndarray]) -> Layout:
         if array.dtype.kind in "OSU":
             data, dtype = _serialize_bytes(array), "BYTES"
         else:
-            data, dtype = np.ascontiguousarray(array), array.dtype.str
+            data = np.ascontiguousarray(array)
+            dtype = NUMPY_TO_DATATYPE.get(array.dtype) or array.dtype.str
         size = -(-size // ALIGN) * ALIGN
         entries.append(TensorLayout(key, dtype, tuple(array.shape), size, data.nbytes))
         payloads.append(data)
@@ -139,12 +141,18 @@ def read(layout: Layout) -> dict[str, np.ndarray]:
         elif t.nbytes == 0:
             out[t.name] = _empty(t)
         else:
-            out[t.name] = np.frombuffer(region, np.dtype(t.dtype), count, t.offset).reshape(t.shape)
+            out[t.name] = np.frombuffer(region, _dtype(t), count, t.offset).reshape(t.shape)
     return out
 
 
+def _dtype(t: TensorLayout) -> np.dtype:
+    """By the protocol's name where it has one: numpy's own string loses extension types
+    (ml_dtypes' bfloat16 would read back as raw void)."""
+    return DATATYPE_TO_NUMPY.get(t.dtype) or np.dtype(t.dtype)
+
+
 def _empty(t: TensorLayout) -> np.ndarray:
-    return np.empty(t.shape, dtype=object if t.dtype == "BYTES" else np.dtype(t.dtype))
+    return np.empty(t.shape, dtype=object if t.dtype == "BYTES" else _dtype(t))
 
 
 def discard(layout: Layout) -> None:

@@ -1,4 +1,4 @@
-"""A Python model's worker process (Triton's "stub"): ``python -m ...stub FD PREFIX``.
+"""A Python model's worker process (Triton's "stub"): ``python -m ...stub FD PREFIX LEVEL``.
 
 It serves one model instance: the same ``PythonModelEngine`` that thread mode runs on an
 engine thread runs here on the main thread, so ``initialize``/``execute``/``finalize`` and
@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -196,9 +197,14 @@ class Worker:
 
 
 def main(argv: list[str]) -> None:
-    fd, prefix = int(argv[1]), argv[2]
+    # The server's own process session and group: the scheduler counts the worker with the
+    # server (as a thread of it was), and signals meant for the server (Ctrl-C, SIGTERM to
+    # the group) are the server's to handle: it drains, then finalizes each worker.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    fd, prefix, level = int(argv[1]), argv[2], int(argv[3])
     line = f"%(asctime)s %(levelname)s [python model {prefix}] %(name)s: %(message)s"
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=line)
+    logging.basicConfig(level=level, stream=sys.stderr, format=line)
     worker = Worker(Channel(socket.socket(fileno=fd)), prefix)
     threading.Thread(target=worker.read, name="stub-reader", daemon=True).start()
     worker.serve()

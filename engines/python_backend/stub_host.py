@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -92,9 +92,8 @@ class StubHost:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", STUB_MODULE, str(child.fileno()), self.prefix],
+                [sys.executable, "-m", STUB_MODULE, str(child.fileno()), self.prefix, str(_log_level())],
                 pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL,
-                start_new_session=True,  # the terminal's Ctrl-C is the server's to handle
             )  # fmt: skip
         except BaseException:
             parent.close()
@@ -232,31 +231,42 @@ class StubHost:
         future.add_done_callback(lambda done: self._submit(self._bls_reply, call_id, done))
 
     def _bls_reply(self, call_id: int, done: Future[dict[str, np.ndarray]]) -> None:
-        reply(self.channel, call_id, lambda: shm.write(self.names(), done.result()), encode_error)
+        try:
+            layout = shm.write(self.names(), done.result())
+        except Exception as exc:
+            self._send(("reply", call_id, False, encode_error(exc)))
+            return
+        self._send(("reply", call_id, True, layout), layout)
 
     def _bls_stream(self, stream: int, name: str, layout: shm.Layout, *args: Any) -> None:
+        """A service thread: every response of a BLS ``exec(decoupled=True)``, as it comes."""
         inputs = shm.read(layout)
         caller = self._caller()
         try:
             if caller is None:
                 _no_bls()
             assert caller is not None
-            events = getattr(caller, "stream", None)
-            if events is None:
-                future = caller(name, inputs, *args)
-                events = lambda *_: iter([(future.result(), None, True)])  # noqa: E731
-            for outputs, error, final in events(name, inputs, *args):
+            stream_of = getattr(caller, "stream", None)
+            events = (
+                stream_of(name, inputs, *args) if stream_of is not None else _one(caller(name, inputs, *args))
+            )
+            for outputs, error, final in events:
                 out = None if outputs is None else shm.write(self.names(), outputs)
-                self.channel.send(
-                    ("bls_event", stream, out, None if error is None else encode_error(error), final)
-                )
-        except Closed:
-            return
+                payload = None if error is None else encode_error(error)
+                if not self._send(("bls_event", stream, out, payload, final), out):
+                    return
         except Exception as exc:
-            try:
-                self.channel.send(("bls_event", stream, None, encode_error(exc), True))
-            except Closed:
-                return
+            self._send(("bls_event", stream, None, encode_error(exc), True))
+
+    def _send(self, message: tuple[Any, ...], layout: shm.Layout | None = None) -> bool:
+        """Send, or (the worker is gone) drop the message and its segment; whether sent."""
+        try:
+            self.channel.send(message)
+            return True
+        except Closed:
+            if layout is not None:
+                shm.discard(layout)
+            return False
 
     def _submit(self, work: Callable[..., None], *args: Any) -> None:
         with contextlib.suppress(RuntimeError):  # shut down: the worker is gone, nobody waits
@@ -315,9 +325,23 @@ class StubHost:
         self.channel.close()
 
 
+def _log_level() -> int:
+    """The server's level for wattserve's loggers: the worker logs (and ``pb_utils.Logger``)
+    at the same one."""
+    return logging.getLogger("wattserve").getEffectiveLevel()
+
+
 def _no_bls() -> None:
     raise ModelFailed("BLS is not available here: no server model is executing (wattserve binds a model's "
                       "BLS door once its instances are built)")  # fmt: skip
+
+
+def _one(future: Future[dict[str, np.ndarray]]) -> Iterator[tuple[Any, BaseException | None, bool]]:
+    """A model that does not stream, as a stream of its one answer."""
+    try:
+        yield future.result(), None, True
+    except Exception as exc:
+        yield None, exc, True
 
 
 def _exit_reason(code: int) -> str:

@@ -114,6 +114,22 @@ def test_tensors_cross_in_one_segment_that_the_reader_unlinks():
     assert shm.write(namer(), {"nothing": np.zeros((0,), np.int32)}).segment is None
 
 
+def test_a_models_parameters_choose_its_isolation(tmp_path):
+    """The process setting says process (the default); a config's parameters win for it."""
+    from wattserve.engines.python_backend.engine import PythonModelEngine
+    from wattserve.engines.python_backend.process_engine import ProcessModelEngine
+
+    pinned = 'parameters { key: "python_model_isolation" value: { string_value: "thread" } }'
+    for parameters, kind in (("", ProcessModelEngine), (pinned, PythonModelEngine)):
+        engine = engine_for(tmp_path / kind.__name__, "unstable", parameters)
+        try:
+            assert type(engine) is kind
+            (answer,) = run(engine, 2.0)
+            assert answer["OUTPUT0"].tolist() == [[4.0]]
+        finally:
+            engine.close()
+
+
 def test_the_model_gets_the_same_initialize_args_in_both_modes(tmp_path):
     folder = tmp_path / "args"
     (folder / "1").mkdir(parents=True)

@@ -93,6 +93,9 @@ class ProcessModelEngine:
             return [failure for _ in requests]
         try:
             return host.execute(requests, self._execute_timeout)
+        except OSError as exc:  # shared memory refused (e.g. /dev/shm full): this batch only
+            failure = ModelFailed(f"{self._failed} shared memory for the request(s): {exc}")
+            return [failure for _ in requests]
         except StubFailed as exc:
             self._restart_soon()
             failure = ModelFailed(f"{self._failed} {exc}")

@@ -105,7 +105,7 @@ def write(name: str, tensors: Mapping[str, np.ndarray]) -> Layout:
         return Layout(None, tuple(entries))
     fd = os.open(SHM_DIR / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
-        os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, size)  # a full /dev/shm is ENOSPC here, not SIGBUS on write
         region = mmap.mmap(fd, size)
     except BaseException:
         os.unlink(SHM_DIR / name)

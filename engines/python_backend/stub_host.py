@@ -133,6 +133,7 @@ class StubHost:
     ) -> list[dict[str, np.ndarray] | BaseException]:
         """One execute in the worker; StubFailed if it died or outlasted ``timeout_s``."""
         batch = next(self._batches)
+        layout = shm.write(self.names(), joined([inputs for inputs, _, _ in requests]))
         metas: list[RequestMeta] = []
         keys = []
         with self._lock:
@@ -145,7 +146,6 @@ class StubHost:
                                          parameters if isinstance(parameters, dict | str) else None,
                                          sink is not None))  # fmt: skip
                 keys.append(key)
-        layout = shm.write(self.names(), joined([inputs for inputs, _, _ in requests]))
         future = self.calls.start("execute", layout, metas)
         try:
             outputs_layout, errors = future.result(timeout_s)
@@ -153,8 +153,11 @@ class StubHost:
             self._forget(keys)
             self.kill(f"execute did not return within {timeout_s:g} s (python_execute_timeout_s)")
             raise StubFailed(self.dead) from None
-        except StubFailed:
+        except (StubFailed, Closed) as exc:
             self._forget(keys)
+            if isinstance(exc, Closed):
+                self.kill("its channel closed")
+                raise StubFailed(self.dead) from None
             raise
         outputs = split(shm.read(outputs_layout), len(requests))
         with self._lock:

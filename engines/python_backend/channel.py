@@ -44,13 +44,16 @@ class Channel:
             raise Closed(str(exc)) from None
 
     def recv(self) -> tuple[Any, ...]:
-        """The next message; ``Closed`` once the other side is gone."""
+        """The next message; ``Closed`` once the other side is gone, ``TimeoutError`` past
+        the socket's timeout (the channel is not to be read again after one)."""
         try:
             header = self._reader.read(_HEADER)
             if len(header) < _HEADER:
                 raise Closed("the channel was closed")
             size = int.from_bytes(header, "little")
             body = self._reader.read(size)
+        except TimeoutError:  # the socket's timeout: the caller's to handle
+            raise
         except (OSError, ValueError) as exc:
             raise Closed(str(exc)) from None
         if len(body) < size:

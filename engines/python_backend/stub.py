@@ -1,14 +1,13 @@
-"""A Python model's worker process (Triton's "stub"): ``python -m ...stub FD PREFIX LEVEL``.
+"""A Python model's worker process (Triton's "stub"): ``python -m ...stub WORK EVENTS PREFIX LEVEL``.
 
 It serves one model instance: the same ``PythonModelEngine`` that thread mode runs on an
 engine thread runs here on the main thread, so ``initialize``/``execute``/``finalize`` and
-every ``pb_utils`` rule behave alike in both modes. What the model needs of the server
-crosses the channel (FD, a Unix socket the server passed): tensors in shared memory under
-PREFIX, BLS calls, a decoupled request's responses, ``is_cancelled``, custom metrics.
-
-A reader thread takes the server's messages (replies go straight to their waiters, work to
-the main thread); when the server goes away the process exits at once, so a worker never
-outlives its server.
+every ``pb_utils`` rule behave alike in both modes. The main thread reads its work
+(init, execute, finalize) from the WORK socket and answers there; what the model needs of
+the server crosses the EVENTS socket (tensors in shared memory under PREFIX): BLS calls, a
+decoupled request's responses, ``is_cancelled``, custom metrics, whose replies a reader
+thread hands to their waiters. When the server goes away the process exits at once, so a
+worker never outlives its server.
 """
 
 from __future__ import annotations
@@ -20,14 +19,13 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from functools import partial
 from typing import Any, cast
 
 import numpy as np
 from wattserve.engines.python_backend import custom_metrics, shm
-from wattserve.engines.python_backend.channel import Calls, Channel, Closed, reply
+from wattserve.engines.python_backend.channel import Calls, Channel, Closed
 from wattserve.engines.python_backend.engine import PythonModelEngine, PythonModelFile
 from wattserve.engines.python_backend.metrics_bridge import RemoteStore
 from wattserve.engines.python_backend.protocol import (
@@ -85,44 +83,57 @@ class RemoteCaller:
 
 
 class Worker:
-    def __init__(self, channel: Channel, prefix: str) -> None:
-        self.channel = channel
+    def __init__(self, work: Channel, channel: Channel, prefix: str) -> None:
+        self.work = work  # init/execute/finalize in, their answers out: the main thread's
+        self.channel = channel  # everything else, both ways
         self.calls = Calls(channel)
         self.names = shm.Namer(prefix, "w")
         self.engine: PythonModelEngine | None = None
-        self._work: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._streams: dict[int, queue.SimpleQueue[StreamEvent]] = {}
         self._stream_ids = iter(range(1 << 62))
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ threads
     def read(self) -> None:
-        """Reader thread: replies and BLS stream events to their waiters, the rest to main."""
+        """Reader thread: replies to the model's calls and BLS stream events to their
+        waiters."""
         try:
             while True:
                 message = self.channel.recv()
-                kind = message[0]
-                if kind == "reply":
+                if message[0] == "reply":
                     self.calls.resolve(message[1], message[2], message[3], decode_error)
-                elif kind == "bls_event":
+                elif message[0] == "bls_event":
                     self._stream_event(*message[1:])
-                else:
-                    self._work.put(message)
         except Closed:
             os._exit(0)  # the server has gone: nobody is left to answer
 
     def serve(self) -> None:
-        """Main thread: init, every execute, finalize; then the process ends."""
-        self.channel.send(("hello", os.getpid()))
+        """Main thread: init, every execute, finalize, each read and answered here; then
+        the process ends."""
+        self.work.send(("hello", os.getpid()))
         while True:
-            kind, call_id, *args = self._work.get()
-            if kind == "init":
-                reply(self.channel, call_id, partial(self._init, *args), encode_error)
-            elif kind == "execute":
-                reply(self.channel, call_id, partial(self._execute, *args), encode_error)
-            elif kind == "finalize":
-                reply(self.channel, call_id, self._finalize, encode_error)
+            try:
+                kind, *args = self.work.recv()
+            except Closed:
                 return
+            work = self._work_of(kind)
+            try:
+                answer: tuple[Any, ...] = ("ok", work(*args))
+            except Exception as exc:
+                answer = ("error", encode_error(exc))
+            try:
+                self.work.send(answer)
+            except Closed:
+                return
+            if kind == "finalize":
+                return
+
+    def _work_of(self, kind: str) -> Callable[..., Any]:
+        if kind == "init":
+            return self._init
+        if kind == "execute":
+            return self._execute
+        return self._finalize
 
     # ------------------------------------------------------------------ lifecycle
     def _init(self, model: PythonModelFile, device: str, instance: int) -> None:
@@ -202,10 +213,10 @@ def main(argv: list[str]) -> None:
     # the group) are the server's to handle: it drains, then finalizes each worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    fd, prefix, level = int(argv[1]), argv[2], int(argv[3])
+    work_fd, events_fd, prefix, level = int(argv[1]), int(argv[2]), argv[3], int(argv[4])
     line = f"%(asctime)s %(levelname)s [python model {prefix}] %(name)s: %(message)s"
     logging.basicConfig(level=level, stream=sys.stderr, format=line)
-    worker = Worker(Channel(socket.socket(fileno=fd)), prefix)
+    worker = Worker(Channel(socket.socket(fileno=work_fd)), Channel(socket.socket(fileno=events_fd)), prefix)
     threading.Thread(target=worker.read, name="stub-reader", daemon=True).start()
     worker.serve()
     sys.stdout.flush()

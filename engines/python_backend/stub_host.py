@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 from wattserve.engines.python_backend import shm
-from wattserve.engines.python_backend.channel import Calls, Channel, Closed, reply
+from wattserve.engines.python_backend.channel import Channel, Closed, reply
 from wattserve.engines.python_backend.custom_metrics import CustomMetrics
 from wattserve.engines.python_backend.engine import ModelFailed, PythonModelFile
 from wattserve.engines.python_backend.metrics_bridge import MetricsHost
@@ -85,23 +85,30 @@ class StubHost:
         self._closing = False
         self._lock = threading.Lock()
         self._requests: dict[str, InFlight] = {}
+        self._cleared = False  # the worker is gone and its requests were settled (``_gone``)
         self._batches = iter(range(1 << 62))
-        self._hello = threading.Event()
         self._service = ThreadPoolExecutor(SERVICE_THREADS, thread_name_prefix=f"pb-{self.instance_name}")
-        parent, child = socket.socketpair()
+        work, work_child = socket.socketpair()
+        events, events_child = socket.socketpair()
+        fds = (work_child.fileno(), events_child.fileno())
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", STUB_MODULE, str(child.fileno()), self.prefix, str(_log_level())],
-                pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL,
+                [sys.executable, "-m", STUB_MODULE, *map(str, fds), self.prefix, str(_log_level())],
+                pass_fds=fds, env=env, stdin=subprocess.DEVNULL,
             )  # fmt: skip
         except BaseException:
-            parent.close()
+            work.close()
+            events.close()
             raise
         finally:
-            child.close()
-        self.channel = Channel(parent)
-        self.calls = Calls(self.channel)
+            work_child.close()
+            events_child.close()
+        # two lanes: ``work`` carries init/execute/finalize and their answers, one at a time,
+        # read by the thread that asked (no hand-over between threads on a batch's path);
+        # ``channel`` everything else, read by the reader thread
+        self.work = Channel(work)
+        self.channel = Channel(events)
         self._reader = threading.Thread(
             target=self._read, name=f"pb-{self.instance_name}-reader", daemon=True
         )
@@ -115,17 +122,27 @@ class StubHost:
             raise
 
     def _initialize(self, model: PythonModelFile, device: str, instance: int) -> None:
-        if not self._hello.wait(self._stub_timeout) or self.dead is not None:
-            raise StubFailed(f"Python model instance {self.instance_name!r}: its process did not start "
-                             f"within {self._stub_timeout:g} s (python_stub_timeout_s)"
-                             + (f": {self.dead}" if self.dead else ""))  # fmt: skip
-        init = self.calls.start("init", model, device, instance)
         try:
-            init.result()  # initialize may take as long as it takes; a death fails it at once
-        except StubFailed:
+            self._answer(self._stub_timeout)  # its hello
+        except TimeoutError:
+            why = f"its process did not start within {self._stub_timeout:g} s (python_stub_timeout_s)"
+            raise StubFailed(f"Python model instance {self.instance_name!r}: {why}") from None
+        self.work.send(("init", model, device, instance))
+        ok, value = self._answer(None)  # initialize may take as long as it takes; a death ends it
+        if not ok:
+            raise ModelFailed(str(decode_error(value)))
+
+    def _answer(self, timeout_s: float | None) -> tuple[bool, Any]:
+        """The worker's next answer on the work lane; StubFailed once it is gone,
+        TimeoutError after ``timeout_s``."""
+        self.work.sock.settimeout(timeout_s)
+        try:
+            kind, *rest = self.work.recv()
+        except TimeoutError:
             raise
-        except Exception as exc:
-            raise ModelFailed(str(exc)) from None
+        except Closed:
+            raise StubFailed(self._exited()) from None
+        return (True, rest[0]) if kind in ("ok", "hello") else (False, rest[0])
 
     # ------------------------------------------------------------------ execute
     def execute(
@@ -135,44 +152,55 @@ class StubHost:
         batch = next(self._batches)
         layout = shm.write(self.names(), joined([inputs for inputs, _, _ in requests]))
         metas: list[RequestMeta] = []
-        keys = []
+        states: dict[str, InFlight] = {}
+        for i, (_, context, cancelled) in enumerate(requests):
+            key = f"{batch}.{i}"
+            sink = getattr(context, "response_sink", None)
+            states[key] = InFlight(cancelled, getattr(context, "response_cancelled", None), sink)
+            parameters = getattr(context, "parameters", None)
+            metas.append(RequestMeta(key, getattr(context, "id", None), getattr(context, "outputs", None),
+                                     parameters if isinstance(parameters, dict | str) else None,
+                                     sink is not None))  # fmt: skip
         with self._lock:
-            for i, (_, context, cancelled) in enumerate(requests):
-                key = f"{batch}.{i}"
-                sink = getattr(context, "response_sink", None)
-                self._requests[key] = InFlight(cancelled, getattr(context, "response_cancelled", None), sink)
-                parameters = getattr(context, "parameters", None)
-                metas.append(RequestMeta(key, getattr(context, "id", None), getattr(context, "outputs", None),
-                                         parameters if isinstance(parameters, dict | str) else None,
-                                         sink is not None))  # fmt: skip
-                keys.append(key)
-        future = self.calls.start("execute", layout, metas)
+            if self._cleared:
+                shm.discard(layout)
+                raise StubFailed(self.dead)
+            self._requests.update(states)
         try:
-            outputs_layout, errors = future.result(timeout_s)
+            self.work.send(("execute", layout, metas))
+            ok, value = self._answer(timeout_s)
         except TimeoutError:
-            self._forget(keys)
+            self._forget(states)
             self.kill(f"execute did not return within {timeout_s:g} s (python_execute_timeout_s)")
             raise StubFailed(self.dead) from None
-        except (StubFailed, Closed) as exc:
-            self._forget(keys)
-            if isinstance(exc, Closed):
-                self.kill("its channel closed")
-                raise StubFailed(self.dead) from None
-            raise
+        except (StubFailed, Closed):
+            self._forget(states)
+            raise StubFailed(self._exited()) from None
+        if not ok:  # the worker's own failure outside the model (the model's are per request)
+            self._forget(states)
+            error = decode_error(value)
+            return [error for _ in requests]
+        outputs_layout, errors = value
         outputs = split(shm.read(outputs_layout), len(requests))
+        orphans: list[InFlight] = []
         with self._lock:
-            for key in keys:
-                state = self._requests[key]
+            for key, state in states.items():
                 state.executing = False
                 if state.sink is None or state.finished:
-                    del self._requests[key]
+                    self._requests.pop(key, None)
+                elif self._cleared:  # it died after answering: its streams end here, once
+                    state.finished = True
+                    orphans.append(state)
+        for state in orphans:
+            assert state.sink is not None
+            state.sink(None, ModelFailed(str(self.dead)), True)
         return [outputs[i] if error is None else decode_error(error) for i, error in enumerate(errors)]
 
-    def _forget(self, keys: list[str]) -> None:
+    def _forget(self, states: dict[str, InFlight]) -> None:
         """The batch failed as a whole: its requests are answered by their batch's error,
         never by a stream error as well."""
         with self._lock:
-            for key in keys:
+            for key in states:
                 self._requests.pop(key, None)
 
     # ------------------------------------------------------------------ reader thread
@@ -181,9 +209,7 @@ class StubHost:
             while True:
                 message = self.channel.recv()
                 kind = message[0]
-                if kind == "reply":
-                    self.calls.resolve(message[1], message[2], message[3], decode_error)
-                elif kind == "response":
+                if kind == "response":
                     self._response(*message[1:])
                 elif kind == "cancelled":
                     reply(self.channel, message[1], partial(self._cancelled, *message[2:]), encode_error)
@@ -193,8 +219,6 @@ class StubHost:
                     self._bls(*message[1:])
                 elif kind == "bls_stream":
                     self._service.submit(self._bls_stream, *message[1:])
-                elif kind == "hello":
-                    self._hello.set()
         except Closed:
             pass
         except Exception:
@@ -277,13 +301,14 @@ class StubHost:
 
     # ------------------------------------------------------------------ death and close
     def _watch(self) -> None:
-        """Wake the reader when the process exits, even if a child it forked keeps the
-        socket open."""
+        """Wake both lanes' readers when the process exits, even if a child it forked keeps
+        the sockets open."""
         self.process.wait()
         self.channel.shut()
+        self.work.shut()
 
-    def _gone(self) -> None:
-        """Reader thread, last: the process is gone; fail everything that waited on it."""
+    def _exited(self) -> str:
+        """Why the process is gone (it is, or is being, killed when this is asked)."""
         try:
             code = self.process.wait(self._stub_timeout)
         except subprocess.TimeoutExpired:
@@ -292,14 +317,20 @@ class StubHost:
         with self._lock:
             if self.dead is None:
                 self.dead = f"Stub process '{self.instance_name}' is not healthy ({_exit_reason(code)})"
+            return self.dead
+
+    def _gone(self) -> None:
+        """Reader thread, last: the process is gone; settle everything that waited on it."""
+        why = self._exited()
+        with self._lock:
+            self._cleared = True
             states, self._requests = list(self._requests.values()), {}
         if not self._closing:
-            log.error("Python model instance %r: %s", self.instance_name, self.dead)
-        self.calls.fail_all(StubFailed(self.dead))
-        self._hello.set()
+            log.error("Python model instance %r: %s", self.instance_name, why)
         for state in states:  # streams of executes that had returned: each ends with an error
             if state.sink is not None and not state.executing and not state.finished:
-                state.sink(None, ModelFailed(self.dead), True)
+                state.finished = True
+                state.sink(None, ModelFailed(why), True)
         self.metrics.release_all()
         self._service.shutdown(wait=False, cancel_futures=True)
         shm.sweep(self.prefix)
@@ -311,13 +342,18 @@ class StubHost:
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
         self.channel.shut()
+        self.work.shut()
 
     def close(self) -> None:
         """Finalize in the worker (within the stub timeout), then make sure it is gone."""
         self._closing = True
         if self.dead is None:
             try:
-                self.calls.start("finalize").result(self._stub_timeout)
+                self.work.send(("finalize",))
+                ok, value = self._answer(self._stub_timeout)
+                if not ok:
+                    log.warning("Python model instance %r: finalize raised %s", self.instance_name,
+                                decode_error(value))  # fmt: skip
             except Exception as exc:
                 log.warning("Python model instance %r: finalize failed: %s", self.instance_name, exc)
         try:
@@ -326,6 +362,7 @@ class StubHost:
             self.kill("it did not exit after finalize")
         self._reader.join()
         self.channel.close()
+        self.work.close()
 
 
 def _log_level() -> int:

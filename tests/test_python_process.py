@@ -103,6 +103,7 @@ def test_tensors_cross_in_one_segment_that_the_reader_unlinks():
         "strided": np.arange(10, dtype=np.int64)[::2],
         "scalar": np.array(True),
     }
+    large = {"big": np.arange(1 << 19, dtype=np.float32), "tag": np.array([b"big"], dtype=object)}
     layout = shm.write(namer(), tensors)
     assert layout.segment is not None and (shm.SHM_DIR / layout.segment).exists()
     back = shm.read(layout)
@@ -111,6 +112,9 @@ def test_tensors_cross_in_one_segment_that_the_reader_unlinks():
         assert back[name].dtype == value.dtype and back[name].shape == value.shape, name
         np.testing.assert_array_equal(back[name], value)
     back["strided"][0] = 7  # writable, as a thread-mode model's inputs are
+    mapped = shm.read(shm.write(namer(), large))  # over COPY_BELOW: views of one mapping
+    np.testing.assert_array_equal(mapped["big"], large["big"])
+    assert mapped["tag"].tolist() == [b"big"] and mapped["big"].flags.writeable
     assert shm.write(namer(), {"nothing": np.zeros((0,), np.int32)}).segment is None
 
 

@@ -3,19 +3,21 @@
 One segment per message (a batch's inputs, a batch's outputs, one decoupled response, one
 BLS call's tensors): the writer creates it under ``/dev/shm``, copies each tensor in (64-byte
 aligned) and sends only the segment's name and a ``Layout`` (names, dtypes, shapes, offsets:
-small metadata); the reader maps it and unlinks the name at once, so a segment outlives
-neither side's interest in it. BYTES tensors travel as Triton's length-prefixed bytes.
+small metadata); the reader opens it and unlinks the name at once, so a segment outlives
+neither side's interest in it. BYTES tensors travel as Triton's length-prefixed bytes. A
+small segment is read by copy (``preadv``: fewer system calls than a mapping); a large one
+is mapped, and its tensors are views of the mapping.
 
-A bare ``mmap`` rather than ``multiprocessing.shared_memory``: the reader's numpy arrays are
-views of the mapping, and a model may keep them past ``execute`` (a decoupled model's thread
-does); an mmap lives exactly as long as its views, while ``SharedMemory.close`` refuses to
-close under exported views, and Python 3.11's resource tracker would unlink segments the
-other process still owns. Names carry a per-instance prefix, so ``sweep`` removes what a
-process that died mid-message left behind.
+A bare ``mmap`` rather than ``multiprocessing.shared_memory``: a model may keep its input
+arrays past ``execute`` (a decoupled model's thread does); an mmap lives exactly as long as
+its views, while ``SharedMemory.close`` refuses to close under exported views, and Python
+3.11's resource tracker would unlink segments the other process still owns. Names carry a
+per-instance prefix, so ``sweep`` removes what a process that died mid-message left behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import mmap
 import os
@@ -28,7 +30,9 @@ import numpy as np
 from wattserve.engines.base import DATATYPE_TO_NUMPY, NUMPY_TO_DATATYPE
 
 SHM_DIR = Path("/dev/shm")
+SHM_PATH = f"{SHM_DIR}/"
 ALIGN = 64
+COPY_BELOW = 1 << 20  # a segment up to this many bytes is read by copy, a larger one mapped
 
 
 @dataclass(frozen=True)
@@ -86,9 +90,10 @@ def _deserialize_bytes(raw: memoryview, count: int) -> np.ndarray:
 
 
 def write(name: str, tensors: Mapping[str, np.ndarray]) -> Layout:
-    """Copy ``tensors`` into a new segment called ``name``; the reader unlinks it."""
+    """Copy ``tensors`` into a new segment called ``name``; the reader unlinks it. Written
+    with ``writev``: a full /dev/shm is an ENOSPC error here, never a SIGBUS on a mapping."""
     entries: list[TensorLayout] = []
-    payloads: list[np.ndarray] = []
+    buffers: list[memoryview | bytes] = []
     size = 0
     for key, value in tensors.items():
         array = np.asarray(value)
@@ -97,40 +102,54 @@ def write(name: str, tensors: Mapping[str, np.ndarray]) -> Layout:
         else:
             data = np.ascontiguousarray(array)
             dtype = NUMPY_TO_DATATYPE.get(array.dtype) or array.dtype.str
-        size = -(-size // ALIGN) * ALIGN
+        if size % ALIGN and data.nbytes:
+            pad = ALIGN - size % ALIGN
+            buffers.append(bytes(pad))
+            size += pad
         entries.append(TensorLayout(key, dtype, tuple(array.shape), size, data.nbytes))
-        payloads.append(data)
+        if data.nbytes:
+            buffers.append(data.reshape(-1).view(np.uint8).data)
         size += data.nbytes
     if size == 0:
         return Layout(None, tuple(entries))
-    fd = os.open(SHM_DIR / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    path = SHM_PATH + name
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     try:
-        os.posix_fallocate(fd, 0, size)  # a full /dev/shm is ENOSPC here, not SIGBUS on write
-        region = mmap.mmap(fd, size)
+        _write_all(fd, buffers)
     except BaseException:
-        os.unlink(SHM_DIR / name)
+        os.unlink(path)
         raise
     finally:
         os.close(fd)
-    with region:
-        for entry, data in zip(entries, payloads, strict=True):
-            if entry.nbytes:
-                region[entry.offset : entry.offset + entry.nbytes] = data.reshape(-1).view(np.uint8).data
     return Layout(name, tuple(entries))
 
 
+def _write_all(fd: int, buffers: list[memoryview | bytes]) -> None:
+    while buffers:
+        written = os.writev(fd, buffers)
+        while buffers and written >= len(buffers[0]):
+            written -= len(buffers[0])
+            buffers.pop(0)
+        if buffers and written:
+            buffers[0] = memoryview(buffers[0])[written:]
+
+
 def read(layout: Layout) -> dict[str, np.ndarray]:
-    """The tensors of ``layout``: numeric ones are writable views of the mapping (no copy),
-    BYTES ones object arrays of bytes. Unlinks the segment's name."""
+    """The tensors of ``layout``, BYTES ones as object arrays of bytes. Unlinks the segment's
+    name. A small segment is copied into ordinary arrays (one ``preadv``: cheaper than a
+    mapping); a large one is mapped, its tensors writable views of the mapping (no copy)."""
     if layout.segment is None:
         return {t.name: _empty(t) for t in layout.tensors}
-    path = SHM_DIR / layout.segment
+    path = SHM_PATH + layout.segment
     fd = os.open(path, os.O_RDWR)
     try:
+        os.unlink(path)
+        size = max(t.offset + t.nbytes for t in layout.tensors)
+        if size <= COPY_BELOW:
+            return _copied(fd, layout)
         region = mmap.mmap(fd, os.fstat(fd).st_size)
     finally:
         os.close(fd)
-        os.unlink(path)
     out: dict[str, np.ndarray] = {}
     for t in layout.tensors:
         count = int(np.prod(t.shape, dtype=np.int64))
@@ -143,6 +162,32 @@ def read(layout: Layout) -> dict[str, np.ndarray]:
         else:
             out[t.name] = np.frombuffer(region, _dtype(t), count, t.offset).reshape(t.shape)
     return out
+
+
+def _copied(fd: int, layout: Layout) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for t in layout.tensors:
+        if t.nbytes == 0:
+            out[t.name] = _empty(t)
+        elif t.dtype == "BYTES":
+            raw = bytearray(t.nbytes)
+            _read_into(fd, memoryview(raw), t.offset, layout)
+            count = int(np.prod(t.shape, dtype=np.int64))
+            out[t.name] = _deserialize_bytes(memoryview(raw), count).reshape(t.shape)
+        else:
+            array = np.empty(t.shape, _dtype(t))
+            _read_into(fd, array.reshape(-1).view(np.uint8).data, t.offset, layout)
+            out[t.name] = array
+    return out
+
+
+def _read_into(fd: int, target: memoryview, offset: int, layout: Layout) -> None:
+    done = 0
+    while done < len(target):
+        got = os.preadv(fd, [target[done:]], offset + done)
+        if got <= 0:
+            raise OSError(f"shared-memory segment {layout.segment} is shorter than its layout")
+        done += got
 
 
 def _dtype(t: TensorLayout) -> np.dtype:
@@ -158,7 +203,8 @@ def _empty(t: TensorLayout) -> np.ndarray:
 def discard(layout: Layout) -> None:
     """Unlink a segment no reader will map (its message was never delivered)."""
     if layout.segment is not None:
-        (SHM_DIR / layout.segment).unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(SHM_PATH + layout.segment)
 
 
 def sweep(prefix: str) -> int:

@@ -111,21 +111,21 @@ def main() -> None:
         args.switch_interval_ms if args.switch_interval_ms is not None else sys.getswitchinterval() * 1e3
     )
     print(f"busy model: {args.busy_ms:g} ms per execute; switch interval {interval:g} ms")
+    print("median over rounds (a p99's mean is one bad round's); every round in the JSON")
     for mode, runs in by_mode.items():
 
-        def mean(name: str, key: str, runs: dict[str, list[dict]] = runs) -> float:
-            return statistics.mean(r[key] for r in runs[name])
+        def median(name: str, key: str, runs: dict[str, list[dict]] = runs) -> float:
+            return statistics.median(r[key] for r in runs[name])
 
-        print(f"\n{mode:<30} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
+        print(f"\n{mode:<30} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}   p99 per round")
         for name in runs:
+            rounds = " ".join(f"{r['p99_ms']:.1f}" for r in runs[name])
             print(
-                f"{name:<30} {mean(name, 'p50_ms'):>8.2f} {mean(name, 'p99_ms'):>8.2f} "
-                f"{mean(name, 'rps'):>8.0f}"
+                f"{name:<30} {median(name, 'p50_ms'):>8.2f} {median(name, 'p99_ms'):>8.2f} "
+                f"{median(name, 'rps'):>8.0f}   {rounds}"
             )
-        alone = mean("identity_alone", "p99_ms")
-        print(
-            f"identity p99 beside the spinning model / alone: {mean('identity_beside_busy_cpu', 'p99_ms') / alone:.2f}x"
-        )
+        beside, alone = median("identity_beside_busy_cpu", "p99_ms"), median("identity_alone", "p99_ms")
+        print(f"identity p99 beside the spinning model / alone: {beside / alone:.2f}x")
     errors = sum(r["non_2xx"] for runs in by_mode.values() for v in runs.values() for r in v)
     suffix = "" if args.switch_interval_ms is None else f"_switch{args.switch_interval_ms:g}ms"
     doc = {"runs_by_isolation": by_mode, "busy_ms": args.busy_ms, "switch_interval_ms": interval,

@@ -111,6 +111,8 @@ class ProcessModelEngine:
             except Exception as exc:
                 return exc
         if self._host is None or self._host.dead is not None:
+            if self._host is not None:  # it died between batches (a thread of the model's)
+                self._host.close()
             self._host = None
             try:
                 self._host = self._start()

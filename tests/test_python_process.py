@@ -35,7 +35,7 @@ from support.python_models import write_python_model
 from tests.servers import threaded_server
 
 BASE = {"telemetry": False, "warmup": False, "torch_threads": 1}
-WAIT_S = 60.0  # the most a test waits for a state it polls for (not a measured bound)
+WAIT_S = 60.0  # the most a test waits for an event or a state (a deadline, not a measured bound)
 TIMEOUT = 'parameters {{ key: "python_execute_timeout_s" value: {{ string_value: "{}" }} }}'
 
 ARGS_CONFIG = """
@@ -189,11 +189,13 @@ def test_a_hang_past_the_execute_timeout_fails_its_batch_and_the_model_restarts(
 def test_a_stream_left_open_by_a_dying_worker_ends_with_one_error(tmp_path):
     engine = engine_for(tmp_path, "dies_streaming")
     streams: dict[str, list] = {"a": [], "b": [], "c": []}
+    first = {name: threading.Event() for name in streams}
     ended = {name: threading.Event() for name in streams}
 
     def sink_for(name: str):
         def sink(outputs, error, final):
             streams[name].append((outputs, error, final))
+            first[name].set()
             if final:
                 ended[name].set()
 
@@ -204,7 +206,7 @@ def test_a_stream_left_open_by_a_dying_worker_ends_with_one_error(tmp_path):
 
     try:
         assert engine.run_requests([request("a", 7)]) == [{}]  # answered through its stream
-        wait_for(lambda: len(streams["a"]) == 1, "the first response")
+        assert first["a"].wait(WAIT_S)
         (b,) = engine.run_requests([request("b", -1)])  # releases a's thread, which ends the process
         assert ended["a"].wait(WAIT_S)
         (outputs, error, final), (none, death, last) = streams["a"]
@@ -218,7 +220,7 @@ def test_a_stream_left_open_by_a_dying_worker_ends_with_one_error(tmp_path):
             assert b == {} and ended["b"].wait(WAIT_S) and len(streams["b"]) == 1
             assert isinstance(streams["b"][0][1], ModelFailed)
         assert engine.run_requests([request("c", 9)]) == [{}]  # a new worker serves
-        wait_for(lambda: len(streams["c"]) == 1, "the restarted worker's response")
+        assert first["c"].wait(WAIT_S)  # the restarted worker's response
         assert streams["c"][0][0]["OUT"].tolist() == [[9]]
     finally:
         engine.close()

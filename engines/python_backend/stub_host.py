@@ -218,7 +218,7 @@ class StubHost:
                 elif kind == "bls":
                     self._bls(*message[1:])
                 elif kind == "bls_stream":
-                    self._service.submit(self._bls_stream, *message[1:])
+                    self._submit(self._bls_stream, *message[1:])
         except Closed:
             pass
         except Exception:
@@ -254,7 +254,11 @@ class StubHost:
         if caller is None:
             reply(self.channel, call_id, _no_bls, encode_error)
             return
-        future = caller(name, inputs, *args)
+        try:
+            future = caller(name, inputs, *args)
+        except Exception as exc:  # the door refused at once (the server is stopping)
+            self._send(("reply", call_id, False, encode_error(exc)))
+            return
         future.add_done_callback(lambda done: self._submit(self._bls_reply, call_id, done))
 
     def _bls_reply(self, call_id: int, done: Future[dict[str, np.ndarray]]) -> None:

@@ -226,6 +226,68 @@ def test_a_stream_left_open_by_a_dying_worker_ends_with_one_error(tmp_path):
         engine.close()
 
 
+# Once started, refuses to start again while the file "refuse" is in its folder; crashes on
+# a negative input. For the restart that fails, and the one after that succeeds.
+PICKY_CONFIG = """
+name: "picky"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+PICKY = """
+import os
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if os.path.exists(os.path.join(args["model_repository"], "refuse")):
+            raise pb_utils.TritonModelException("refusing to start: the file 'refuse' is there")
+        if "{exit_in_initialize}" == "yes":
+            os._exit(5)
+
+    def execute(self, requests):
+        xs = [pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() for r in requests]
+        if any((x < 0).any() for x in xs):
+            os._exit(3)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x * 2)]) for x in xs]
+"""
+
+
+def picky(tmp_path: Path, exit_in_initialize: str = "no") -> Path:
+    folder = tmp_path / "picky"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(PICKY_CONFIG)
+    (folder / "1" / "model.py").write_text(PICKY.replace("{exit_in_initialize}", exit_in_initialize))
+    return folder
+
+
+def test_a_worker_that_dies_in_initialize_fails_the_load_naming_it(tmp_path):
+    (plan,) = plan_model(picky(tmp_path, "yes"), Settings(telemetry=False))
+    with pytest.raises(Exception, match="Stub process 'picky_0_0' is not healthy \\(exited with code 5\\)"):
+        plan.engine_factory(plan.serving.engine)
+
+
+def test_a_worker_that_cannot_restart_fails_each_batch_until_it_can(tmp_path):
+    folder = picky(tmp_path)
+    (plan,) = plan_model(folder, Settings(telemetry=False))
+    engine = plan.engine_factory(plan.serving.engine)
+    try:
+        (folder / "refuse").touch()  # from now on initialize raises
+        (crashed,) = run(engine, -1.0)
+        assert isinstance(crashed, ModelFailed) and "not healthy" in str(crashed)
+        for _ in range(2):  # each batch tries again, and says why it cannot run
+            (refused,) = run(engine, 1.0)
+            assert isinstance(refused, ModelFailed) and refused.status is Status.INTERNAL
+            assert "could not be restarted" in str(refused) and "the file 'refuse' is there" in str(refused)
+        (folder / "refuse").unlink()
+        (served,) = run(engine, 1.0)
+        assert served["OUTPUT0"].tolist() == [[2.0]]
+    finally:
+        engine.close()
+
+
 IDENTITY = """backend: "wattserve"
 max_batch_size: 16
 dynamic_batching { max_queue_delay_microseconds: 0 }

@@ -288,6 +288,55 @@ def test_a_worker_that_cannot_restart_fails_each_batch_until_it_can(tmp_path):
         engine.close()
 
 
+ENDS_THEN_DIES_CONFIG = """
+name: "ends_then_dies"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+ENDS_THEN_DIES = """
+import os
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            if value[0] >= 0:  # answered in full before the process ends
+                request.get_response_sender().send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]),
+                                                   flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        os._exit(6)
+"""
+
+
+def test_a_stream_that_ended_before_its_worker_died_is_not_answered_again(tmp_path):
+    folder = tmp_path / "ends_then_dies"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(ENDS_THEN_DIES_CONFIG)
+    (folder / "1" / "model.py").write_text(ENDS_THEN_DIES)
+    (plan,) = plan_model(folder, Settings(telemetry=False))
+    engine = plan.engine_factory(plan.serving.engine)
+    events: dict[str, list] = {"done": [], "open": []}
+
+    def request(name: str, value: int):
+        def sink(outputs, error, final):
+            events[name].append((outputs, error, final))
+
+        return ({"IN": np.array([[value]], np.int32)}, Context(name, sink), _never)
+
+    try:
+        done, still_open = engine.run_requests([request("done", 3), request("open", -1)])
+        assert done == {}  # its final response went out: the batch's error is not its answer
+        assert isinstance(still_open, ModelFailed) and "not healthy" in str(still_open)
+        assert [(o["OUT"].tolist(), e, f) for o, e, f in events["done"]] == [([[3]], None, True)]
+        assert events["open"] == []
+    finally:
+        engine.close()
+
+
 IDENTITY = """backend: "wattserve"
 max_batch_size: 16
 dynamic_batching { max_queue_delay_microseconds: 0 }

@@ -99,7 +99,8 @@ class ProcessModelEngine:
         except StubFailed as exc:
             self._restart_soon()
             failure = ModelFailed(f"{self._failed} {exc}")
-            return [failure for _ in requests]
+            ended = exc.streamed or [False] * len(requests)
+            return [{} if done else failure for done in ended]  # {}: its stream's final went out
 
     def _current(self) -> StubHost | BaseException:
         """The worker to run on: the one restarting (waited for), the live one, or a new one

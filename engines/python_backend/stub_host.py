@@ -50,7 +50,14 @@ SERVICE_THREADS = 8  # per worker: BLS calls waiting on other models, BLS stream
 
 
 class StubFailed(Exception):
-    """The worker process died, hung past the execute timeout, or could not start."""
+    """The worker process died, hung past the execute timeout, or could not start.
+    ``streamed``: per request of the failed batch, whether its stream had already ended
+    (its final response went out: it is answered, the batch's error must not answer it
+    again)."""
+
+    def __init__(self, message: str | None, streamed: list[bool] | None = None) -> None:
+        super().__init__(message)
+        self.streamed = streamed or []
 
 
 @dataclass
@@ -170,12 +177,11 @@ class StubHost:
             self.work.send(("execute", layout, metas))
             ok, value = self._answer(timeout_s)
         except TimeoutError:
-            self._forget(states)
             self.kill(f"execute did not return within {timeout_s:g} s (python_execute_timeout_s)")
-            raise StubFailed(self.dead) from None
+            raise StubFailed(self.dead, self._settle(states)) from None
         except (StubFailed, Closed):
-            self._forget(states)
-            raise StubFailed(self._exited()) from None
+            why = self._exited()
+            raise StubFailed(why, self._settle(states)) from None
         if not ok:  # the worker's own failure outside the model (the model's are per request)
             self._forget(states)
             error = decode_error(value)
@@ -197,11 +203,17 @@ class StubHost:
         return [outputs[i] if error is None else decode_error(error) for i, error in enumerate(errors)]
 
     def _forget(self, states: dict[str, InFlight]) -> None:
-        """The batch failed as a whole: its requests are answered by their batch's error,
-        never by a stream error as well."""
         with self._lock:
             for key in states:
                 self._requests.pop(key, None)
+
+    def _settle(self, states: dict[str, InFlight]) -> list[bool]:
+        """The process is gone mid-batch: once the reader has delivered every response it
+        sent (the events lane ends after them), which requests' streams had ended. Those are
+        answered; the others get the batch's error, never a stream error as well."""
+        self._reader.join(self._stub_timeout)
+        self._forget(states)
+        return [state.finished for state in states.values()]
 
     # ------------------------------------------------------------------ reader thread
     def _read(self) -> None:

@@ -263,6 +263,18 @@ def picky(tmp_path: Path, exit_in_initialize: str = "no") -> Path:
     return folder
 
 
+def test_a_model_whose_import_crashes_fails_its_load_not_the_server(tmp_path):
+    """auto_complete_config (and so the model's import) runs in a short-lived process, as
+    Triton's stub does: an import that ends the process is a load error."""
+    from wattserve.server.models.repository.config import ConfigError
+
+    folder = picky(tmp_path)
+    source = folder / "1" / "model.py"
+    source.write_text("import os\nos._exit(7)\n" + source.read_text())
+    with pytest.raises(ConfigError, match=r"model\.py: the process importing the model exited with code 7"):
+        plan_model(folder, Settings(telemetry=False))
+
+
 def test_a_worker_that_dies_in_initialize_fails_the_load_naming_it(tmp_path):
     (plan,) = plan_model(picky(tmp_path, "yes"), Settings(telemetry=False))
     with pytest.raises(Exception, match="Stub process 'picky_0_0' is not healthy \\(exited with code 5\\)"):

@@ -8,7 +8,8 @@ Process isolation (the default, Triton's stub): ``process_engine`` is the server
 for one instance and restarts its worker, ``stub_host`` starts and talks to one worker
 process, ``stub`` is that process (it runs ``engine``), ``channel`` carries small pickled
 messages over a Unix socket, ``shm`` the tensors in shared memory, ``protocol`` what the
-messages mean, ``metrics_bridge`` custom metrics across the two.
+messages mean, ``metrics_bridge`` custom metrics across the two, ``autocomplete_process``
+runs ``auto_complete_config`` (the model's first import) in a short-lived process.
 """
 
 from __future__ import annotations

@@ -85,6 +85,36 @@ def prepare(
     path = _newest_model_file(config, model_dir)
     if path is None:
         return  # the planner names the missing file
+    if _isolation(config, base) == "process":  # as Triton: imported in a stub, not the server
+        from wattserve.engines.python_backend.autocomplete_process import (
+            AutoCompleteFailed,
+            complete_in_process,
+        )
+
+        try:
+            data = complete_in_process(path, config_dict(config), base.python_stub_timeout_s)
+        except AutoCompleteFailed as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+    else:
+        data = _complete_here(config, path)
+    if data is None:
+        return
+    try:
+        config.Clear()
+        json_format.ParseDict(data, config)
+    except json_format.ParseError as exc:
+        raise ConfigError(f"{path}: auto_complete_config made an invalid config: {exc}") from None
+
+
+def _isolation(config: pb.ModelConfig, base: Settings) -> str:
+    """The model's ``python_model_isolation``: its parameters', else the server's."""
+    if "python_model_isolation" in config.parameters:
+        return config.parameters["python_model_isolation"].string_value
+    return base.python_model_isolation
+
+
+def _complete_here(config: pb.ModelConfig, path: Path) -> dict[str, Any] | None:
+    """``auto_complete_config`` in the server's process (thread isolation)."""
     from wattserve.engines.python_backend.autocomplete import ModelConfig
     from wattserve.engines.python_backend.engine import MODEL_CLASS, load_model_module
 
@@ -94,19 +124,15 @@ def prepare(
         raise ConfigError(f"{path}: cannot import the model: {type(exc).__name__}: {exc}") from None
     complete = getattr(model_class, "auto_complete_config", None)
     if complete is None:
-        return
+        return None
     try:
         completed = complete(ModelConfig(config_dict(config)))
-        data = completed.as_dict() if completed is not None else None
+        data: dict[str, Any] | None = completed.as_dict() if completed is not None else None
     except Exception as exc:
         raise ConfigError(f"{path}: auto_complete_config raised {type(exc).__name__}: {exc}") from None
     if data is None:
         raise ConfigError(f"{path}: auto_complete_config returned None (it must return the config)")
-    try:
-        config.Clear()
-        json_format.ParseDict(data, config)
-    except json_format.ParseError as exc:
-        raise ConfigError(f"{path}: auto_complete_config made an invalid config: {exc}") from None
+    return data
 
 
 def _newest_model_file(config: pb.ModelConfig, model_dir: Path) -> Path | None:

@@ -171,6 +171,43 @@ def test_a_crash_fails_each_request_of_its_batch_once_and_the_model_restarts(tmp
     assert not list(shm.SHM_DIR.glob("wsv-pb-*-unstable_0_0-*")), "a segment outlived its worker"
 
 
+async def test_every_request_gets_one_answer_while_workers_crash_under_load(tmp_path):
+    """Two instances behind the dynamic batcher; every fifth request crashes its worker.
+    Each request is answered once: its own doubled input, or its batch's error."""
+    import asyncio
+
+    from wattserve.batchers.dynamic import DynamicBatcher
+    from wattserve.batchers.types import WorkItem
+
+    folder = write_python_model(tmp_path, "unstable", parameters="")
+    (plan,) = plan_model(folder, Settings(telemetry=False))
+    engines = [plan.engine_factory(plan.serving.engine) for _ in range(2)]
+    batcher = DynamicBatcher(engines, DynamicBatcher.config_from(plan.serving.batching, engines[0]))
+    task = asyncio.create_task(batcher.run())
+    try:
+        values = [-1.0 if i % 5 == 4 else float(i) for i in range(40)]
+        items = []
+        for i, value in enumerate(values):
+            item = WorkItem(inputs={"INPUT0": np.array([[value]], np.float32)}, rows=1)
+            item.context = Context(f"r{i}")
+            items.append(item)
+        answers = await asyncio.gather(*(batcher.submit(item) for item in items), return_exceptions=True)
+        assert len(answers) == len(values)
+        for value, answer in zip(values, answers, strict=True):
+            if isinstance(answer, BaseException):
+                assert "is not healthy" in str(answer), answer
+            else:
+                assert answer.outputs["OUTPUT0"].tolist() == [[value * 2]]  # its own input
+        assert all(isinstance(a, BaseException) for v, a in zip(values, answers, strict=True) if v < 0)
+        last = WorkItem(inputs={"INPUT0": np.array([[1.5]], np.float32)}, rows=1)
+        last.context = Context("last")
+        assert (await batcher.submit(last)).outputs["OUTPUT0"].tolist() == [[3.0]]
+    finally:
+        await batcher.drain()
+        await task
+        batcher.close()  # closes its engines: each worker is finalized
+
+
 def test_a_hang_past_the_execute_timeout_fails_its_batch_and_the_model_restarts(tmp_path):
     engine = engine_for(tmp_path, "unstable", TIMEOUT.format(1))
     try:

@@ -55,6 +55,7 @@ from wattserve.batchers.adaptive_decision import Decision as AdaptiveDecision
 from wattserve.batchers.adaptive_decision import decide as decide_batch
 from wattserve.batchers.arrival_model import ArrivalModel
 from wattserve.batchers.base import BatchOutcome, padded_size
+from wattserve.batchers.clock import Timer
 from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.cost_model import CostModel, CostSnapshot
 from wattserve.batchers.observers import measured_joules
@@ -62,7 +63,7 @@ from wattserve.batchers.policy import Decision, Delay, Dispatch, QueueView, Wait
 from wattserve.batchers.queue import PriorityFifo
 from wattserve.batchers.slo_feedback import LatencyMargin, MissBackoff, outcomes
 from wattserve.batchers.slo_policy import SloBatcher, SloConfig, slo_config
-from wattserve.batchers.types import ItemState, QueueFull, WorkItem
+from wattserve.batchers.types import ItemState, QueueFull, Result, WorkItem
 from wattserve.engines.base import Engine, WarmsItself, zeros_batch
 
 _arrival = attrgetter("arrival")  # a queued WorkItem's arrival time
@@ -180,10 +181,10 @@ class AdaptiveBatcher(SloBatcher):
         )
 
     # ------------------------------------------------------------------ the loop
-    async def submit(self, item: WorkItem):
+    def enqueue(self, item: WorkItem) -> tuple[asyncio.Future[Result], Timer | None]:
         with self._arrivals_lock:  # offered load, whether or not it is accepted
             self.arrivals.arrived(item.arrival)
-        return await super().submit(item)
+        return super().enqueue(item)
 
     async def prepare(self) -> None:
         """Time each probed batch size before the model reports ready (once)."""
@@ -335,7 +336,7 @@ class AdaptiveBatcher(SloBatcher):
             log.exception("adaptive: cost model update failed; batch answered as usual")
 
     def _learn(self, outcome: BatchOutcome) -> None:
-        now = monotonic()
+        now = self._now()
         batch = outcome.items
         if not any(isinstance(out, BaseException) for out in outcome.per_item):
             joules = measured_joules(outcome.energy)
@@ -356,7 +357,7 @@ class AdaptiveBatcher(SloBatcher):
         """What a wait would keep back for queueing at the current arrival rate (a metric:
         the decision computes the same from its own inputs)."""
         with self._arrivals_lock:
-            rate, sustained = self.arrivals.rate_and_long(monotonic())
+            rate, sustained = self.arrivals.rate_and_long(self._now())
         plan = self._plan
         if plan.view.seconds[-1] <= 0:
             return 0.0
@@ -377,7 +378,7 @@ class AdaptiveBatcher(SloBatcher):
     def max_hold_s(self) -> float:
         """The longest a planned wait may hold the oldest request at the current load: the
         budget, scaled down by the miss back-off while the objective is being missed."""
-        return self.backoff.hold_s(self.objective.budget_s, self.current_load(monotonic()))
+        return self.backoff.hold_s(self.objective.budget_s, self.current_load(self._now()))
 
     def _learn_latency(self, batch: Sequence[WorkItem], size: int, outcome: BatchOutcome, now: float) -> None:
         """Before the cost model moves: each request's arrival -> answer (``now``) against
@@ -517,7 +518,7 @@ class AdaptiveBatcher(SloBatcher):
             ),
             (
                 "wattserve_adaptive_window_miss_ratio",
-                self.backoff.miss_ratio(self.current_load(monotonic())),
+                self.backoff.miss_ratio(self.current_load(self._now())),
                 "Share of recent requests at this load (back-off window) past the objective less headroom.",
             ),
         ):
@@ -545,7 +546,7 @@ class AdaptiveBatcher(SloBatcher):
             labels=[*names, "window"],
         )
         with self._arrivals_lock:
-            short, long_ = self.arrivals.rates(monotonic())
+            short, long_ = self.arrivals.rates(self._now())
         rate.add_metric([*labels, "short"], short)
         rate.add_metric([*labels, "long"], long_)
         yield rate

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from time import monotonic
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -55,7 +54,7 @@ class AimdBatcher(SloBatcher):
 
     def batch_finished(self, outcome: BatchOutcome) -> None:  # cannot raise
         self.limit = next_limit(self.limit, outcome.finished - outcome.started, self.config)
-        self.count_slo(outcome.items, monotonic())
+        self.count_slo(outcome.items, self._now())
 
     def collect_policy(self, labels: tuple[str, str]) -> Iterable[Metric]:
         g = GaugeMetricFamily(

@@ -26,9 +26,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from time import monotonic
 from typing import Any, ClassVar, Generic
 
+from wattserve.batchers.clock import REAL_CLOCK, Clock, Timer
 from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.executor import (
     AnyEngine,
@@ -96,14 +96,16 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
         *,
         observer: BatchObserver | None = None,
         threads: Sequence[ThreadPoolExecutor] | None = None,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
         """``threads``: each engine's own ``engine_thread``, the one it was built on (one
-        is started per engine when not given)."""
+        is started per engine when not given). ``clock``: the time every arrival, deadline,
+        wait and batch is on (``batchers.clock``; a test's fake clock)."""
         if not engines:
             raise ValueError("a batcher needs at least one engine instance")
         if threads is not None and len(threads) != len(engines):
             raise ValueError(f"{len(threads)} engine threads for {len(engines)} engines")
-        super().__init__(config.priority_levels, observer if observer is not None else NULL_OBSERVER)
+        super().__init__(config.priority_levels, observer if observer is not None else NULL_OBSERVER, clock)
         self.config = config
         self.engine = engines[0]  # metadata source; all instances serve the same model
         owned = list(threads) if threads is not None else [None] * len(engines)
@@ -116,7 +118,7 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
                     engine.step_observer = observer.on_step
         self.service_rate = self.queue.drain  # the time bound's pace (batchers.service_rate)
         self.queue_wait_bound_s = config.max_queue_wait_s  # kept at admission and when a batch forms
-        self.last_batch_at = monotonic()  # read by the idle memory trimmer
+        self.last_batch_at = clock.now()  # read by the idle memory trimmer
         self.inflight = 0
         self._stopped: asyncio.Event | None = None
 
@@ -128,10 +130,25 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
     # ------------------------------------------------------------------ public contract
     async def submit(self, item: WorkItem) -> Result:
         """The only way in: queue ``item`` and wait for its one answer."""
+        future, timer = self.enqueue(item)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._abandon(item)  # its waiter is gone: never computed if still queued
+            raise
+        finally:
+            self.release(timer)
+
+    def enqueue(self, item: WorkItem) -> tuple[asyncio.Future[Result], Timer | None]:
+        """``submit`` without the coroutine, for a caller that answers from the future's
+        callback (the engine core answers front-end processes so, without a task per
+        request): queue ``item``; its answer's future and its deadline timer, which the
+        caller hands to ``release`` once the future is done."""
         self.check_admission()
         if not 1 <= item.priority <= self.config.priority_levels:
             raise ValueError(f"priority level {item.priority} outside 1..{self.config.priority_levels}")
-        if item.deadline is not None and item.deadline <= monotonic():
+        deadline = item.deadline
+        if deadline is not None and deadline <= self._now():
             raise DeadlineExceeded("deadline passed before the request was queued")
         loop = self._loop or asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
@@ -139,18 +156,16 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
         self.queue.push(item)
         self._queue_changed()
         timer = None
-        if item.deadline is not None:
-            timer = loop.call_later(max(0.0, item.deadline - monotonic()), self._expire, item)
+        if deadline is not None:
+            timer = self.clock.call_later(max(0.0, deadline - self._now()), self._expire, item)
         self.inflight += 1
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self._abandon(item)  # its waiter is gone: never computed if still queued
-            raise
-        finally:
-            if timer is not None:
-                timer.cancel()
-            self.inflight -= 1
+        return future, timer
+
+    def release(self, timer: Timer | None) -> None:
+        """An enqueued item's answer is in: its deadline timer goes, it is in flight no more."""
+        if timer is not None:
+            timer.cancel()
+        self.inflight -= 1
 
     def check_admission(self, rows: int = 1) -> None:
         """Raise the refusal ``submit`` would give now, so a route can refuse a request
@@ -163,7 +178,7 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
             raise QueueFull(f"queue full ({self.config.max_queue_size} requests waiting)")
         bound = self.config.max_queue_wait_s
         if bound > 0 and len(queue):
-            wait = self.service_rate.wait_s(queue.rows + rows)
+            wait = self.service_rate.wait_s(queue.rows + rows, self._now())
             if wait > bound:
                 raise QueueFull(f"queue holds about {wait:.1f} s of work (bound {bound:g} s)")
 
@@ -284,7 +299,7 @@ class RequestBatcher(Batcher[Engine]):
         self._free = asyncio.Queue()
         ready = self._next_ready if self.pipeline else None
         for inst in self.instances:
-            self._free.put_nowait(BatchExecutor(inst, self.observer, self._finished, ready))
+            self._free.put_nowait(BatchExecutor(inst, self.observer, self._finished, ready, self._now))
         try:
             while True:
                 executor = await self._free.get()

@@ -20,10 +20,10 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from time import monotonic
 from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
+from wattserve.batchers.clock import REAL_CLOCK
 from wattserve.batchers.observers import BatchObserver
 from wattserve.batchers.types import BatchFailed, ItemState, RequestError, Result, WorkItem
 from wattserve.engines.base import Engine, StepEngine
@@ -113,11 +113,14 @@ class BatchExecutor:
             [BatchExecutor, list[WorkItem], BatchOutcome | None, BaseException | None, bool], None
         ],
         next_ready: NextReady | None = None,
+        now: Callable[[], float] = REAL_CLOCK.now,
     ) -> None:
+        """``now``: the batcher's clock (``batchers.clock``), read on the engine thread."""
         self.instance = instance
         self.observer = observer
         self.done = done
         self.next_ready = next_ready  # None: never chain (the loop forms every batch)
+        self.now = now
         # an engine that takes a batch as its requests (Triton's Python backend), not stacked rows
         self.runs_requests = isinstance(instance.engine, RunsRequests)
 
@@ -137,7 +140,7 @@ class BatchExecutor:
             outcome: BatchOutcome | None = None
             if error is None:
                 try:
-                    outcome = run_batch(engine, batch, self.observer, self.runs_requests)
+                    outcome = run_batch(engine, batch, self.observer, self.runs_requests, self.now)
                 except BaseException as exc:  # the worker itself broke: fail this batch only
                     error = exc
             following: list[WorkItem] = []
@@ -156,17 +159,22 @@ class BatchExecutor:
 
 
 def run_batch(
-    engine: Engine, items: Sequence[WorkItem], observer: BatchObserver, runs_requests: bool = False
+    engine: Engine,
+    items: Sequence[WorkItem],
+    observer: BatchObserver,
+    runs_requests: bool = False,
+    now: Callable[[], float] = REAL_CLOCK.now,
 ) -> BatchOutcome:
     """Worker thread: stack, run, split. On failure retry items one by one, so one bad
     request fails alone rather than taking its neighbours with it. ``runs_requests``: the
-    engine takes the batch as its requests (``RunsRequests``), each answered on its own."""
+    engine takes the batch as its requests (``RunsRequests``), each answered on its own.
+    ``now``: the batcher's clock, so the batch's times are on the scale of its items'."""
     # Items answered after the batch was formed (deadline, client gone) are not computed.
     items = [item for item in items if item.state is ItemState.RUNNING]
     if not items:
-        now = monotonic()
-        return BatchOutcome([], [], now, now, None, 0)
-    started = monotonic()
+        at = now()
+        return BatchOutcome([], [], at, at, None, 0)
+    started = now()
     mark = observer.on_batch_start()
     per_item: Sequence[dict[str, np.ndarray] | BaseException]
     energy = None
@@ -178,11 +186,11 @@ def run_batch(
                 per_item = runner.run_requests([(it.inputs, it.context, it.is_cancelled) for it in items])
             else:
                 batch = _stack(engine, items)
-                gathered = monotonic()
+                gathered = now()
                 outputs = engine.infer(batch)
-                computed = monotonic()
+                computed = now()
                 per_item = _split(outputs, items)
-                input_s, output_s = gathered - started, monotonic() - computed
+                input_s, output_s = gathered - started, now() - computed
         except Exception as exc:
             if len(items) == 1:
                 per_item = [exc]
@@ -191,7 +199,7 @@ def run_batch(
                 per_item = [_run_alone(engine, item) for item in items]
     finally:  # keep the meter's busy/idle books balanced whatever happened
         energy = observer.on_batch_end(mark)
-    finished = monotonic()
+    finished = now()
     rows = sum(item.rows for item in items)
     padded = padded_size(rows, engine.batch_sizes) - rows
     return BatchOutcome(list(items), per_item, started, finished, energy, padded, rows, input_s, output_s)

@@ -30,7 +30,6 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from time import monotonic
 from typing import Any
 
 import numpy as np
@@ -158,7 +157,7 @@ class IterationBatcher(Batcher[StepEngine]):
             while True:
                 bound = self.queue_wait_bound_s
                 if bound and not self.closing:
-                    self.shed_overdue(monotonic(), bound)
+                    self.shed_overdue(self._now(), bound)
                 plan = schedule(self.queue.peek(capacity), slot.running, capacity)
                 slot.running = plan.running
                 if plan.idle:
@@ -219,7 +218,7 @@ class IterationBatcher(Batcher[StepEngine]):
         """
         _release(engine, [r.state for r in leaving])
         observer = self.observer
-        started = monotonic()
+        started = self._now()
         mark = observer.on_batch_start()
         refused: list[tuple[WorkItem, BaseException]] = []
         active = list(running)
@@ -262,7 +261,7 @@ class IterationBatcher(Batcher[StepEngine]):
                 errors[i] = exc
         _release(engine, [active[i].state for i in errors])
         energy = observer.on_batch_end(mark)
-        return Iteration(active, refused, errors, results, started, monotonic(), energy)
+        return Iteration(active, refused, errors, results, started, self._now(), energy)
 
     # ------------------------------------------------------------------ event loop
     def settle(self, it: Iteration) -> list[Running]:

@@ -26,8 +26,8 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
-from time import monotonic
 
+from wattserve.batchers.clock import REAL_CLOCK, Clock
 from wattserve.batchers.service_rate import DrainRate
 from wattserve.batchers.types import ItemState, WorkItem
 
@@ -56,7 +56,7 @@ class PriorityFifo:
     """Levels 1..N (1 highest), each with its delayed lane behind it. Removal of a single
     item (expiry, cancel, delay) is O(queue)."""
 
-    def __init__(self, levels: int = 1) -> None:
+    def __init__(self, levels: int = 1, clock: Clock = REAL_CLOCK) -> None:
         self._on_time: list[deque[WorkItem]] = [deque() for _ in range(levels)]
         self._delayed: list[deque[WorkItem]] = [deque() for _ in range(levels)]
         # the order every walk visits: level 1, its delayed, level 2, its delayed, ...
@@ -69,6 +69,7 @@ class PriorityFifo:
         self._keys: dict[tuple, int] = {}  # queued items per shape key (variable-shape models)
         self.lock = threading.RLock()
         self.drain = DrainRate()
+        self._now = clock.now  # when a take happened, for the drain (the batcher's clock)
 
     def __len__(self) -> int:
         return self._count
@@ -199,7 +200,7 @@ class PriorityFifo:
                 if len(out) == n:
                     break
             if out:
-                self.drain.taken(before - self.rows, self.rows, monotonic())
+                self.drain.taken(before - self.rows, self.rows, self._now())
         return out
 
     def pop_batch(self, limit: int) -> list[WorkItem]:
@@ -210,7 +211,7 @@ class PriorityFifo:
                 return self.pop(limit)
             out = self._pop_run(limit)
             if out:
-                self.drain.taken(sum(item.rows for item in out), self.rows, monotonic())
+                self.drain.taken(sum(item.rows for item in out), self.rows, self._now())
             return out
 
     def _pop_run(self, limit: int) -> list[WorkItem]:

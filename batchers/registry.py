@@ -10,7 +10,8 @@ One explicit mapping, on purpose: on a step engine (diffusion), ``continuous`` m
 iteration-level batching (``ON_STEP_ENGINES``), as the design defines continuous batching
 for iterative models: the batch is re-formed before every model call. Every other name
 keeps its meaning on every engine, so static and dynamic batch whole diffusion requests,
-for comparison; ``iteration`` may also be named directly.
+for comparison; ``iteration`` may also be named directly. ``sequence`` and ``sequence_oldest``
+are what a repository model with ``sequence_batching`` runs, whatever else is named.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ from typing import Any, Literal
 from wattserve.batchers.adaptive import AdaptiveBatcher
 from wattserve.batchers.aimd import AimdBatcher
 from wattserve.batchers.base import Batcher
+from wattserve.batchers.clock import REAL_CLOCK, Clock
 from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.continuous import ContinuousBatcher
 from wattserve.batchers.dynamic import DynamicBatcher
 from wattserve.batchers.iteration import IterationBatcher
 from wattserve.batchers.observers import BatchObserver
+from wattserve.batchers.sequence import SequenceBatcher
+from wattserve.batchers.sequence_oldest import OldestSequenceBatcher
 from wattserve.batchers.single import SingleBatcher
 from wattserve.batchers.static import StaticBatcher
 from wattserve.engines.base import Engine, StepEngine
@@ -41,6 +45,8 @@ POLICIES: dict[str, type[Batcher]] = {
         AdaptiveBatcher,
         AimdBatcher,
         SingleBatcher,
+        SequenceBatcher,
+        OldestSequenceBatcher,
     )
 }
 BATCHER_NAMES: tuple[str, ...] = tuple(POLICIES)
@@ -75,12 +81,13 @@ def build_batcher(
     engines: Sequence[Engine],
     observer: BatchObserver | None = None,
     threads: Sequence[ThreadPoolExecutor] | None = None,
+    clock: Clock = REAL_CLOCK,
 ) -> Batcher:
     """The batcher ``spec.batcher`` names, over ``engines`` (one per instance, each run on
     its own thread from ``threads`` when given), its config made by the policy from ``spec``
-    (the model's batching spec) and its engine, reporting to ``observer``."""
+    (the model's batching spec) and its engine, reporting to ``observer``, on ``clock``."""
     cls = policy_for(spec.batcher, engines[0])
-    return cls(engines, cls.config_from(spec, engines[0]), observer=observer, threads=threads)
+    return cls(engines, cls.config_from(spec, engines[0]), observer=observer, threads=threads, clock=clock)
 
 
 def batcher_help() -> str:

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from time import monotonic
 
+from wattserve.batchers.clock import REAL_CLOCK, Clock
 from wattserve.batchers.observers import BatchObserver
 from wattserve.batchers.policy import Delay, Dispatch, Policy, QueueView, Wait
 from wattserve.batchers.queue import PriorityFifo
@@ -53,8 +53,10 @@ class DispatchFailed(Exception):
 class Scheduler:
     """A bounded priority queue of whole requests, and the decision loop over it."""
 
-    def __init__(self, priority_levels: int, observer: BatchObserver) -> None:
-        self.queue = PriorityFifo(priority_levels)
+    def __init__(self, priority_levels: int, observer: BatchObserver, clock: Clock = REAL_CLOCK) -> None:
+        self.clock = clock  # every time read and timer armed here and below (batchers.clock)
+        self._now = clock.now
+        self.queue = PriorityFifo(priority_levels, clock)
         self.observer = observer
         self.closing = False  # a drain has begun: accept no more, flush what is queued
         self._waiter: asyncio.Future[None] | None = None
@@ -74,7 +76,7 @@ class Scheduler:
                     return None
                 await self.wait_for_change()
                 continue
-            now = monotonic()
+            now = self._now()
             bound = self.queue_wait_bound_s
             if bound and not self.closing and self.shed_overdue(now, bound):
                 continue
@@ -106,7 +108,7 @@ class Scheduler:
         with queue.lock:
             if not len(queue):
                 return [], None
-            now = monotonic()
+            now = self._now()
             bound = self.queue_wait_bound_s
             if bound and queue.arrived_before(now - bound):
                 return [], None  # the loop answers the overdue ones (futures live on the loop)
@@ -163,7 +165,7 @@ class Scheduler:
         return self._started(self.queue.pop(n))
 
     def _started(self, popped: list[WorkItem]) -> list[WorkItem]:
-        now = monotonic()
+        now = self._now()
         taken = [item for item in popped if item.start(now)]
         if taken:
             try:
@@ -195,7 +197,7 @@ class Scheduler:
         self._wake_depth = wake_at_depth
         handle = None
         if timeout is not None:
-            handle = loop.call_later(max(0.0, timeout), _resolve, waiter)
+            handle = self.clock.call_later(max(0.0, timeout), _resolve, waiter)
         try:
             await waiter
         finally:

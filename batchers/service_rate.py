@@ -20,8 +20,6 @@ Batch cost, what a batch of each size takes the engine, is learned in one place 
 
 from __future__ import annotations
 
-from time import monotonic
-
 
 class DrainRate:
     """Rows per second leaving the queue under backlog, an exponentially weighted ratio of
@@ -55,7 +53,7 @@ class DrainRate:
         """The measured drain (0 until a backlog was measured)."""
         return self._rows / self._seconds if self._seconds > 0 else 0.0
 
-    def wait_s(self, queued: int, now: float | None = None) -> float:
+    def wait_s(self, queued: int, now: float) -> float:
         """Seconds until ``queued`` rows (the newcomer's last) have left the queue at the
         measured pace, 0 when it is unknown: the rest of the batch taken last (its rows at
         that pace, less the time since it was taken) and then the queued rows. The first
@@ -64,7 +62,6 @@ class DrainRate:
         While work waits and nothing is taken, the pace so far counts the open gap too: a
         drain that collapses under overload (an event loop parsing bodies, a starved CPU)
         lowers the estimate at once, not only at the next take."""
-        now = monotonic() if now is None else now
         rate = self.rows_per_s
         last = self._last
         if last is not None and now > last:  # backlogged and nothing taken since ``last``:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
-from time import monotonic
 
 import numpy as np
+from wattserve.batchers.clock import REAL_CLOCK
 from wattserve.batchers.status import Status
 
 
@@ -23,6 +23,24 @@ class ItemState(enum.Enum):
 
 
 @dataclass(eq=False, slots=True)
+class SequenceTag:
+    """Which sequence a request of a stateful model belongs to (Triton's correlation ID and
+    START/END flags, from the request's ``sequence_*`` parameters). ``state``: the
+    sequence's implicit state, one dict shared by all its requests, set by the sequence
+    batcher and read and written only by the engine (its requests never run at once)."""
+
+    correlation_id: int | str
+    start: bool = False
+    end: bool = False
+    state: dict | None = None
+
+    @property
+    def flags(self) -> int:
+        """Triton's request flags: SEQUENCE_START 1, SEQUENCE_END 2."""
+        return (1 if self.start else 0) | (2 if self.end else 0)
+
+
+@dataclass(eq=False, slots=True)
 class WorkItem:
     """One whole request: its inputs with the batch axis first (``rows`` rows each) and its
     scheduling parameters.
@@ -35,8 +53,10 @@ class WorkItem:
 
     inputs: dict[str, np.ndarray]
     priority: int = 1  # 1 is the highest level
-    deadline: float | None = None  # time.monotonic() seconds; None = no deadline
-    arrival: float = field(default_factory=monotonic)
+    # deadline and arrival: seconds on the batcher's clock (batchers.clock; time.monotonic's
+    # unless a test gives the batcher another clock, when it sets both itself)
+    deadline: float | None = None  # None = no deadline
+    arrival: float = field(default_factory=REAL_CLOCK.now)
     future: asyncio.Future[Result] | None = None
     state: ItemState = ItemState.QUEUED
     dispatched_at: float | None = None
@@ -53,6 +73,8 @@ class WorkItem:
     # the client has gone (HTTP connection lost, gRPC call cancelled): set on the loop, read
     # by a running engine that takes requests (a Python model's ``request.is_cancelled()``)
     cancelled: bool = False
+    # a stateful model's request: its sequence (batchers/sequence.py); None for every other model
+    sequence: SequenceTag | None = None
 
     def is_cancelled(self) -> bool:
         return self.cancelled

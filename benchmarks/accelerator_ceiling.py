@@ -204,6 +204,20 @@ class Target:
     grpc_headers: tuple[str, ...] = ()  # perf_analyzer -H KEY:VALUE (Triton's restricted APIs)
 
 
+def projected_rps(cpu_us: dict[str, float], cores: int, ceiling: float) -> tuple[float, str]:
+    """Requests/s on a host with ``cores`` cores, from the CPU each role spent per request
+    here: one core feeds the engine core (or the one process), the other cores the front ends
+    (the client is elsewhere); the engine's ceiling caps it. And which of the three binds."""
+    if "core" in cpu_us and cpu_us.get("frontend"):
+        limits = {"core": 1e6 / max(cpu_us["core"], 1e-9),
+                  "front ends": (cores - 1) * 1e6 / cpu_us["frontend"]}  # fmt: skip
+    else:
+        limits = {"one process": 1e6 / max(sum(cpu_us.values()), 1e-9)}
+    limits["engine"] = ceiling
+    bound = min(limits, key=lambda name: limits[name])
+    return limits[bound], bound
+
+
 def measure(target: Target, protocol: str, args: argparse.Namespace, preset: Preset) -> dict | None:
     url = target.http + "/v2/models/identity/infer"
     before_cpu, before_exec = cpu_by_role(target.pid), executions(target.metrics)
@@ -241,6 +255,9 @@ def measure(target: Target, protocol: str, args: argparse.Namespace, preset: Pre
         "mean_batch": inferences / execs if execs else None,
         "cpu_us_per_request": cpu_us,
         "cpu_us_per_request_total": sum(cpu_us.values()),
+        "projected_cores": args.project_cores,
+        "projected_rps": projected_rps(cpu_us, args.project_cores, preset.ceiling())[0],
+        "projected_bound": projected_rps(cpu_us, args.project_cores, preset.ceiling())[1],
     }  # fmt: skip
 
 
@@ -322,6 +339,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batcher", default="dynamic")
     parser.add_argument("--perf-analyzer", default=os.environ.get("WATTSERVE_PERF_ANALYZER"))
     parser.add_argument("--triton-python", help="Triton's venv python (scripts/triton_venv.sh)")
+    parser.add_argument("--project-cores", type=int, default=16,
+                        help="project each row's CPU per request onto a host with this many cores")  # fmt: skip
     args = parser.parse_args(argv)
     if shutil.which("wrk") is None:
         raise SystemExit("this benchmark needs wrk (Debian: apt-get install wrk)")
@@ -362,6 +381,11 @@ def main(argv: list[str] | None = None) -> None:
         p99 = f"{r['p99_ms']:.1f}" if r.get("p99_ms") is not None else "-"
         print(f"{r['server']:<20} {r['protocol']:<12} {r['rps']:>9,.0f} {r['ceiling_share']:>9.3f} {batch:>6} {p99:>7} {r['non_2xx']:>7}  "
               f"{roles} (total {r['cpu_us_per_request_total']:.0f})")  # fmt: skip
+    print(f"\nprojected onto {args.project_cores} cores (one for the engine core or the one process, the "
+          "rest for front ends; the client elsewhere):")  # fmt: skip
+    for r in rows:
+        print(f"{r['server']:<20} {r['protocol']:<12} {r['projected_rps']:>9,.0f} req/s = "
+              f"{r['projected_rps'] / preset.ceiling():.2f} of the ceiling, bound by {r['projected_bound']}")  # fmt: skip
     for line in refused:
         print(line)
     path = save("accelerator_ceiling", {

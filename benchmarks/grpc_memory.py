@@ -34,17 +34,9 @@ from tritonclient.grpc import service_pb2
 from wattserve.loadgen.server_process import free_port, running_wattserve
 
 from benchmarks._harness import save
+from support.grpc_messages import METHOD, big_request
 
 MIB = 1024 * 1024
-METHOD = "/inference.GRPCInferenceService/ModelInfer"
-
-
-def big_request(model: str, elements: int, element_bytes: int) -> bytes:
-    """The serialized message: one BYTES input of ``elements`` typed elements."""
-    request = service_pb2.ModelInferRequest(model_name=model)
-    tensor = request.inputs.add(name="INPUT0", datatype="BYTES", shape=[elements])
-    tensor.contents.bytes_contents.extend([b"x" * element_bytes] * elements)
-    return request.SerializeToString()
 
 
 class PeakRss:

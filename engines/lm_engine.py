@@ -46,7 +46,7 @@ import torch
 from wattserve.engines.base import EngineError, StepObserver, TensorSpec
 from wattserve.engines.kv_blocks import BlockAllocator
 from wattserve.engines.lm_model import PagedCausalLM, Run, load_causal_lm
-from wattserve.engines.lm_sampling import SamplingParams, choose, make_generator
+from wattserve.engines.lm_sampling import SamplingParams, choose_rows, make_generator
 from wattserve.engines.lm_schedule import SeqView, TokenPlan, blocks_needed, schedule_tokens
 from wattserve.engines.request_values import read_number, read_scalar, read_text
 from wattserve.engines.torch_engine import resolve_device
@@ -262,12 +262,16 @@ class LMEngine:
             return
         logits = self.model.forward(runs)
         now = monotonic()
-        grew = []
-        for (s, n), row in zip(chosen, logits, strict=True):
+        due = []  # rows whose run reached the last known token: each gets one more token
+        for i, (s, n) in enumerate(chosen):
             s.computed += n
-            if s.computed == s.total:  # its run reached the last known token: one more token
-                self._append(s, choose(row, s.params, s.generator), now)
-                grew.append(s)
+            if s.computed == s.total:
+                due.append(i)
+        grew = [chosen[i][0] for i in due]
+        rows = logits if len(due) == len(chosen) else logits[due]
+        tokens = choose_rows(rows, [s.params for s in grew], [s.generator for s in grew])
+        for s, token in zip(grew, tokens, strict=True):
+            self._append(s, token, now)
         if self.step_observer is not None:
             self.step_observer(len(runs), monotonic() - began)
         if self.token_observer is not None:

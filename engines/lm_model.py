@@ -32,6 +32,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+# A decode attention call pads its contexts to its longest; one more call costs a few small
+# ops per layer, taken here as worth about this many padded key rows (an estimate: on the
+# shared CPU 256 to 1e6 measured alike within its noise; tests set 0, one call per context).
+PAD_LIMIT = 512
+
 SUPPORTED = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "llama"}
 
 
@@ -91,59 +96,83 @@ class PagedCausalLM:
 
     # ------------------------------------------------------------------ indices
     def _layout(self, runs: Sequence[Run]) -> dict[str, Any]:
-        """Token ids, positions and write slots of a step, and its attention groups: the
-        decodes (one query each) padded together, each prefill chunk alone, so that one long
-        chunk does not pad every decode's queries to its length. Tensor ops over a padded
-        block table (no Python loop over positions)."""
+        """Token ids, positions and write slots of a step, and its attention groups.
+
+        Built once per step (shared by every layer) from plain lists, so a step's Python
+        work does not grow with its layers. Decodes (one query each) are attended together,
+        in buckets of similar context length (padding a 20-token context to a 180-token
+        one would read 9x the keys it needs); each prefill chunk alone, so one long chunk
+        does not pad every decode's queries to its length."""
         b = self.block_size
-        lens = torch.tensor([len(r.tokens) for r in runs])
-        starts = torch.tensor([r.start for r in runs])
-        width = max(len(r.blocks) for r in runs)
-        table = torch.zeros((len(runs), width), dtype=torch.long)
-        for s, run in enumerate(runs):
-            table[s, : len(run.blocks)] = torch.tensor(run.blocks, dtype=torch.long)
-        firsts = torch.cumsum(lens, 0) - lens  # where each run starts in the flat token batch
-        q_off = torch.arange(int(lens.max()))
-        q_pos = starts[:, None] + q_off[None, :]  # [seqs, max_q] position of each query
-        q_valid = q_off[None, :] < lens[:, None]
-        pos = q_pos[q_valid]  # the runs' positions, flattened in run order
-        flat_run = torch.arange(len(runs))[:, None].expand_as(q_pos)[q_valid]
-        write = table[flat_run, pos // b] * b + pos % b
-        decodes = torch.nonzero(lens == 1).reshape(-1)
-        groups = [self._group(decodes, starts, lens, table, firsts)] if len(decodes) else []
-        groups += [self._group(i.reshape(1), starts, lens, table, firsts) for i in torch.nonzero(lens > 1)]
+        lens = [len(r.tokens) for r in runs]
+        ids: list[int] = []
+        pos: list[int] = []
+        write: list[int] = []
+        last: list[int] = []
+        decodes: list[tuple[int, int, Sequence[int]]] = []  # (flat row, context, blocks)
+        prefills: list[tuple[int, Run]] = []  # (first flat row, run)
+        for run, n in zip(runs, lens, strict=True):
+            first = len(ids)
+            ids.extend(run.tokens)
+            table = run.blocks
+            for p in range(run.start, run.start + n):
+                write.append(table[p // b] * b + p % b)
+            pos.extend(range(run.start, run.start + n))
+            last.append(first + n - 1)
+            if n == 1:
+                decodes.append((first, run.start + 1, table))
+            else:
+                prefills.append((first, run))
         dev = self.device
+        groups = [self._decode_group(bucket) for bucket in _buckets(decodes)]
+        groups += [self._prefill_group(first, run) for first, run in prefills]
+        as_long = {"dtype": torch.long, "device": dev}
         return {
-            "ids": torch.tensor([t for r in runs for t in r.tokens], dtype=torch.long, device=dev),
-            "pos": pos.to(dev),
-            "write": write.to(dev),
-            "last": (firsts + lens - 1).to(dev),
-            "groups": [{k: v.to(dev) for k, v in g.items()} for g in groups],
+            "ids": torch.tensor(ids, **as_long),
+            "pos": torch.tensor(pos, **as_long),
+            "write": torch.tensor(write, **as_long),
+            "last": torch.tensor(last, **as_long),
+            # every row's own output: one decode bucket covering the whole step needs no scatter
+            "whole": len(groups) == 1 and not prefills,
+            "groups": groups,
         }
 
-    def _group(
-        self,
-        idx: torch.Tensor,
-        starts: torch.Tensor,
-        lens: torch.Tensor,
-        table: torch.Tensor,
-        firsts: torch.Tensor,
-    ) -> dict[str, torch.Tensor]:
-        """One attention call's indices: the runs ``idx``, queries and keys padded to their longest."""
+    def _decode_group(self, bucket: Sequence[tuple[int, int, Sequence[int]]]) -> dict[str, Any]:
+        """One attention call over decodes: each query sees its own context's keys.
+
+        Keys are read from the pool a whole block at a time (one ``index_select`` of
+        ``block_size`` rows per block, not one per position) into ``[runs, ctx, heads,
+        dim]``; the key positions past a run's context are masked out."""
         b = self.block_size
-        st, ln, fi = starts[idx], lens[idx], firsts[idx]
-        ctx = st + ln
-        keys = torch.arange(int(ctx.max()))
-        gather = table[idx][:, keys // b] * b + keys % b  # [runs, max_ctx] slot of each position
-        q_off = torch.arange(int(ln.max()))
-        q_pos = st[:, None] + q_off[None, :]
-        q_valid = q_off[None, :] < ln[:, None]
-        mask = (keys[None, None, :] <= q_pos[:, :, None]) & q_valid[:, :, None]
-        mask[:, :, 0] |= ~q_valid  # padding queries see one key (no NaN); their rows are dropped
-        q_index = torch.where(q_valid, fi[:, None] + q_off[None, :], 0)
-        rows = torch.nonzero(q_valid.reshape(-1)).reshape(-1)  # padded [runs * max_q] -> valid
-        return {"gather": gather, "mask": mask[:, None], "q_index": q_index, "rows": rows,
-                "dest": q_index.reshape(-1)[rows]}  # fmt: skip
+        ctx = max(c for _, c, _ in bucket)
+        width = -(-ctx // b)
+        blocks = [list(t[:width]) + [0] * (width - len(t[:width])) for _, _, t in bucket]
+        lengths = torch.tensor([c for _, c, _ in bucket])
+        mask = torch.arange(ctx)[None, :] < lengths[:, None]  # [runs, ctx]
+        dev = self.device
+        rows = torch.tensor([f for f, _, _ in bucket], dtype=torch.long, device=dev)
+        return {
+            "blocks": torch.tensor(blocks, dtype=torch.long, device=dev).reshape(-1),
+            "runs": len(bucket), "width": width, "ctx": ctx,
+            "mask": mask[:, None, None, :].to(dev), "rows": rows,
+        }  # fmt: skip
+
+    def _prefill_group(self, first: int, run: Run) -> dict[str, Any]:
+        """One attention call over one prefill chunk: query ``i`` at position ``p`` sees keys ``0..p``."""
+        b = self.block_size
+        n = len(run.tokens)
+        ctx = run.start + n
+        width = -(-ctx // b)
+        keys = torch.arange(ctx)
+        q_pos = torch.arange(run.start, ctx)
+        mask = keys[None, :] <= q_pos[:, None]  # [queries, ctx]
+        dev = self.device
+        return {
+            "blocks": torch.tensor(list(run.blocks[:width]), dtype=torch.long, device=dev),
+            "runs": 1, "width": width, "ctx": ctx,
+            "mask": mask[None, None].to(dev),
+            "rows": torch.arange(first, first + n, device=dev),
+        }  # fmt: skip
 
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
@@ -191,22 +220,49 @@ class PagedCausalLM:
     ) -> torch.Tensor:
         """Write this step's keys/values into their slots, attend over each sequence's context."""
         n = q.shape[0]
+        kvh, hd, heads = self.kv_heads, self.head_dim, self.heads
         kp, vp = self.k_pool[layer], self.v_pool[layer]
-        kp[lay["write"]] = k.reshape(n, self.kv_heads, self.head_dim)
-        vp[lay["write"]] = v.reshape(n, self.kv_heads, self.head_dim)
-        flat_q = q.reshape(n, self.heads, self.head_dim)
-        out = q.new_empty((n, self.heads * self.head_dim))
+        kp.index_copy_(0, lay["write"], k.reshape(n, kvh, hd))
+        vp.index_copy_(0, lay["write"], v.reshape(n, kvh, hd))
+        k_blocks, v_blocks = kp.view(self.num_blocks, -1), vp.view(self.num_blocks, -1)
+        flat_q = q.reshape(n, heads, hd)
+        out = None if lay["whole"] else q.new_empty((n, heads * hd))
         for g in lay["groups"]:
-            # [runs, heads, ctx, dim] gathered from the pool (a read; the cache itself never moves)
-            keys = kp[g["gather"]].permute(0, 2, 1, 3)
-            values = vp[g["gather"]].permute(0, 2, 1, 3)
-            if self.kv_heads != self.heads:
-                rep = self.heads // self.kv_heads
+            runs, span, ctx = g["runs"], g["width"] * self.block_size, g["ctx"]
+            # [runs, kv heads, ctx, dim], read whole blocks at a time (the cache never moves)
+            keys = k_blocks.index_select(0, g["blocks"]).view(runs, span, kvh, hd)[:, :ctx].transpose(1, 2)
+            values = v_blocks.index_select(0, g["blocks"]).view(runs, span, kvh, hd)[:, :ctx].transpose(1, 2)
+            if kvh != heads:
+                rep = heads // kvh
                 keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
-            queries = flat_q[g["q_index"]].permute(0, 2, 1, 3)  # [runs, heads, max_q, dim]
+            queries = flat_q.index_select(0, g["rows"]).view(runs, -1, heads, hd).transpose(1, 2)
             o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=g["mask"], scale=scale)
-            out[g["dest"]] = o.permute(0, 2, 1, 3).reshape(-1, self.heads * self.head_dim)[g["rows"]]
+            o = o.transpose(1, 2).reshape(-1, heads * hd)  # rows in g["rows"] order
+            if out is None:
+                return o
+            out.index_copy_(0, g["rows"], o)
+        assert out is not None
         return out
+
+
+def _buckets(decodes: Sequence[tuple[int, int, Sequence[int]]]) -> list[list[tuple[int, int, Sequence[int]]]]:
+    """Decodes split into attention calls of similar context length, each in step order.
+
+    Padding every decode to the longest context reads (and attends over) keys it does not
+    need; one more call costs a few small ops per layer. Walking the contexts in ascending
+    order, a new call starts where joining the current one would pad more than
+    ``PAD_LIMIT`` key rows."""
+    if not decodes:
+        return []
+    ranked = sorted(decodes, key=lambda d: d[1])
+    buckets = [[ranked[0]]]
+    for d in ranked[1:]:
+        bucket = buckets[-1]
+        if len(bucket) * (d[1] - bucket[-1][1]) > PAD_LIMIT:
+            buckets.append([d])
+        else:
+            bucket.append(d)
+    return [sorted(bucket, key=lambda d: d[0]) for bucket in buckets]
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

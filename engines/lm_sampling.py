@@ -10,6 +10,7 @@ smallest set whose probability reaches p (the most likely token always kept).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -73,3 +74,16 @@ def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         scores = scores.masked_fill(drop.scatter(0, index, drop), float("-inf"))
     probs = scores.softmax(-1)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def choose_rows(
+    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
+) -> list[int]:
+    """The next token of each row of ``logits`` ``[rows, vocab]``: one argmax over the whole
+    batch for the greedy rows (a step's tokens are mostly greedy decodes; one op, not one per
+    row), ``choose`` with the row's own generator for each sampled row."""
+    greedy = logits.argmax(-1).tolist()
+    return [
+        greedy[i] if gen is None or not p.sampled else choose(logits[i], p, gen)
+        for i, (p, gen) in enumerate(zip(params, generators, strict=True))
+    ]

@@ -53,6 +53,7 @@ from wattserve.telemetry import TelemetryService
 
 if TYPE_CHECKING:
     from wattserve.server.grpc.service import GrpcFrontEnd
+    from wattserve.server.split.core_service import CoreService
 
 log = logging.getLogger("wattserve.server")
 
@@ -66,8 +67,18 @@ def model_source(settings: Settings, engine_factory: EngineFactory) -> ModelSour
     return SettingsSource(settings, engine_factory)
 
 
-def create_app(settings: Settings | None = None, *, engine_factory: EngineFactory = build_engine) -> FastAPI:
-    """Build the app; nothing global, so tests can build many."""
+def create_app(
+    settings: Settings | None = None,
+    *,
+    engine_factory: EngineFactory = build_engine,
+    core_channel: str | None = None,
+    grpc_address: str | None = None,
+) -> FastAPI:
+    """Build the app; nothing global, so tests can build many.
+
+    ``core_channel``: this app is the engine core behind front-end processes
+    (``server.split``): they connect on this Unix socket path. ``grpc_address``: where gRPC
+    listens instead of the settings' host and port (the core's own socket)."""
     settings = settings or Settings()
     registry = CollectorRegistry()
     telemetry = TelemetryService(settings.telemetry_config(), registry)  # same registry: one /metrics
@@ -128,12 +139,17 @@ def create_app(settings: Settings | None = None, *, engine_factory: EngineFactor
         from wattserve.server.grpc.service import GrpcFrontEnd
 
         grpc_front = GrpcFrontEnd(models, settings, body_budget, restrictions, shm=shm, trace=trace,
-                                  log=log_settings)  # fmt: skip
+                                  log=log_settings, address=grpc_address)  # fmt: skip
+    core = None
+    if core_channel is not None:
+        from wattserve.server.split.core_service import CoreService
+
+        core = CoreService(models, core_channel, registry)
 
     app = WattserveApp(
         title="wattserve",
         version=VERSION,
-        lifespan=_lifespan(models, telemetry, grpc_front, trimmer, settings, shm),
+        lifespan=_lifespan(models, telemetry, grpc_front, trimmer, settings, shm, core),
     )
     app.add_exception_handler(Exception, internal_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
@@ -156,13 +172,17 @@ def _lifespan(
     trimmer: IdleTrimmer | None,
     settings: Settings,
     shm: SharedMemoryRegistry,
+    core: CoreService | None = None,
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
-    """Start: gRPC binds, telemetry, every model, gRPC serves, the trimmer. Stop: the reverse."""
+    """Start: gRPC binds, the core's channel (front ends may connect while models load),
+    telemetry, every model, gRPC serves, the trimmer. Stop: the reverse."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if grpc_front is not None:
             grpc_front.bind()  # a taken port fails start-up before any model loads
+        if core is not None:
+            await core.start()
         await asyncio.to_thread(telemetry.start)  # NVML init and cost measurement off the loop
         try:
             await models.start()
@@ -176,6 +196,8 @@ def _lifespan(
                 trimmer.stop()
             if grpc_front is not None:  # after a SIGTERM drain nothing is in flight: quick
                 await grpc_front.stop(settings.drain_timeout_s)
+            if core is not None:
+                await core.stop()
             await models.stop()
             shm.close()  # after every request that could read or write a region
             await asyncio.to_thread(telemetry.stop)

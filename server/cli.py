@@ -26,6 +26,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if settings.frontend_workers > 1:  # front-end processes over one engine core (server/split/)
+        from wattserve.server.split.supervisor import serve
+
+        return serve(settings)
     if settings.tune_malloc:
         tune_malloc()
     sys.setswitchinterval(settings.gil_switch_interval_ms / 1000.0)

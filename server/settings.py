@@ -62,6 +62,21 @@ class Settings(BaseSettings):
     )
     grpc_host: str | None = Field(None, description="Address gRPC listens on; unset: the HTTP `host`.")
     log_level: str = Field("info", description="uvicorn/wattserve log level.")
+    frontend_workers: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Front-end processes sharing the HTTP and gRPC ports (SO_REUSEPORT) over one "
+        "engine core process that holds every model's queue, batcher and engines; 1 = one process "
+        "serving everything (docs/architecture.md, 'Front ends across processes').",
+    )
+    frontend_slab_mib: int = Field(
+        64,
+        ge=1,
+        le=65536,
+        description="Shared memory per front end for request and answer tensors crossing to the "
+        "engine core (MiB); a tensor that does not fit travels in the channel's frame instead.",
+    )
 
     # --- model ---
     model: str = Field(

@@ -1,3 +1,4 @@
 """Code shared by the tests and the benchmarks, kept out of both so neither imports the other:
-named doubles for hardware this machine lacks (NVML, TensorRT, CUDA graph capture) and a
-builder for a small Triton model repository. Not installed with wattserve."""
+named doubles for hardware this machine lacks (NVML, TensorRT, CUDA graph capture), a
+builder for a small Triton model repository, and the parts of benchmarks their tests check
+(docs/architecture.md lists them). Not installed with wattserve."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from onnx import ModelProto, TensorProto, helper, save
+import numpy as np
+from onnx import ModelProto, TensorProto, checker, helper, numpy_helper, save
 
 ONNX_TYPES = {
     "BOOL": TensorProto.BOOL,
@@ -114,3 +115,22 @@ def scalar_identity_model(root: Path, name: str, config_dims: list[int]) -> Path
         "instance_group [ { kind: KIND_CPU } ]\n"
     )
     return root / name
+
+
+ADD_DEFAULT_B = 10.0  # optional_add_model's B when a request leaves it out
+
+
+def optional_add_model(required_b: bool = False) -> bytes:
+    """Y = A + B, B an optional input defaulting to ``ADD_ADD_DEFAULT_B`` (an initializer of the
+    input's name), unless ``required_b``: Triton's optional inputs on ONNX Runtime."""
+    a = helper.make_tensor_value_info("A", TensorProto.FLOAT, ["N", 4])
+    b = helper.make_tensor_value_info("B", TensorProto.FLOAT, ["M", 4])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 4])
+    defaults = (
+        [] if required_b else [numpy_helper.from_array(np.full((1, 4), ADD_DEFAULT_B, np.float32), "B")]
+    )
+    graph = helper.make_graph([helper.make_node("Add", ["A", "B"], ["Y"])], "add", [a, b], [y], defaults)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    checker.check_model(model)
+    return model.SerializeToString()

@@ -54,3 +54,20 @@ def run_all(engine: LMEngine, states: Iterable[LMState], max_steps: int = 10_000
         steps += 1
         assert steps < max_steps, "generation did not finish"
     return steps
+
+
+def hf_greedy(folder, prompt: str, max_tokens: int) -> tuple[list[int], str]:
+    """Hugging Face's own greedy generation from ``folder``: the token ids and text a served
+    model must answer with."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    ids = tok(prompt, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False
+        )
+    new = out[0, ids.shape[1] :].tolist()
+    return new, tok.decode(new, skip_special_tokens=True)

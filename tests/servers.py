@@ -4,13 +4,23 @@ exactly as a user would, through the project's one harness (wattserve.loadgen.se
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import uvicorn
-from wattserve.loadgen.server_process import ServerProcess, free_port, running_wattserve, wattserve_process
+from wattserve.loadgen.server_process import (
+    ServerProcess,
+    free_port,
+    running_wattserve,
+    server_env,
+    wattserve_process,
+)
 from wattserve.server.app import create_app
 from wattserve.server.lifecycle import uvicorn_config
 from wattserve.server.settings import Settings
@@ -20,12 +30,32 @@ __all__ = ["ROOT", "ServerProcess", "free_port", "server_process", "threaded_ser
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# WATTSERVE_TEST_FRONTEND_WORKERS=N (N > 1): every threaded_server without a custom engine
+# factory runs as N front-end processes over an engine core instead (the app it yields is
+# None then), so the client-facing suites (tests/conformance) run against the split server.
+SPLIT_WORKERS = int(os.environ.get("WATTSERVE_TEST_FRONTEND_WORKERS", "1"))
+SPLIT_SERVE = (
+    "import json, os, sys\n"
+    "from wattserve.server.settings import Settings\n"
+    "from wattserve.server.split.supervisor import serve\n"
+    "sys.exit(serve(Settings(**json.loads(os.environ['WATTSERVE_TEST_SETTINGS']))))\n"
+)
+
+
 @contextlib.contextmanager
 def threaded_server(settings: Settings, engine_factory=None) -> Iterator[tuple[str, object]]:
     """uvicorn in a background thread; yields (base url, app)."""
     kwargs = {"engine_factory": engine_factory} if engine_factory else {}
     if "grpc_port" not in settings.model_fields_set:  # gRPC only where a test asks (8001 is shared)
         settings = settings.model_copy(update={"grpc_port": 0})
+    if SPLIT_WORKERS > 1 and engine_factory is None:
+        with split_server(settings, SPLIT_WORKERS) as url:
+            # what a client-facing test reads of the app: its settings and gRPC port (a test
+            # that reads in-process state, the model set or the loggers, fails here: no such
+            # state in this process)
+            grpc = SimpleNamespace(port=settings.grpc_port) if settings.grpc_port else None
+            yield url, SimpleNamespace(state=SimpleNamespace(settings=settings, grpc=grpc))
+        return
     app = create_app(settings, **kwargs)
     port = free_port()
     config = uvicorn_config(app, settings, host="127.0.0.1", port=port, log_level="warning")
@@ -42,6 +72,17 @@ def threaded_server(settings: Settings, engine_factory=None) -> Iterator[tuple[s
     finally:
         server.should_exit = True
         thread.join(timeout=60)
+
+
+@contextlib.contextmanager
+def split_server(settings: Settings, workers: int) -> Iterator[str]:
+    """``settings`` served by ``workers`` front-end processes over an engine core; its url."""
+    port = free_port()
+    settings = settings.model_copy(update={"frontend_workers": workers, "port": port, "host": "127.0.0.1"})
+    env = server_env()
+    env["WATTSERVE_TEST_SETTINGS"] = json.dumps(settings.model_dump(mode="json"))
+    with ServerProcess([sys.executable, "-c", SPLIT_SERVE], env, port, ready_timeout_s=180) as proc:
+        yield proc.url
 
 
 @contextlib.contextmanager

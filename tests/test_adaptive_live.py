@@ -12,8 +12,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.live_batching import assert_own_answers, base_env, batch_histogram, body, fire
 from tests.servers import server_process
-from tests.test_batching_live import assert_own_answers, base_env, batch_histogram, body, fire
 
 
 def gpu_like_env(batcher: str, **extra: str) -> dict[str, str]:

@@ -10,6 +10,7 @@ import pytest
 from wattserve.batchers import BatcherConfig, ContinuousBatcher, WorkItem
 from wattserve.batchers.observers import BatchReport, NullObserver
 
+from tests.fake_clock import until
 from tests.gated_engine import GatedEngine, item_input
 
 
@@ -50,7 +51,7 @@ async def test_one_batch_is_reported_once_in_order_with_its_energy_record():
     first = asyncio.create_task(batcher.submit(WorkItem(item_input(1.0))))
     await asyncio.to_thread(engine.started.wait, 5)
     rest = [asyncio.create_task(batcher.submit(WorkItem(item_input(v)))) for v in (2.0, 3.0, 4.0)]
-    await asyncio.sleep(0.01)
+    await until(lambda: len(batcher.queue) == 3)
     observer.futures = rest
     engine.gate.set()
     results = await asyncio.gather(first, *rest)

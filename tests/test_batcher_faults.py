@@ -13,6 +13,7 @@ from wattserve.batchers import BatcherConfig, ContinuousBatcher, WorkItem
 from wattserve.batchers.types import BatchFailed
 from wattserve.server.settings import Settings
 
+from tests.fake_clock import until
 from tests.gated_engine import GatedEngine, item_input
 from tests.servers import threaded_server
 
@@ -108,9 +109,9 @@ async def test_a_raising_decision_fails_the_head_request_only_on_either_door():
     first = asyncio.create_task(batcher.submit(WorkItem(item_input(1.0))))
     await asyncio.to_thread(engine.started.wait, 5)
     bad = asyncio.create_task(batcher.submit(WorkItem(item_input(13.0))))
-    await asyncio.sleep(0.01)
+    await until(lambda: len(batcher.queue) == 1)
     good = asyncio.create_task(batcher.submit(WorkItem(item_input(5.0))))
-    await asyncio.sleep(0.01)
+    await until(lambda: len(batcher.queue) == 2)
     engine.gate.set()  # the thread decides first (raises), then the loop (raises, fails 13)
     assert (await asyncio.wait_for(first, 5)).outputs["y"][0, 0] == 2.0
     with pytest.raises(BatchFailed, match="no thirteens"):

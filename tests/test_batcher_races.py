@@ -20,8 +20,8 @@ from wattserve.batchers import (
 )
 from wattserve.batchers.types import ItemState
 
+from tests.fake_clock import until
 from tests.gated_engine import GatedEngine, item_input
-from tests.test_batchers import wait_until
 
 
 def make_batcher(kind: str, engines):
@@ -105,7 +105,7 @@ async def test_item_cancelled_between_batch_formation_and_start_does_not_strand_
     await asyncio.to_thread(engine.started.wait, 5)
     items = [WorkItem(item_input(float(i))) for i in range(4)]
     subs = [asyncio.create_task(batcher.submit(it)) for it in items]
-    await wait_until(lambda: len(batcher.queue) == 4)
+    await until(lambda: len(batcher.queue) == 4)
     first = items[0]
     original_take = batcher.take
     loop = asyncio.get_running_loop()

@@ -185,7 +185,7 @@ async def test_time_bound_follows_the_drain_when_the_event_loop_sets_the_pace():
             await asyncio.sleep(0.01)
         queued = b.queue.rows
         assert queued >= 30
-        assert b.service_rate.wait_s(queued) > 0.5
+        assert b.service_rate.wait_s(queued, b.clock.now()) > 0.5
         with pytest.raises(QueueFull, match="s of work"):
             b.check_admission()
     finally:
@@ -202,23 +202,33 @@ async def test_a_request_that_waited_the_bound_is_answered_503_and_never_compute
     stalled on the first past the 0.3 s bound. The two still queued must not be computed
     after waiting longer than the bound: they are answered QueueWaitExceeded (503 +
     Retry-After) when the next batch forms, and the queue goes on serving. (Before, they
-    were computed whatever they had waited: mobilenet_v2 requests waited 2.25x the bound.)"""
+    were computed whatever they had waited: mobilenet_v2 requests waited 2.25x the bound.)
+    On a fake clock: the stall is time the test moves, not a sleep."""
     import asyncio
 
     from wattserve.batchers import DynamicBatcher, DynamicConfig, QueueWaitExceeded, WorkItem
 
+    from tests.fake_clock import FakeClock, until
     from tests.gated_engine import item_input
 
+    clock = FakeClock()
     engine = GatedEngine(max_batch_size=1)
-    b = DynamicBatcher([engine], DynamicConfig(max_batch_size=1, max_queue_size=100, max_queue_wait_s=0.3))
+    config = DynamicConfig(max_batch_size=1, max_queue_size=100, max_queue_wait_s=0.3)
+    b = DynamicBatcher([engine], config, clock=clock)
     runner = asyncio.create_task(b.run())
+
+    def request(value: float) -> WorkItem:
+        return WorkItem(item_input(value), arrival=clock.now())
+
     try:
         engine.gate.clear()
-        first = asyncio.create_task(b.submit(WorkItem(item_input(1.0))))
-        while not engine.started.is_set():  # noqa: ASYNC110 - set by the engine thread
-            await asyncio.sleep(0.005)
-        late = [asyncio.create_task(b.submit(WorkItem(item_input(v)))) for v in (2.0, 3.0)]
-        await asyncio.sleep(0.4)  # past the bound while the engine is stalled
+        first = asyncio.create_task(b.submit(request(1.0)))
+        assert await asyncio.to_thread(engine.started.wait, 10)
+        late = [asyncio.create_task(b.submit(request(v))) for v in (2.0, 3.0)]
+        await until(lambda: len(b.queue) == 2)
+        await clock.advance(0.3)
+        assert not any(waiter.done() for waiter in late)  # the bound itself is not over it
+        await clock.advance(0.1)  # past the bound while the engine is stalled
         engine.gate.set()
         assert (await first).outputs["y"][0, 0] == 2.0
         for waiter in late:
@@ -226,10 +236,10 @@ async def test_a_request_that_waited_the_bound_is_answered_503_and_never_compute
                 await waiter
         assert QueueWaitExceeded.retry_after and QueueWaitExceeded.status.name == "UNAVAILABLE"
         assert QueueWaitExceeded.outcome == "queue_timeout"  # counted apart from admission's refusals
-        fresh = await b.submit(WorkItem(item_input(4.0)))  # the queue goes on
+        fresh = await b.submit(request(4.0))  # the queue goes on
         assert fresh.outputs["y"][0, 0] == 8.0
         assert engine.seen == [1.0, 4.0]  # the two overdue ones were never computed
-        assert fresh.queue_time_s < 0.3
+        assert fresh.queue_time_s == 0.0
     finally:
         engine.gate.set()
         await b.drain()

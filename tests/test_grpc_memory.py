@@ -12,7 +12,7 @@ import psutil
 import pytest
 from tritonclient.grpc import service_pb2
 
-from benchmarks.grpc_memory import METHOD, big_request
+from support.grpc_messages import METHOD, big_request
 from tests.servers import free_port, server_process
 
 MIB = 1024 * 1024

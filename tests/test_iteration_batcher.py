@@ -36,6 +36,7 @@ from wattserve.server.models.metrics import ServingMetrics
 from wattserve.server.settings import Settings
 
 from tests.diffusion_support import quiet_cpu  # noqa: F401  (autouse fixture)
+from tests.fake_clock import FakeClock, until
 
 TOL = 1e-3  # same-seed images alone vs batched (see tests/test_diffusion_engine.py)
 
@@ -216,10 +217,17 @@ async def test_max_batch_bounds_the_running_set(engine, observed):
 
 
 async def test_deadline_while_running_is_504_and_leaves_the_running_set(engine, observed):
-    batcher = make(engine)
+    clock = FakeClock()  # the deadline passes when the test says, whatever the machine's pace
+    batcher = IterationBatcher([engine], BatcherConfig(max_batch_size=4, max_queue_size=64), clock=clock)
     task = await started(batcher)
-    keeper = asyncio.create_task(batcher.submit(work(1, 60)))
-    doomed = asyncio.create_task(batcher.submit(work(2, 500, deadline=monotonic() + 0.25)))
+    keeper = asyncio.create_task(batcher.submit(work(1, 60, arrival=clock.now())))
+    doomed = asyncio.create_task(
+        batcher.submit(work(2, 500, arrival=clock.now(), deadline=clock.now() + 0.25))
+    )
+    await observed.wait_for(3)
+    await clock.advance(0.249)
+    assert not doomed.done()
+    await clock.advance(0.001)
     with pytest.raises(DeadlineExceeded):
         await doomed
     at_expiry = len(observed.calls)
@@ -258,9 +266,9 @@ async def test_queue_is_bounded(engine):
     batcher = make(engine, max_batch=1, queue=2)
     task = await started(batcher)
     running = asyncio.create_task(batcher.submit(work(1, 30)))
-    await asyncio.sleep(0.05)  # admitted into the running set
+    await until(lambda: batcher.running_count == 1)  # admitted into the running set
     queued = [asyncio.create_task(batcher.submit(work(s, 1))) for s in (2, 3)]
-    await asyncio.sleep(0)
+    await until(lambda: len(batcher.queue) == 2)
     with pytest.raises(QueueFull):
         await batcher.submit(work(4, 1))
     await asyncio.gather(running, *queued)
@@ -349,7 +357,7 @@ async def test_drain_finishes_running_and_queued_and_refuses_new(engine, solo_ca
     task = await started(batcher)
     specs = [(20, 9), (21, 3), (22, 5), (23, 2), (24, 4)]
     futures = [asyncio.create_task(batcher.submit(work(s, n))) for s, n in specs]
-    await asyncio.sleep(0.05)
+    await until(lambda: batcher.running_count == 2 and len(batcher.queue) == 3)
     drain = asyncio.create_task(batcher.drain(timeout=60))
     await asyncio.sleep(0)
     with pytest.raises(Draining):
@@ -368,7 +376,7 @@ async def test_drain_timeout_answers_what_is_left(engine):
     task = await started(batcher)
     running = asyncio.create_task(batcher.submit(work(1, 1000)))
     queued = asyncio.create_task(batcher.submit(work(2, 1000)))
-    await asyncio.sleep(0.05)
+    await until(lambda: batcher.running_count == 1 and len(batcher.queue) == 1)
     await batcher.drain(timeout=0.2)
     for f in (running, queued):
         with pytest.raises(Draining):

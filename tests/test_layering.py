@@ -73,7 +73,9 @@ SERVER = ROOT / "server"
 # At the top of server/ only the wiring: the app factory, CLI, settings, process lifecycle,
 # access control (parsed once for both front ends). Everything else lives in a group.
 TOP_LEVEL = {"__init__", "__main__", "app", "cli", "engine_commands", "lifecycle", "security", "settings"}
-GROUPS = {"core", "extensions", "grpc", "http", "models"}
+# split/: the process roles over both front ends (front-end processes, the engine core's
+# channel, the supervisor): wiring too, one level down, so no group below imports it.
+GROUPS = {"core", "extensions", "grpc", "http", "models", "split"}
 FRAMEWORKS = ("starlette", "fastapi", "grpc", "tritonclient", "uvicorn")
 HTTP_FRONT = ("wattserve.server.http",)
 GRPC_FRONT = ("wattserve.server.grpc",)
@@ -116,6 +118,19 @@ def test_the_neutral_groups_know_no_protocol(group):
         if within(module, NEUTRAL_MAY_NOT[group])
     ]
     assert not bad, f"protocol imports in server/{group}/:\n" + "\n".join(bad)
+
+
+def test_nothing_below_the_wiring_imports_the_process_split():
+    """The groups serve one process as well as many: the split is built on them, never
+    the other way round (only app.py and cli.py, the wiring, start it)."""
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {module}"
+        for group in sorted(GROUPS - {"split"})
+        for path in sorted((SERVER / group).rglob("*.py"))
+        for line, module in server_imports(path)
+        if within(module, ("wattserve.server.split",))
+    ]
+    assert not bad, "a group imports server/split:\n" + "\n".join(bad)
 
 
 def test_the_front_ends_never_import_each_other():

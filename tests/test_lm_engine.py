@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from wattserve.engines import lm_model
 from wattserve.engines.lm_engine import LMEngine
 
 from tests.lm_support import PROMPTS, request, run_all, tiny_lm_folder
@@ -37,7 +38,10 @@ def engine(folder, **kwargs) -> LMEngine:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_greedy_equals_hf_generate_alone_and_in_a_batch_of_eight(folders, kind):
+@pytest.mark.parametrize("pad_limit", [lm_model.PAD_LIMIT, 0], ids=["buckets", "one-call-per-context"])
+def test_greedy_equals_hf_generate_alone_and_in_a_batch_of_eight(folders, kind, pad_limit, monkeypatch):
+    # pad_limit 0: every distinct context length is its own attention call (decode buckets)
+    monkeypatch.setattr(lm_model, "PAD_LIMIT", pad_limit)
     folder = folders[kind]
     target = PROMPTS[1]
     want = hf_greedy(folder, target, 24)

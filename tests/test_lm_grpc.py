@@ -17,9 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from wattserve.loadgen.server_process import free_port
 from wattserve.server.settings import Settings
 
-from tests.lm_support import PROMPTS, tiny_lm_folder
+from tests.lm_support import PROMPTS, hf_greedy, tiny_lm_folder
 from tests.servers import threaded_server
-from tests.test_lm_server import hf_greedy
 
 MODEL = "tiny-llama"
 

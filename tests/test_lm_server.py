@@ -11,13 +11,12 @@ import time
 import httpx
 import openai
 import pytest
-import torch
 from prometheus_client.parser import text_string_to_metric_families
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 from wattserve.loadgen.server_process import ServerProcess, free_port, serve_command, server_env
 from wattserve.server.settings import Settings
 
-from tests.lm_support import PROMPTS, tiny_lm_folder
+from tests.lm_support import PROMPTS, hf_greedy, tiny_lm_folder
 from tests.servers import threaded_server
 
 MODEL = "tiny-llama"
@@ -38,18 +37,6 @@ def server(folder):
     )  # fmt: skip
     with threaded_server(settings) as (url, app):
         yield url, app
-
-
-def hf_greedy(folder, prompt: str, max_tokens: int) -> tuple[list[int], str]:
-    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
-    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    ids = tok(prompt, return_tensors="pt").input_ids
-    with torch.inference_mode():
-        out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False
-        )
-    new = out[0, ids.shape[1] :].tolist()
-    return new, tok.decode(new, skip_special_tokens=True)
 
 
 def test_served_under_the_folder_name_with_generate_in_the_extensions(server):

@@ -14,8 +14,8 @@ from wattserve.server.models.repository.config import ConfigError
 from wattserve.server.models.repository.plan import plan_model
 from wattserve.server.settings import Settings
 
+from support.onnx_models import optional_add_model
 from tests.servers import threaded_server
-from tests.test_optional_inputs import add_model
 
 RECORDER = """
 import json
@@ -94,7 +94,7 @@ def test_samples_run_on_every_instance_before_ready_with_their_data(tmp_path):
 def test_a_failing_sample_leaves_the_model_unavailable_with_the_reason(tmp_path):
     python_model(tmp_path, "bad", 'parameters { key: "fail" value: { string_value: "yes" } }\n')
     (tmp_path / "ok" / "1").mkdir(parents=True)
-    (tmp_path / "ok" / "1" / "model.onnx").write_bytes(add_model())
+    (tmp_path / "ok" / "1" / "model.onnx").write_bytes(optional_add_model())
     (tmp_path / "ok" / "config.pbtxt").write_text("""platform: "onnxruntime_onnx"
 max_batch_size: 2
 input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] } ]
@@ -103,7 +103,7 @@ model_warmup [ { name: "ones" batch_size: 2
                  inputs { key: "A" value: { data_type: TYPE_FP32 dims: [ 4 ] random_data: true } } } ]
 """)
     (tmp_path / "wrong" / "1").mkdir(parents=True)
-    (tmp_path / "wrong" / "1" / "model.onnx").write_bytes(add_model())
+    (tmp_path / "wrong" / "1" / "model.onnx").write_bytes(optional_add_model())
     (tmp_path / "wrong" / "config.pbtxt").write_text("""platform: "onnxruntime_onnx"
 max_batch_size: 2
 model_warmup [ { name: "too_wide" batch_size: 1

@@ -10,10 +10,8 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import onnx
 import pytest
 import tritonclient.grpc as tgrpc
-from onnx import TensorProto, helper, numpy_helper
 from wattserve.batchers.queue import PriorityFifo
 from wattserve.engines.config import EngineConfig
 from wattserve.server.core.request import InferRequest
@@ -21,9 +19,9 @@ from wattserve.server.models.repository.config import ConfigError
 from wattserve.server.models.repository.plan import plan_model
 from wattserve.server.settings import Settings
 
+from support.onnx_models import ADD_DEFAULT_B, optional_add_model
 from tests.servers import free_port, threaded_server
 
-DEFAULT_B = 10.0
 TENSORS = """input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] },
           { name: "B" data_type: TYPE_FP32 dims: [ 4 ] optional: true } ]
 output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
@@ -42,23 +40,10 @@ class TritonPythonModel:
         for request in requests:
             a = pb_utils.get_input_tensor_by_name(request, "A").as_numpy()
             b = pb_utils.get_input_tensor_by_name(request, "B")
-            y = a + (b.as_numpy() if b is not None else np.float32({DEFAULT_B}))
+            y = a + (b.as_numpy() if b is not None else np.float32({ADD_DEFAULT_B}))
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y.astype(np.float32))]))
         return out
 """
-
-
-def add_model(required_b: bool = False) -> bytes:
-    """Y = A + B, B defaulting to 10 (an initializer of the input's name), unless required."""
-    a = helper.make_tensor_value_info("A", TensorProto.FLOAT, ["N", 4])
-    b = helper.make_tensor_value_info("B", TensorProto.FLOAT, ["M", 4])
-    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 4])
-    defaults = [] if required_b else [numpy_helper.from_array(np.full((1, 4), DEFAULT_B, np.float32), "B")]
-    graph = helper.make_graph([helper.make_node("Add", ["A", "B"], ["Y"])], "add", [a, b], [y], defaults)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
 
 
 def write(root: Path, name: str, config: str, file: str, data: bytes) -> Path:
@@ -70,7 +55,7 @@ def write(root: Path, name: str, config: str, file: str, data: bytes) -> Path:
 
 @pytest.fixture
 def served(tmp_path):
-    write(tmp_path, "add_onnx", ONNX_CONFIG, "model.onnx", add_model())
+    write(tmp_path, "add_onnx", ONNX_CONFIG, "model.onnx", optional_add_model())
     write(tmp_path, "add_python", PYTHON_CONFIG, "model.py", MODEL_PY.encode())
     port = free_port()
     with threaded_server(Settings(model_repository=tmp_path, telemetry=False, grpc_port=port)) as (url, app):
@@ -113,7 +98,7 @@ def test_a_request_may_leave_an_optional_input_out_over_http_and_grpc(served, mo
         ]
         results = [f.result() for f in futures]
     for (_, a, b), y in zip(cases, results, strict=True):
-        np.testing.assert_allclose(y, a + (b if b is not None else DEFAULT_B), rtol=1e-6)
+        np.testing.assert_allclose(y, a + (b if b is not None else ADD_DEFAULT_B), rtol=1e-6)
     config = httpx.get(f"{url}/v2/models/{model}/config").json()  # what runs, as Triton writes it
     assert [(t["name"], t.get("optional", False)) for t in config["input"]] == [("A", False), ("B", True)]
     missing_a = httpx.post(f"{url}/v2/models/{model}/infer", json={"inputs": [
@@ -140,7 +125,7 @@ def test_requests_with_and_without_an_optional_input_never_share_a_batch(served)
 
 
 def test_an_optional_input_the_onnx_model_requires_fails_the_load(tmp_path):
-    model = write(tmp_path, "m", ONNX_CONFIG, "model.onnx", add_model(required_b=True))
+    model = write(tmp_path, "m", ONNX_CONFIG, "model.onnx", optional_add_model(required_b=True))
     (plan,) = plan_model(model, Settings())
     with pytest.raises(Exception, match="'B' is optional in the config but the model requires it"):
         plan.engine_factory(EngineConfig(model="m", device="cpu", max_batch_size=8))

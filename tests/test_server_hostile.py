@@ -1,5 +1,7 @@
-"""Hostile but realistic traffic against a real server on loopback (issue 9's findings):
-each test reproduces one finding and checks what the server does now."""
+"""Hostile but realistic traffic against a real server on loopback: admission before the
+body, image bombs, idle connections, JSON errors, limits while streaming, mid-upload
+disconnects, keep-alive during a drain and the security options; each test sends one kind
+of traffic and checks what the server does."""
 
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ from wattserve.server.security import api_of, parse_restricted_api
 from wattserve.server.settings import Settings
 
 from tests.gated_engine import GatedEngine, item_input
+from tests.polling import wait_until
 from tests.servers import threaded_server
-from tests.test_batchers import wait_until
 
 GOOD = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1.0, 2.0]}]}
 INFER = "/v2/models/gated/infer"
@@ -60,7 +62,7 @@ def raw(url: str, data: bytes, read_timeout: float = 5.0) -> bytes:
         return b"".join(chunks)
 
 
-# ---------------------------------------------------------------- finding 2: admission first
+# ---------------------------------------------------------------- admission first
 def test_full_queue_refuses_before_the_body_is_read(server):
     url, engine, _ = server
     engine.gate.clear()
@@ -124,7 +126,7 @@ def test_queue_bounded_by_time_refuses_at_admission():
     b.check_admission()
 
 
-# ---------------------------------------------------------------- finding 3: image bomb
+# ---------------------------------------------------------------- image bomb
 def test_decompression_bomb_is_refused_from_its_header(server):
     from PIL import Image
 
@@ -169,7 +171,7 @@ def test_jpeg_is_decoded_scaled_down_and_still_preprocessed_right():
     assert tensor.shape == (3, 224, 224) and tensor.dtype == np.float32
 
 
-# ---------------------------------------------------------------- finding 4: idle connections
+# ---------------------------------------------------------------- idle connections
 def test_connection_that_sends_nothing_is_closed(server):
     url, _, _ = server
     t0 = time.monotonic()
@@ -233,7 +235,7 @@ def test_connection_cap_answers_503_and_keeps_serving(server):
     assert 'wattserve_connections_refused_total{reason="connection_cap"}' in metrics
 
 
-# ---------------------------------------------------------------- finding 5: JSON 500s
+# ---------------------------------------------------------------- JSON 500s
 @pytest.mark.parametrize(
     "body",
     [
@@ -272,7 +274,7 @@ def test_unexpected_exception_is_json_500_with_connection_close():
         assert r.headers["connection"] == "close"
 
 
-# ---------------------------------------------------------------- finding 6: limits while streaming
+# ---------------------------------------------------------------- limits while streaming
 def test_chunked_multipart_upload_is_held_to_the_body_limit(server):
     url, _, _ = server
 
@@ -327,7 +329,7 @@ def test_header_just_over_the_limit_is_431(server):
     assert answer.startswith(b"HTTP/1.1 431")
 
 
-# ---------------------------------------------------------------- finding 7: mid-upload disconnect
+# ---------------------------------------------------------------- mid-upload disconnect
 def test_client_leaving_mid_upload_is_counted_not_logged_as_error(server, caplog):
     url, _, app = server
     before = app.state.metrics.outcome["cancelled"]._value.get()
@@ -345,7 +347,7 @@ def test_client_leaving_mid_upload_is_counted_not_logged_as_error(server, caplog
     assert not errors, [r.getMessage() for r in errors]
 
 
-# ---------------------------------------------------------------- finding 9: keep-alive, drain
+# ---------------------------------------------------------------- keep-alive, drain
 def test_keep_alive_hint(server):
     url, _, _ = server
     r = httpx.get(url + "/v2/health/live")
@@ -355,7 +357,7 @@ def test_keep_alive_hint(server):
     assert r.headers["keep-alive"] == hint and "connection" not in r.headers
 
 
-# ---------------------------------------------------------------- finding 10: security
+# ---------------------------------------------------------------- security
 def test_restricted_api_and_bearer_token():
     _, ctx = serve(restricted_api="model-config,statistics:admin-key=s3cret", api_token="tok")
     with ctx as (url, _app):

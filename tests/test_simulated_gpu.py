@@ -185,7 +185,7 @@ def test_loadgen_report_opens_with_the_simulation_banner(tmp_path) -> None:
     """A report of figures from the simulated GPU says so on its first line; a measured one does not."""
     from wattserve.loadgen import htmlreport, report
 
-    from tests.test_loadgen_report import fake_run
+    from tests.energy_runs import fake_run
 
     measured = fake_run("m", 20, 0.010, 2.0)
     simulated = fake_run("s", 20, 0.010, 2.0)

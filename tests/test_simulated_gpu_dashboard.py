@@ -11,8 +11,8 @@ import time
 import pytest
 from wattserve.server.settings import Settings
 
+from tests.dashboard_support import RATE_INTERVAL, drive_load, evaluate_dashboard, live_wattserve
 from tests.prometheus_fixture import prometheus_factory  # noqa: F401 - the fixture
-from tests.test_prometheus_dashboard import RATE_INTERVAL, _drive_load, _evaluate_dashboard, live_wattserve
 
 
 @pytest.mark.slow
@@ -21,7 +21,7 @@ def test_every_dashboard_panel_has_data_on_the_simulated_gpu(prometheus_factory,
                         simulated_gpu="default", rapl_root=tmp_path / "none")  # fmt: skip
     with live_wattserve(settings) as target:
         stop, sent = threading.Event(), [0]
-        loaders = [threading.Thread(target=_drive_load, args=(target, stop, sent)) for _ in range(3)]
+        loaders = [threading.Thread(target=drive_load, args=(target, stop, sent)) for _ in range(3)]
         for loader in loaders:
             loader.start()
         try:
@@ -33,7 +33,7 @@ def test_every_dashboard_panel_has_data_on_the_simulated_gpu(prometheus_factory,
             while prom.scrapes() < 6:
                 time.sleep(0.5)
             assert prom.query('wattserve_gpu_power_watts{gpu="simulated0",source="simulated"}')
-            failures = _evaluate_dashboard(prom)  # hardware present: every panel must have data
+            failures = evaluate_dashboard(prom)  # hardware present: every panel must have data
         finally:
             stop.set()
             for loader in loaders:

@@ -236,7 +236,7 @@ def test_two_models_on_one_gpu_split_by_busy_time():
 
 
 def test_cpu_engine_on_a_gpu_host_is_charged_no_gpu_energy(tmp_path):
-    from tests.test_telemetry_rapl import make_zone, set_energy
+    from tests.rapl_tree import make_zone, set_energy
 
     zone = make_zone(tmp_path, "intel-rapl:0", "package-0", 0)
     fake = FakeNvml([FakeGpu(power_w=IDLE_W, busy_power_w=BUSY_W, update_period_s=0.05)])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from prometheus_client import CollectorRegistry
 from wattserve.server.settings import Settings
@@ -12,24 +10,7 @@ from wattserve.telemetry.cumulative import RaplEnergy
 from wattserve.telemetry.rapl import find_packages, unwrap_delta_uj
 
 from support.doubles.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGpu, FakeNvml
-
-MAX_RANGE = 262_143_328_850  # a typical package max_energy_range_uj
-
-
-def make_zone(root: Path, zone: str, name: str, energy_uj: int, max_range: int = MAX_RANGE) -> Path:
-    path = root / zone
-    path.mkdir(parents=True)
-    (path / "name").write_text(name + "\n")
-    (path / "energy_uj").write_text(f"{energy_uj}\n")
-    (path / "max_energy_range_uj").write_text(f"{max_range}\n")
-    return path
-
-
-def set_energy(zone: Path, energy_uj: int) -> None:
-    """Replace the value atomically, as sysfs does (a reader never sees a half-written file)."""
-    scratch = zone / "energy_uj.new"
-    scratch.write_text(f"{energy_uj}\n")
-    scratch.replace(zone / "energy_uj")
+from tests.rapl_tree import make_zone, set_energy
 
 
 def test_finds_package_zones_only(tmp_path):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import time
 import tomllib
 from pathlib import Path
 
@@ -41,6 +40,11 @@ def test_thesis_file_maps_to_simulated_servers_and_has_a_short_variant() -> None
     assert units == {"adaptive-joules": "joules", "adaptive-seconds": "seconds"}
     short = study.shortened()
     assert short.study.duration_s < study.study.duration_s and short.study.warmup_s < study.study.warmup_s
+    # CI's variant stays short by its plan, not by a stopwatch on a shared machine: the load
+    # it sends (every configuration x workload: warm-up, window, pause) is about a minute
+    specs = [short.load_spec(cfg, w) for cfg in short.server_configs() for w in short.workload]
+    planned = sum(spec.warmup_s + spec.duration_s + short.study.pause_s for spec in specs)
+    assert len(specs) == len(CONFIGS) * len(LOADS) and planned <= 60, planned
     assert [b.name for b in short.batching] == CONFIGS and [w.name for w in short.workload] == LOADS
     assert study.study.real_gpu is not None and study.study.real_gpu.models
 
@@ -125,9 +129,7 @@ def test_summary_answers_per_load_and_flags_a_unit_the_server_did_not_use() -> N
 
 def test_short_thesis_study_runs_and_its_first_screen_answers(tmp_path: Path) -> None:
     out = tmp_path / "thesis"
-    started = time.monotonic()
     assert main(["study", str(THESIS), "--short", "--out", str(out), "--no-progress"]) == 0
-    elapsed = time.monotonic() - started
     doc = json.loads((out / "results.json").read_text())
     runs = doc["runs"]
     assert {(r["batching"], r["workload"]) for r in runs} == {(b, w) for b in CONFIGS for w in LOADS}
@@ -164,4 +166,3 @@ def test_short_thesis_study_runs_and_its_first_screen_answers(tmp_path: Path) ->
     assert ("Caveat:** adaptive-seconds" in screen) == (seconds_modes != {"seconds"})
     page = (out / "report.html").read_text()
     assert "SIMULATED GPU" in page.split("<h1>")[0]
-    assert elapsed < 180, f"the short variant took {elapsed:.0f} s"

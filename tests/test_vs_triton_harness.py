@@ -1,6 +1,7 @@
-"""The wattserve-vs-Triton benchmark's parts that need no Triton: the rates it runs, the ratio,
-the tables, Triton's batch statistics from its metrics text, and that the Triton script is
-configured exactly like wattserve (same knobs, same weights). PyTriton is never imported."""
+"""The wattserve-vs-Triton benchmark's parts that need no Triton (support/triton_pair.py and
+support/triton_mobilenet.py): the rates it runs, the ratio, the tables, Triton's batch
+statistics from its metrics text, and that the Triton script is configured exactly like
+wattserve (same knobs, same weights). PyTriton is never imported."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 from wattserve.server.settings import Settings
 
-from benchmarks import triton_mobilenet as tm
-from benchmarks import vs_triton as vt
+from support import triton_mobilenet as tm
+from support import triton_pair as vt
 
 
 def test_rates_cover_each_fraction_of_each_capacity_in_order():
@@ -162,15 +163,15 @@ def test_measure_wiring_against_two_v2_servers(capsys):
     is ``python -m benchmarks.vs_triton``). Tiny windows: this checks wiring, not speed."""
     from wattserve.loadgen.runner import run_async
 
-    from benchmarks._harness import wattserve
+    from tests.servers import server_process
 
     win = vt.Windows(warmup_s=0.2, duration_s=1.0, point_queries=10, search_queries=20,
                      search_tolerance=0.5, search_steps=2)  # fmt: skip
     args = vt.parse_args(["--model", "identity", "--fractions", "0.5,1", "--search-start", "20",
                           "--slo-ms", "1000", "--request-timeout", "10"])  # fmt: skip
-    env = {"WATTSERVE_MODEL": "identity", "WATTSERVE_BATCHER": "dynamic"}
-    with wattserve(env) as a, wattserve(env) as b:
-        doc = run_async(measure_doc(args, win, a, b))
+    env = {"WATTSERVE_MODEL": "identity", "WATTSERVE_BATCHER": "dynamic", "WATTSERVE_LOG_LEVEL": "warning"}
+    with server_process(env) as a, server_process(env) as b:
+        doc = run_async(measure_doc(args, win, a.url, b.url))
     assert set(doc["search"]) == {"wattserve", "triton"}
     caps = {}
     for server, summary in doc["search"].items():

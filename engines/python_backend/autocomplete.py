@@ -34,6 +34,15 @@ class ModelConfig:
         self._config["max_batch_size"] = max_batch_size
 
     def set_dynamic_batching(self) -> None:
+        """Triton's rule: a config that already has another scheduler keeps it (one scheduler
+        per model: ``sequence_batching`` is never silently replaced)."""
+        for other in ("sequence_batching", "ensemble_scheduling"):
+            if self._config.get(other):
+                raise TritonModelException(
+                    f"Configuration specified scheduling_choice as '{other}', but auto-complete-config "
+                    f"function for model '{self._config.get('name', '')}' tries to set scheduling_choice "
+                    "as 'dynamic_batching'"
+                )
         self._config.setdefault("dynamic_batching", {})
 
     def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:

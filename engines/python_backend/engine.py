@@ -230,6 +230,7 @@ class PythonModelEngine:
         tensors = [pb_utils.Tensor(name, value if batching else value[0]) for name, value in inputs.items()]
         wanted = getattr(context, "outputs", None) or self._all_outputs
         parameters = getattr(context, "parameters", None)
+        sequence = getattr(context, "sequence", None)  # a stateful model's: its ID and START/END flags
         request = pb_utils.InferenceRequest(
             model_name=self.name,
             inputs=tensors,
@@ -237,6 +238,8 @@ class PythonModelEngine:
             request_id=getattr(context, "id", None) or "",
             model_version=int(self.model.version),
             parameters=parameters if isinstance(parameters, dict | str) else None,
+            correlation_id=sequence.correlation_id if sequence is not None else 0,
+            flags=sequence.flags if sequence is not None else 0,
         )
         request._cancelled = cancelled
         sink = getattr(context, "response_sink", None)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 from wattserve.batchers.status import Status
+from wattserve.batchers.types import SequenceTag
 from wattserve.engines.python_backend.custom_metrics import MetricError
 from wattserve.engines.python_backend.engine import ModelFailed
 
@@ -37,6 +38,7 @@ class RequestMeta:
     outputs: list[str] | None
     parameters: dict[str, Any] | str | None
     streamed: bool  # it has a response sink (a decoupled model's stream)
+    sequence: SequenceTag | None = None  # a stateful model's: its correlation ID and flags
 
 
 @dataclass
@@ -48,6 +50,7 @@ class WorkerContext:
     parameters: dict[str, Any] | str | None
     response_sink: Callable[..., None] | None
     response_cancelled: Callable[[], bool] | None
+    sequence: SequenceTag | None = None
 
 
 def joined(per_request: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:

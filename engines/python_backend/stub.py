@@ -172,7 +172,7 @@ class Worker:
         if meta.streamed:
             sink = self._sink(meta.key)
             stream_gone = self._cancelled(meta.key, "stream")
-        return WorkerContext(meta.id, meta.outputs, meta.parameters, sink, stream_gone)
+        return WorkerContext(meta.id, meta.outputs, meta.parameters, sink, stream_gone, meta.sequence)
 
     def _cancelled(self, key: str, which: str) -> Any:
         def cancelled() -> bool:

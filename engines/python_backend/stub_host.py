@@ -30,6 +30,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+from wattserve.batchers.types import SequenceTag
 from wattserve.engines.python_backend import shm
 from wattserve.engines.python_backend.channel import Channel, Closed, reply
 from wattserve.engines.python_backend.custom_metrics import CustomMetrics
@@ -165,9 +166,11 @@ class StubHost:
             sink = getattr(context, "response_sink", None)
             states[key] = InFlight(cancelled, getattr(context, "response_cancelled", None), sink)
             parameters = getattr(context, "parameters", None)
+            tag = getattr(context, "sequence", None)  # its implicit state stays here: not a Python model's
+            sequence = None if tag is None else SequenceTag(tag.correlation_id, tag.start, tag.end)
             metas.append(RequestMeta(key, getattr(context, "id", None), getattr(context, "outputs", None),
                                      parameters if isinstance(parameters, dict | str) else None,
-                                     sink is not None))  # fmt: skip
+                                     sink is not None, sequence))  # fmt: skip
         with self._lock:
             if self._cleared:
                 shm.discard(layout)

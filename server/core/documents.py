@@ -12,6 +12,7 @@ from wattserve.server.core.admission import Refused, select
 from wattserve.server.models.model_set import ModelSet, ModelState, UnknownModel
 from wattserve.server.models.repository import model_config_pb2 as pb
 from wattserve.server.models.repository.plan import config_datatype
+from wattserve.server.models.repository.sequence_config import sequence_batching_doc
 from wattserve.server.models.runtime import ModelRuntime
 
 VERSION = "0.1.0"
@@ -120,6 +121,10 @@ def triton_config(runtime: ModelRuntime) -> dict[str, Any]:
         config["platform"], config["backend"] = "", "python"
     if policy == DynamicBatcher.name:
         config["dynamic_batching"] = _dynamic_batching(runtime, running)
+    if runtime.serving.sequence is not None and runtime.config is not None:
+        # a stateful model's, as Triton's JSON writes it (64-bit integers as strings): what runs,
+        # since every field kept is honoured; perf_analyzer reads it to send sequences
+        config["sequence_batching"] = sequence_batching_doc(runtime.config)
     if getattr(runtime, "response_cache", None) is not None:  # what runs: enabled and a cache configured
         config["response_cache"] = {"enable": True}
     return config

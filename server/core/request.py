@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from wattserve.batchers.status import Status
+from wattserve.batchers.types import SequenceTag
 from wattserve.engines.base import DATATYPE_TO_NUMPY, TensorSpec
 from wattserve.server.core.bytes_tensors import BYTES, bytes_from_values, deserialize_bytes, serialize_bytes
 from wattserve.server.extensions import classification, shared_memory
@@ -62,6 +63,8 @@ class InferRequest:
         # the request's own parameters, Triton's reserved keys left out (what a Python model's
         # ``request.parameters()`` answers); set only when the request has some
         parameters: dict[str, Any] | None = field(default=None, init=False)
+        # a stateful model's request: its correlation ID and START/END flags (``sequence_*``)
+        sequence: SequenceTag | None = field(default=None, init=False)
     else:
         output_regions = None
         classification = None
@@ -69,6 +72,7 @@ class InferRequest:
         token_sink = None
         response_cancelled = None
         parameters = None
+        sequence = None
 
 
 def check_tensor_header(
@@ -217,6 +221,31 @@ def _read_parameters(params: Any, request: InferRequest) -> None:
         request.timeout_us = t or None
     if params.get("binary_data_output") is True:
         request.binary_outputs = {"*"}
+    if "sequence_id" in params:
+        request.sequence = _sequence(params)
+
+
+UINT64 = 2**64
+
+
+def _sequence(params: dict[str, Any]) -> SequenceTag | None:
+    """Triton's sequence parameters: a correlation ID (an unsigned 64-bit integer or a
+    string; 0 and "" mean none) and the START/END flags. gRPC carries an ID over 2^63 as a
+    negative int64 (Triton reads the bits as uint64)."""
+    cid = params["sequence_id"]
+    if is_int(cid) and -(2**63) <= cid < UINT64:
+        cid %= UINT64
+    elif not isinstance(cid, str):
+        raise BadRequest("parameter 'sequence_id' must be an unsigned 64-bit integer or a string")
+    flags = []
+    for key in ("sequence_start", "sequence_end"):
+        value = params.get(key, False)
+        if not isinstance(value, bool):
+            raise BadRequest(f"parameter '{key}' must be a boolean")
+        flags.append(value)
+    if cid == 0 or cid == "":
+        return None
+    return SequenceTag(cid, start=flags[0], end=flags[1])
 
 
 def _model_parameters(params: dict[str, Any]) -> dict[str, Any] | None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -34,16 +36,55 @@ def token_outputs(delta: str, token: int, finish_reason: str | None, prompt_toke
     }
 
 
+class _Mailbox:
+    """Every token sink's calls bound for one loop, handed over in one loop callback per batch.
+
+    A step of a language model generates one token for each of its running sequences; one
+    ``call_soon_threadsafe`` per token would wake the loop (a self-pipe write and a loop turn)
+    once per token. Here the engine thread appends to a list and schedules a flush only when
+    none is pending, so a step's tokens cross over together, in the order generated; the
+    flush is scheduled before the step returns, so it runs before the iteration is settled
+    (the loop runs its callbacks in order) and a request's last token still precedes its end.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._calls: list[tuple[Callable[..., None], tuple[object, ...]]] = []
+        self._pending = False
+
+    def post(self, fn: Callable[..., None], *args: object) -> None:
+        """Any thread: ``fn(*args)`` on the loop, after every call posted before it."""
+        with self._lock:
+            self._calls.append((fn, args))
+            if self._pending:
+                return
+            self._pending = True
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody reads any more
+            self._loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:
+        with self._lock:
+            calls, self._calls, self._pending = self._calls, [], False
+        for fn, args in calls:
+            fn(*args)
+
+
+_mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = weakref.WeakKeyDictionary()
+
+
 def token_sink(loop: asyncio.AbstractEventLoop, deliver: Deliver) -> Sink:
     """A ``TokenSink`` for the engine thread that calls ``deliver`` on ``loop`` per token;
-    ``final`` is True for the token that ended the generation."""
+    ``final`` is True for the token that ended the generation. Made on the loop's thread."""
+    mailbox = _mailboxes.get(loop)
+    if mailbox is None:
+        mailbox = _mailboxes[loop] = _Mailbox(loop)
 
     def on_loop(delta: str, token: int, finish_reason: str | None, prompt_tokens: int) -> None:
         deliver(token_outputs(delta, token, finish_reason, prompt_tokens), finish_reason is not None)
 
     def sink(delta: str, token: int, finish_reason: str | None, prompt_tokens: int) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody reads any more
-            loop.call_soon_threadsafe(on_loop, delta, token, finish_reason, prompt_tokens)
+        mailbox.post(on_loop, delta, token, finish_reason, prompt_tokens)
 
     return sink
 

@@ -328,7 +328,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         except WireError as exc:
             raise Failure(S.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}") from None
         try:
-            runtime = select(self.models, peek.model_name, peek.model_version or None)
+            runtime = self._select(peek.model_name, peek.model_version or None)
         except ModelUnavailable as refused:  # failed to load or unloaded: Triton answers UNAVAILABLE
             raise Failure(S.UNAVAILABLE, str(refused)) from None
         except Refused as refused:
@@ -360,6 +360,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             self.body_budget.release(cost)
             raise Failure(S.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}") from None
         return message, runtime, cost
+
+    def _select(self, name: str, version: str | None) -> ModelRuntime:
+        """The runtime that serves a request (``admission.select``; a front-end process
+        answers with its view of the engine core's model)."""
+        return select(self.models, name, version)
 
     async def _read(self, runtime: ModelRuntime, message: Any) -> tuple[Any, int, int]:
         """The decoder's reader: the parsed message and its tensors' size. Nothing more is
@@ -682,14 +687,17 @@ class GrpcFrontEnd:
         shm: SharedMemoryRegistry | None = None,
         trace: TraceSettings | None = None,
         log: LogSettings | None = None,
+        address: str | None = None,
     ) -> None:
+        """``address``: where to listen instead of the settings' host and port (e.g. the
+        engine core's ``unix:`` socket behind front-end processes)."""
         self.settings = settings
         self.service = InferenceService(models, settings, body_budget, shm, trace, log)
         self.restrictions = restrictions
         host = settings.grpc_host or settings.host
         if ":" in host and not host.startswith("["):  # an IPv6 address, e.g. "::"
             host = f"[{host}]"
-        self.address = f"{host}:{settings.grpc_port}"
+        self.address = address or f"{host}:{settings.grpc_port}"
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
 

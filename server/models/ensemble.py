@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 from wattserve.batchers.status import Status
-from wattserve.batchers.types import ClientGone, Draining, RequestError, Result, WorkItem
+from wattserve.batchers.types import ClientGone, Draining, RequestError, Result, SequenceTag, WorkItem
 from wattserve.engines.base import TensorSpec
 from wattserve.server.core.admission import Refused, admit
 from wattserve.server.core.inprocess import request_from_arrays
@@ -301,7 +301,11 @@ class EnsembleRuntime(ModelRuntime):
             if engine is None:
                 raise BadRequest(f"model {step.model!r} is unloading", Status.UNAVAILABLE)
             args = (inputs, wanted, request.id, request.priority, request.timeout_us)
-            return request_from_arrays(runtime, engine, *args), engine
+            step_request = request_from_arrays(runtime, engine, *args)
+            tag = request.sequence
+            if tag is not None:  # Triton passes the correlation ID and flags to every step
+                step_request.sequence = SequenceTag(tag.correlation_id, start=tag.start, end=tag.end)
+            return step_request, engine
 
         try:
             done = await admit(models, step.model, step.version, decode, None)

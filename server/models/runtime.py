@@ -10,17 +10,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from time import monotonic
 from typing import Any
 
 import numpy as np
 from wattserve.batchers.base import Batcher, engine_thread
+from wattserve.batchers.clock import REAL_CLOCK, Clock
 from wattserve.batchers.iteration_metrics import IterationMetrics
 from wattserve.batchers.lm_metrics import LMMetrics
 from wattserve.batchers.registry import build_batcher
-from wattserve.batchers.types import Draining, QueueFull, RequestError, Result, WorkItem
+from wattserve.batchers.types import ClientGone, Draining, QueueFull, RequestError, Result, WorkItem
 from wattserve.engines.base import (
     Engine,
     PreparesInputs,
@@ -64,7 +65,9 @@ class ModelRuntime:
         batching: bool = True,
         platform: str | None = None,
         config: Any = None,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
+        """``clock``: the batcher's, and its work items' arrivals and deadlines (``batchers.clock``)."""
         self.serving = serving  # this model's typed configuration, built once (its plan's)
         self.name = name or serving.engine.model
         self.version = version
@@ -83,6 +86,8 @@ class ModelRuntime:
         self.config = config  # parsed ModelConfig when served from a repository
         self.class_labels: ClassLabels | None = None  # outputs' label files (classification)
         self.metrics = metrics
+        self.clock = clock
+        self._now = clock.now
         self._engine_factory = engine_factory
         # read by start(): "energy_meter_for" (device -> meter), "on_batch" (size, energy)
         self.batcher_hooks: dict[str, Any] = dict(batcher_hooks or {})
@@ -121,7 +126,7 @@ class ModelRuntime:
             bind_models(engines, self.batcher_hooks.get("call_model"), loop)
             observer = self._observer(engines[0])
             # e.g. iteration needs a step engine
-            batcher = build_batcher(self.serving.batching, engines, observer, threads)
+            batcher = build_batcher(self.serving.batching, engines, observer, threads, self.clock)
             await batcher.prepare()  # e.g. adaptive times its batch sizes: before ready, not after
         except BaseException:
             for thread, engine in zip(threads, engines, strict=False):  # a failed load frees what it built
@@ -234,15 +239,21 @@ class ModelRuntime:
                              f"{request.rows}")  # fmt: skip
         if self._validate is not None:  # model-specific checks (-> 400), once per request
             self._validate(inputs)
+        sequence = self.serving.sequence
+        if sequence is not None:  # a stateful model: Triton's checks, its control inputs filled
+            inputs = sequence.admit(request.sequence, request.rows, inputs)
         item = self._make_item(request, inputs)
+        item.sequence = request.sequence
         if self.response_cache is not None:
             item.cache_key = self._cache_key(request)
         return item
 
     def _cache_key(self, request: InferRequest) -> bytes | None:
         """The request's response-cache key, or None when it is not cached: no cache, or the
-        request carries its own parameters or a response (or token) stream (either may change the answer)."""
-        if request.parameters or request.response_sink is not None or request.token_sink is not None:
+        request carries its own parameters, a response (or token) stream or a sequence (each may change the
+        answer)."""
+        if (request.parameters or request.response_sink is not None or request.token_sink is not None
+                or request.sequence is not None):  # fmt: skip
             return None
         return request_key(self.name, self.version, request.inputs, request.outputs)
 
@@ -268,7 +279,7 @@ class ModelRuntime:
         timeout: the deadline is the default timeout, shortened by the request's own."""
         level = priority or self.queue_policy.default_priority
         s = self.queue_policy.at(level)  # the level's own policy (priority_queue_policy), else the default
-        now = monotonic()
+        now = self._now()  # the batcher's clock: its deadline timer and queue bound read the same
         default_s = s.default_timeout_ms / 1e3 if s.default_timeout_ms is not None else None
         if timeout_us is not None and s.allow_timeout_override:
             timeout_s = timeout_us / 1e6  # Triton: an override may shorten the default, not extend it
@@ -303,6 +314,44 @@ class ModelRuntime:
             raise
         await _wait_turn(previous, mine)
         return result
+
+    def submit_nowait(
+        self, item: WorkItem, answer: Callable[[Result | None, BaseException | None], None]
+    ) -> bool:
+        """``infer`` without a coroutine, for a caller with many requests and no task per
+        request (the engine core behind front-end processes, ``server.split``): queue the
+        item now, count its one outcome and call ``answer(result, error)`` once it is in.
+        False, with nothing done, for a model whose ``infer`` does more than queue (response
+        cache, preserve_ordering, per-level queue bounds, a batcher whose submit does more than
+        queue, as the sequence batcher's): await ``infer`` for those. Raises
+        the refusals ``infer`` raises before queueing."""
+        if self.response_cache is not None or self.serving.preserve_ordering or self._level_bounds:
+            return False
+        batcher = self.batcher
+        if batcher is None:  # unloaded between admission and submit
+            raise Draining(f"model {self.name!r} is unloading")
+        if type(batcher).submit is not Batcher.submit:  # e.g. a sequence's turn is awaited first
+            return False
+        started = monotonic()
+        try:
+            future, timer = batcher.enqueue(item)
+        except RequestError as exc:
+            self.record_outcome(exc.outcome, started, None)
+            raise
+
+        def done(future: asyncio.Future[Result]) -> None:
+            batcher.release(timer)
+            error = ClientGone("cancelled") if future.cancelled() else future.exception()
+            if error is None:
+                result = future.result()
+                self.record_outcome("success", started, result)
+                answer(result, None)
+            else:
+                self.record_outcome(getattr(error, "outcome", "error"), started, None)
+                answer(None, error)
+
+        future.add_done_callback(done)
+        return True
 
     async def _infer(self, item: WorkItem) -> Result:
         if self.batcher is None:  # unloaded between admission and submit

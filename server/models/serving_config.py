@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.registry import running_policy
@@ -52,6 +53,9 @@ class ServingConfig:
     response_cache: bool = (
         False  # Triton's response_cache.enable: uses the server's cache, if one is configured
     )
+    # a stateful model's sequence_batching (server/models/repository/sequence_config.py
+    # SequenceModelSpec): the runtime fills each request's control inputs from it
+    sequence: Any = None
 
     @property
     def policy(self) -> str:

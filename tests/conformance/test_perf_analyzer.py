@@ -21,6 +21,8 @@ Where each behaviour comes from:
   docs (docs/user_guide/model_configuration.md, "Inputs and Outputs"); ``qa/L0_infer_variable``.
 - BYTES (``TYPE_STRING``) inputs of random strings: perf_analyzer's ``--string-length``;
   Triton's ``qa/L0_string_io``.
+- Stateful models (``--sequence-length``): perf_analyzer's docs/cli.md; Triton's
+  ``qa/L0_perf_analyzer`` runs it against its sequence models (START/READY/CORRID controls).
 
 perf_analyzer comes from scripts/install_perf_analyzer.sh; ``WATTSERVE_PERF_ANALYZER`` names
 its wrapper (.ci/run exports it). Each run is short: 1 s windows, up to 5 of them, and a
@@ -41,6 +43,7 @@ import pytest
 import tritonclient.grpc as grpc_client
 from wattserve.loadgen.server_process import free_port, running_wattserve
 
+from support.sequence_models import onnx_accumulator, python_accumulator
 from support.tool_models import make_tool_repository
 from tests.conformance.external_tools import required_tool
 
@@ -76,6 +79,17 @@ CASES = {
     "grpc_variable_dim": Case("add_var", "grpc", ("--shape", "INPUT0:16")),
     "bytes": Case("string_identity", "http", ("--string-length", "16")),
     "grpc_bytes": Case("string_identity", "grpc", ("--string-length", "16")),
+    # stateful models: perf_analyzer reads sequence_batching from the config and sends each
+    # concurrency slot's sequences (sequence_id, start, end) of --sequence-length requests
+    "sequence_implicit_state": Case(
+        "acc_onnx", "http", ("--sequence-length", "5", "--concurrency-range", "1:2")
+    ),
+    "grpc_sequence_implicit_state": Case(
+        "acc_onnx", "grpc", ("--sequence-length", "5", "--concurrency-range", "1:2")
+    ),
+    "grpc_sequence_python": Case(
+        "acc_python", "grpc", ("--sequence-length", "5", "--concurrency-range", "1:2")
+    ),
 }
 
 # Modes wattserve's main does not serve yet, each with the text perf_analyzer fails with. Such
@@ -99,7 +113,8 @@ class Level:
 
 
 LEVEL = re.compile(
-    r"Client:\s*\n\s*Request count: (?P<client>\d+)\s*\n\s*Throughput: (?P<tput>[\d.]+) infer/sec.*?"
+    r"Client:\s*\n\s*Request count: (?P<client>\d+)\s*\n(?:\s*Sequence count: [^\n]*\n)?"  # sequences
+    r"\s*Throughput: (?P<tput>[\d.]+) infer/sec.*?"
     r"p50 latency: (?P<p50>\d+) usec.*?p99 latency: (?P<p99>\d+) usec"
     r"(?:.*?Server:.*?Successful request count: (?P<server>\d+))?",
     re.S,
@@ -134,6 +149,8 @@ def perf_analyzer() -> Path:
 @pytest.fixture(scope="module")
 def server(perf_analyzer, tmp_path_factory):
     repository = make_tool_repository(tmp_path_factory.mktemp("tool-repo"))
+    onnx_accumulator(repository)  # stateful models (Triton's sequence batcher)
+    python_accumulator(repository)
     grpc_port = free_port()
     # Triton's --allow-client-shm=true: recent Triton refuses client shared-memory
     # registration without it (docs/protocol/extension_shared_memory.md), and so does wattserve.

@@ -6,10 +6,12 @@ machinery cost ~100 us a request here, more than the identity model's whole budg
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from wattserve.server.core.admission import Refused, admit, timing_values
+from wattserve.server.core.admission import Admitted, Refused, admit, timing_values
 from wattserve.server.core.decode import BodyBudget, InferenceDecoder
 from wattserve.server.extensions.shared_memory import SharedMemoryRegistry, ShmError
 from wattserve.server.http.codec import (
@@ -39,10 +41,15 @@ class InferResponse(Response):
         self.raw_headers = [*headers, (b"content-length", b"%d" % len(body)), (b"content-type", media_type)]
 
 
+# How a front end admits one inference request: (the request, model name, version) -> its
+# answer (``server.core.admission.admit`` in one process; the engine core's in a front-end
+# process, ``server.split.frontend``). Raises Refused.
+AdmitRequest = Callable[[Request, str, str | None], Awaitable[Admitted]]
+
+
 def inference_routes(
     models: ModelSet, settings: Settings, body_budget: BodyBudget, shm: SharedMemoryRegistry | None = None
 ) -> list[Route]:
-    retry_after_s = settings.retry_after_s
     max_body_bytes = settings.max_body_bytes
 
     async def read(runtime: ModelRuntime, request: Request) -> tuple[InferBody, int, int]:
@@ -54,11 +61,22 @@ def inference_routes(
 
     decode = InferenceDecoder(read, parse_infer_body, body_budget, shm)
 
+    def admit_request(request: Request, name: str, version: str | None) -> Awaitable[Admitted]:
+        return admit(models, name, version, decode, request, watching_submit)
+
+    return infer_routes(admit_request, settings.retry_after_s, shm)
+
+
+def infer_routes(
+    admit_request: AdmitRequest, retry_after_s: int, shm: SharedMemoryRegistry | None = None
+) -> list[Route]:
+    """The two infer paths, answered by ``admit_request`` and encoded here (JSON or binary)."""
+
     async def infer(request: Request) -> Response:
         params = request.path_params
         name = params["name"]
         try:
-            done = await admit(models, name, params.get("version"), decode, request, watching_submit)
+            done = await admit_request(request, name, params.get("version"))
         except Refused as refused:
             return refusal_response(refused, retry_after_s, request)
         engine = done.engine

@@ -62,6 +62,31 @@ HONOURED_BY_KIND: dict[str, dict[str, set[str]]] = {
         "Step": {"model_name", "model_version", "input_map", "output_map"},
     },
 }
+# Triton's sequence batcher (batchers/sequence.py, server/models/repository/sequence_config.py):
+# the direct and oldest strategies and the control inputs for ONNX Runtime, TorchScript and Python
+# models, implicit state for ONNX Runtime and TorchScript models
+SEQUENCE_BATCHING: dict[str, set[str]] = {
+    "ModelConfig": {"sequence_batching"},
+    "ModelSequenceBatching": {"direct", "oldest", "max_sequence_idle_microseconds", "control_input"},
+    "StrategyDirect": {"max_queue_delay_microseconds", "minimum_slot_utilization"},
+    "StrategyOldest": {"max_candidate_sequences", "preferred_batch_size", "max_queue_delay_microseconds"},
+    "ControlInput": {"name", "control"},
+    "Control": {"kind", "int32_false_true", "fp32_false_true", "bool_false_true", "data_type"},
+}
+IMPLICIT_STATE: dict[str, set[str]] = {
+    "ModelSequenceBatching": {"state"},
+    "State": {"input_name", "output_name", "data_type", "dims", "initial_state"},
+    "InitialState": {"data_type", "dims", "zero_data", "data_file", "name"},
+}
+for _kind, _parts in (
+    ("onnx", (SEQUENCE_BATCHING, IMPLICIT_STATE)),
+    ("torchscript", (SEQUENCE_BATCHING, IMPLICIT_STATE)),
+    ("python", (SEQUENCE_BATCHING,)),
+):
+    _own = HONOURED_BY_KIND.setdefault(_kind, {})
+    for _part in _parts:
+        for _message, _fields in _part.items():
+            _own.setdefault(_message, set()).update(_fields)
 # Triton's response cache, for every kind with an engine (server/models/response_cache.py); an
 # ensemble's own requests are not cached (Triton's known limitation), its steps' may be
 for _kind in ("onnx", "torchscript", "tensorrt", "builtin", "python"):
@@ -71,7 +96,15 @@ for _kind in ("onnx", "torchscript", "tensorrt", "builtin", "python"):
 # Why a field is refused, by its path without indices (the first prefix found); the rest:
 # "wattserve does not implement it".
 WHY = {
-    "sequence_batching": "stateful models (the sequence batcher) are not implemented",
+    "sequence_batching": "stateful models (the sequence batcher) are served for ONNX Runtime, TorchScript "
+    "and Python models only",
+    "sequence_batching.oldest.preserve_ordering": "the oldest strategy's preserve_ordering is not "
+    "implemented",
+    "sequence_batching.iterative_sequence": "iterative sequences are not implemented",
+    "sequence_batching.state": "implicit state is implemented for ONNX Runtime and TorchScript models only",
+    "sequence_batching.state.use_same_buffer_for_input_output": "state buffers shared by input and output "
+    "are not implemented",
+    "sequence_batching.state.use_growable_memory": "growable state memory is not implemented",
     "response_cache": "an ensemble's own requests are not cached (its steps' models may cache theirs)",
     "optimization": "Triton's backend optimization settings are not applied",
     "model_repository_agents": "repository agents are not implemented",

@@ -48,6 +48,8 @@ from wattserve.server.models.repository.config import (
     select_versions,
 )
 from wattserve.server.models.repository.override import LoadOverride
+from wattserve.server.models.repository.sequence_config import SequenceModelSpec, sequence_spec
+from wattserve.server.models.repository.sequence_plan import sequence_factory, sequence_serving, with_hidden
 from wattserve.server.models.repository.warmup import warmed, warmup_samples
 from wattserve.server.models.serving_config import QueuePolicy, ServingConfig
 from wattserve.server.settings import MODEL_PARAMETERS, Settings
@@ -158,9 +160,17 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
     if kind == "python":  # auto_complete_config, and what a Python model may not ask for
         python_models.prepare(config, model_dir, base, source, warnings)
         warnings += check_supported(config, kind, f"{source} (as auto_complete_config left it)", allow)
+    sequence = (
+        sequence_spec(config, name, source, model_dir) if config.HasField("sequence_batching") else None
+    )
     settings = _model_settings(config, base, kind, name, source, warnings)
     batching = config.max_batch_size > 0
     devices = _instance_devices(config, base, source, warnings, kind)
+    if sequence is not None and kind == "python" and len(devices or ()) > 1:
+        raise ConfigError(f"{source}: 'sequence_batching' with {len(devices or ())} instances of a Python "
+                          "model is not supported by wattserve (a sequence is not pinned to an "
+                          "instance, and a Python model keeps its sequences' state in its instance; use "
+                          "one)")  # fmt: skip
     steps = (kind == "builtin" and MODELS[settings.model].steps) or kind == "transformers"
     if kind == "transformers" and not batching:
         raise ConfigError(
@@ -176,6 +186,8 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
         serving = replace(serving, response_cache=True)
     if config.dynamic_batching.priority_queue_policy:
         serving = replace(serving, queue=_level_policies(config, serving.queue, source))
+    if sequence is not None:
+        serving = sequence_serving(serving, sequence)
     file_name = config.default_model_filename or default_file
 
     versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
@@ -195,7 +207,7 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
                                   "needs config.json, *.safetensors and tokenizer files there)")  # fmt: skip
         elif kind != "builtin" and not path.is_file():
             raise ConfigError(f"{path}: missing ({platform} needs {file_name} in each version folder)")
-        factory = warmed(_engine_factory(kind, path, name, config, batching, source), samples)
+        factory = warmed(_engine_factory(kind, path, name, config, batching, source, sequence), samples)
         plans.append(ModelPlan(name, str(version), serving, factory, batching=batching,
                                platform=platform, warnings=warnings, config=config))  # fmt: skip
     for warning in warnings:
@@ -243,7 +255,8 @@ def auto_complete(config: pb.ModelConfig, model_dir: Path, source: str) -> None:
         newest = _version_dirs(model_dir)[-1] / (config.default_model_filename or "model.onnx")
         if _onnx_batches(newest, source):
             config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
-            config.dynamic_batching.SetInParent()  # Triton enables it with default settings
+            if not config.HasField("sequence_batching"):  # (one scheduler: a sequence model keeps its own)
+                config.dynamic_batching.SetInParent()  # Triton enables it with default settings
 
 
 def _onnx_batches(path: Path, source: str) -> bool:
@@ -289,7 +302,12 @@ def _model_settings(
         update["model"] = builtin
     else:
         update["model"] = name
-    if "batcher" not in update and "batcher" in base.model_fields_set:
+    if config.HasField("sequence_batching"):  # a stateful model runs on the sequence batcher only
+        if update.get("batcher", "sequence") not in ("sequence", "sequence_oldest"):
+            raise ConfigError(f"{source}: parameters key 'batcher' is {update['batcher']!r} but a model with "
+                              "'sequence_batching' runs on the sequence batcher")  # fmt: skip
+        update["batcher"] = "sequence"  # its strategy's (sequence_plan.sequence_serving)
+    elif "batcher" not in update and "batcher" in base.model_fields_set:
         update["batcher"] = base.batcher
     elif "batcher" not in update:  # Triton batches across requests only when the config asks
         update["batcher"] = "dynamic" if config.HasField("dynamic_batching") else "single"
@@ -444,12 +462,24 @@ def config_tensors(tensors: Any, source: str, what: str) -> tuple[list[TensorSpe
 
 
 def _engine_factory(
-    kind: str, path: Path, name: str, config: pb.ModelConfig, batching: bool, source: str
-) -> EngineFactory:
+    kind: str, path: Path, name: str, config: pb.ModelConfig, batching: bool, source: str,
+    sequence: SequenceModelSpec | None = None,
+) -> EngineFactory:  # fmt: skip
     in_outer, in_inner = config_tensors(config.input, source, "input")
     out_outer, out_inner = config_tensors(config.output, source, "output")
-    if kind == "python":
+    if kind == "python":  # its requests carry the control tensors (runtime); no state
         return python_models.python_factory(path, name, config, in_outer, out_outer)
+    if sequence is not None:
+        return sequence_factory(_tensor_factory(kind, path, name, batching, source, *with_hidden(
+            sequence, in_outer, in_inner, out_outer, out_inner)), sequence)  # fmt: skip
+    return _tensor_factory(kind, path, name, batching, source, in_outer, in_inner, out_outer, out_inner)
+
+
+def _tensor_factory(
+    kind: str, path: Path, name: str, batching: bool, source: str, in_outer: list[TensorSpec],
+    in_inner: list[TensorSpec], out_outer: list[TensorSpec], out_inner: list[TensorSpec],
+) -> EngineFactory:  # fmt: skip
+    """The engine of a model file whose config declares these tensors (client side, model side)."""
     if kind == "torchscript" and (not in_inner or not out_inner):
         raise ConfigError(f"{source}: pytorch_libtorch models need 'input' and 'output' in the config "
                           "(TorchScript files carry no tensor names or shapes)")  # fmt: skip

@@ -1,5 +1,6 @@
-"""benchmarks.adaptive_live_table: the per-run and pooled rows of a live sweep, from the
-load generator's own files (results.json, requests.csv) written here by hand."""
+"""The per-run and pooled rows of a live sweep (support/live_sweep.py, what
+benchmarks.adaptive_live_table prints), from the load generator's own files (results.json,
+requests.csv) written here by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.adaptive_live_table import markdown, table
+from support.live_sweep import markdown, table
 
 
 def _run(

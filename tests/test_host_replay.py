@@ -11,8 +11,8 @@ import pytest
 from wattserve.batchers.adaptive_decision import Objective
 from wattserve.loadgen.output import REQUEST_COLUMNS
 
-from benchmarks.adaptive_host_replay import Draws, HostProfile, profile_from_runs, replay
-from benchmarks.adaptive_simulation import Continuous, simulate
+from support.batch_simulation import Continuous, simulate
+from support.host_replay import Draws, HostProfile, profile_from_runs, replay
 
 FIELDS = REQUEST_COLUMNS  # the columns the load generator writes
 

@@ -1,0 +1,47 @@
+"""sequence_oldest: Triton's sequence batcher, the ``oldest`` strategy.
+
+Up to ``max_candidate_sequences`` sequences are live at once (the others wait for one to end,
+in start order); each has at most one request queued or running, as with ``direct``
+(``batchers.sequence``). The queue therefore holds the oldest request of each candidate
+sequence, and batches are formed from it exactly as the dynamic batcher forms them
+(``batchers.dynamic``): a preferred size at once, else what is there after
+``max_queue_delay``, oldest first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from wattserve.batchers.config import BatchingSpec
+from wattserve.batchers.dynamic import DynamicBatcher, DynamicConfig
+from wattserve.batchers.policy import Decision, QueueView
+from wattserve.batchers.sequence import SequenceBatcher, SequenceConfig
+from wattserve.engines.base import Engine
+
+
+@dataclass
+class OldestConfig(SequenceConfig, DynamicConfig):
+    """The sequence batcher's (slots: the candidate sequences) and the dynamic batcher's."""
+
+
+class OldestSequenceBatcher(SequenceBatcher, DynamicBatcher):
+    name = "sequence_oldest"
+    summary = (
+        "Triton's sequence batcher (oldest): candidate sequences' oldest requests, batched as dynamic does"
+    )
+    config: OldestConfig
+
+    def __init__(self, engines: Sequence[Engine], config: OldestConfig, **hooks: Any) -> None:
+        super().__init__(engines, config, **hooks)
+
+    @classmethod
+    def config_from(cls, spec: BatchingSpec, engine: Engine) -> OldestConfig:
+        sequence = SequenceBatcher.config_from(spec, engine)
+        dynamic = DynamicBatcher.config_from(spec, engine)
+        return OldestConfig(**{**vars(dynamic), **vars(sequence)})
+
+    def decide(self, view: QueueView, now: float) -> Decision:
+        """The dynamic batcher's decision over the candidate sequences' oldest requests."""
+        return DynamicBatcher.decide(self, view, now)

@@ -1,0 +1,166 @@
+"""The sequences a stateful model is serving: one batch slot per live sequence, one request
+of a sequence at a time, and the idle reaper (Triton's sequence batcher, its bookkeeping).
+
+Event loop only. A sequence is *live* from its START request until its END request is
+accepted or it has been idle ``idle_s`` (no request arrived for it): then a later request
+of it (without START) is refused with Triton's words. A live sequence holds a slot from the
+moment one is free until its last request is answered; sequences that start while every
+slot is taken wait for one in start order (Triton's backlog).
+
+Each request of a sequence waits for its turn: the answer of the request before it (its
+``tail``), and the sequence's slot. So at most one request of a sequence is ever queued or
+running, and they run in arrival order, whatever the batch policy does with the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from wattserve.batchers.status import Status
+from wattserve.batchers.types import RequestError, SequenceTag
+
+log = logging.getLogger("wattserve.batcher")
+
+
+class SequenceNotStarted(RequestError):
+    """A request of a sequence that is not live (never started, ended, or reaped idle)."""
+
+    status = Status.INVALID_ARG
+    outcome = "bad_request"
+
+
+@dataclass(eq=False)
+class LiveSequence:
+    """One live sequence: its slot (granted when ``slot`` is done), the answer of its latest
+    request (``tail``), its idle timer, and its implicit state (``SequenceTag.state``)."""
+
+    correlation_id: int | str
+    slot: asyncio.Future[None]
+    tail: asyncio.Future[None] | None = None
+    timer: asyncio.TimerHandle | None = None
+    state: dict = field(default_factory=dict)
+    released: bool = False
+
+
+class Sequences:
+    """The live sequences of one model, its ``slots`` batch slots and the backlog for them."""
+
+    def __init__(self, slots: int, idle_s: float, model: str = "") -> None:
+        self.slots = max(1, slots)
+        self.idle_s = idle_s
+        self.model = model
+        self.free = self.slots
+        self.live: dict[int | str, LiveSequence] = {}
+        self.backlog: deque[LiveSequence] = deque()  # started, waiting for a slot, in start order
+        self.reaped = 0  # sequences released for being idle (tests and logs)
+
+    def join(self, tag: SequenceTag, loop: asyncio.AbstractEventLoop) -> LiveSequence:
+        """The live sequence ``tag`` belongs to (a new one for a START), or
+        SequenceNotStarted with Triton's message; the idle clock restarts."""
+        cid = tag.correlation_id
+        seq = self.live.get(cid)
+        if seq is None:
+            if not tag.start:
+                raise SequenceNotStarted(
+                    f"inference request for sequence {cid} to model '{self.model}' must specify the START "
+                    "flag on the first request of the sequence"
+                )
+            seq = LiveSequence(cid, loop.create_future())
+            self.live[cid] = seq
+            self._grant_or_wait(seq)
+        elif tag.start:  # Triton continues in the same slot, with the new sequence's START
+            log.warning("sequence %s for model '%s' has a conflict. The previous sequence did not end "
+                        "before this sequence start. Previous sequence will be terminated early.",
+                        cid, self.model)  # fmt: skip
+        if tag.start:
+            seq.state = {}  # a new sequence starts from its initial state
+        tag.state = seq.state
+        if seq.timer is not None:
+            seq.timer.cancel()
+            seq.timer = None
+        if tag.end:  # Triton stops tracking the correlation ID once the END is accepted
+            del self.live[cid]
+        elif self.idle_s > 0:
+            seq.timer = loop.call_later(self.idle_s, self._idle, seq)
+        return seq
+
+    def next_turn(
+        self, seq: LiveSequence, loop: asyncio.AbstractEventLoop
+    ) -> tuple[asyncio.Future[None] | None, asyncio.Future[None]]:
+        """(the answer to wait for before this request may be queued, this request's own
+        answer for the next one to wait for)."""
+        previous, mine = seq.tail, loop.create_future()
+        seq.tail = mine
+        return previous, mine
+
+    def answered(
+        self, seq: LiveSequence, mine: asyncio.Future[None], previous: asyncio.Future[None] | None
+    ) -> None:
+        """This request is answered (or gone): the next one may go once ``previous`` has;
+        a sequence that is no longer live gives its slot back after its last request."""
+
+        def done(_: object = None) -> None:
+            if not mine.done():
+                mine.set_result(None)
+            if seq.tail is mine and self.live.get(seq.correlation_id) is not seq:
+                self.release(seq)
+
+        if previous is None or previous.done():
+            done()
+        else:
+            previous.add_done_callback(done)
+
+    def release(self, seq: LiveSequence) -> None:
+        """Give ``seq``'s slot to the oldest waiting sequence, or back to the free ones."""
+        if seq.released:
+            return
+        seq.released = True
+        if seq.timer is not None:
+            seq.timer.cancel()
+            seq.timer = None
+        if self.live.get(seq.correlation_id) is seq:
+            del self.live[seq.correlation_id]
+        if not seq.slot.done():  # never got one: leave the backlog
+            seq.slot.cancel()
+            with contextlib.suppress(ValueError):
+                self.backlog.remove(seq)
+            return
+        while self.backlog:
+            waiting = self.backlog.popleft()
+            if not waiting.slot.done():
+                waiting.slot.set_result(None)
+                return
+        self.free += 1
+
+    def forget(self) -> None:
+        """The model is unloading: no sequence is live any more, no idle timer left armed."""
+        for seq in self.live.values():
+            if seq.timer is not None:
+                seq.timer.cancel()
+                seq.timer = None
+        self.live.clear()
+
+    def _grant_or_wait(self, seq: LiveSequence) -> None:
+        if self.free:
+            self.free -= 1
+            seq.slot.set_result(None)
+        else:
+            self.backlog.append(seq)
+
+    def _idle(self, seq: LiveSequence) -> None:
+        """No request arrived for ``seq`` in ``idle_s``: it is no longer live (a later
+        request of it is refused); its slot goes once its last request is answered."""
+        seq.timer = None
+        if self.live.get(seq.correlation_id) is not seq:
+            return
+        del self.live[seq.correlation_id]
+        self.reaped += 1
+        log.info(
+            "sequence %s of model '%s' idle for %gs: released", seq.correlation_id, self.model, self.idle_s
+        )
+        if seq.tail is None or seq.tail.done():
+            self.release(seq)

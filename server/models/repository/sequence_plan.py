@@ -1,0 +1,60 @@
+"""How a stateful model's plan differs: its batcher's settings, and an engine whose control and
+state tensors are checked against the model file but hidden from clients."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+
+from wattserve.batchers.sequence import SequenceBatchingSpec
+from wattserve.engines.base import Engine, TensorSpec
+from wattserve.engines.config import EngineConfig
+from wattserve.engines.sequence_model import SequenceModel, StateTensors
+from wattserve.server.models.plan import EngineFactory
+from wattserve.server.models.repository.sequence_config import SequenceModelSpec
+from wattserve.server.models.serving_config import ServingConfig
+
+
+def sequence_serving(serving: ServingConfig, sequence: SequenceModelSpec) -> ServingConfig:
+    """The serving config with the sequence batcher's knobs (the strategy's delay, direct's
+    slot utilization, oldest's candidate sequences and preferred sizes, the idle timeout) and
+    the spec the runtime fills control inputs from."""
+    batching = SequenceBatchingSpec(
+        **{
+            **asdict(serving.batching),
+            "batcher": "sequence_oldest" if sequence.strategy == "oldest" else "sequence",
+            "max_queue_delay_ms": sequence.max_queue_delay_ms,
+            "preferred_batch_sizes": sequence.preferred_batch_sizes,
+        },
+        min_slot_utilization=sequence.min_slot_utilization,
+        sequence_idle_s=sequence.idle_s,
+        slots=sequence.slots,
+    )
+    return replace(serving, batching=batching, sequence=sequence)
+
+
+def with_hidden(
+    sequence: SequenceModelSpec,
+    in_outer: list[TensorSpec],
+    in_inner: list[TensorSpec],
+    out_outer: list[TensorSpec],
+    out_inner: list[TensorSpec],
+) -> tuple[list[TensorSpec], list[TensorSpec], list[TensorSpec], list[TensorSpec]]:
+    """The config's tensors with the control and state ones the model file also has (when
+    the config declares tensors at all: else the file's own are taken)."""
+    hidden_in, hidden_out = sequence.hidden_inputs(), sequence.hidden_outputs()
+    if in_inner:
+        in_outer, in_inner = in_outer + hidden_in, in_inner + hidden_in
+    if out_inner:
+        out_outer, out_inner = out_outer + hidden_out, out_inner + hidden_out
+    return in_outer, in_inner, out_outer, out_inner
+
+
+def sequence_factory(build: EngineFactory, sequence: SequenceModelSpec) -> EngineFactory:
+    """Each instance built by ``build``, wrapped as its clients see it (``SequenceModel``)."""
+    states = [StateTensors(s.input_name, s.output_name, s.initial) for s in sequence.states]
+    hidden = sequence.hidden_inputs()
+
+    def built(config: EngineConfig) -> Engine:
+        return SequenceModel(build(config), hidden, states)
+
+    return built

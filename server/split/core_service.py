@@ -1,0 +1,353 @@
+"""The engine core's side of the channel: front ends connect, the core admits and answers.
+
+The core holds the ``ModelSet`` (queues, batchers, engine instances) as a single-process
+server does. A front end sends each decoded request as names, shapes and slab offsets; the
+core looks the model up (the same ``select`` as every front end: readiness, queue room),
+builds the request over views of the front end's slab (no copy), submits it to the model's
+runtime, and writes the answer's tensors into the space the front end reserved with the
+request. The per-request work here is bookkeeping; parsing and encoding stayed in the
+front end.
+
+A front end that disconnects (killed, crashed) takes its requests with it: each is
+cancelled (a queued one is never computed) and counted in
+``wattserve_frontend_lost_requests_total``; the other front ends are not touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pickle
+import socket
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter
+from wattserve.batchers.status import Status
+from wattserve.batchers.types import RequestError, Result, WorkItem
+from wattserve.engines.base import StepEngine
+from wattserve.engines.request_engines import RunsRequests
+from wattserve.server.core.admission import Refused, select
+from wattserve.server.core.bytes_tensors import BYTES
+from wattserve.server.core.request import BadRequest, InferRequest
+from wattserve.server.models.metrics import request_protocol
+from wattserve.server.models.model_set import ModelSet
+from wattserve.server.models.runtime import ModelRuntime
+from wattserve.server.split import channel
+from wattserve.server.split.slab import Slab, TensorRef, from_inline, inline, pack
+
+log = logging.getLogger("wattserve.core")
+
+HELLO_BYTES = 4096
+
+Answer = Callable[[Result | None, BaseException | None], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What a front end needs to decode and encode a model's requests by itself."""
+
+    name: str
+    version: str
+    token: int  # which runtime this describes: a reload gets a new one (a stale front end re-asks)
+    inputs: tuple[Any, ...]  # TensorSpec
+    outputs: tuple[Any, ...]
+    request_max_batch: int
+    check_values: bool
+    priority_levels: int
+    out_bytes_per_row: int | None  # answer bytes per row when every output's shape is fixed
+
+
+def fast_path_refusal(runtime: ModelRuntime) -> str | None:
+    """Why this model's requests go to the core whole (over its HTTP/gRPC), or None: the
+    front end decodes and encodes them itself."""
+    engine = runtime.engine
+    if engine is None or not runtime.ready:
+        return "not ready"
+    if type(runtime) is not ModelRuntime:
+        return "an ensemble"
+    if isinstance(engine, StepEngine) or getattr(engine, "streams_tokens", False):
+        return "an iteration-level model"
+    if any(spec.datatype == BYTES for spec in (*engine.inputs, *engine.outputs)):
+        return "BYTES tensors"
+    return None
+
+
+def describe(runtime: ModelRuntime, token: int) -> ModelInfo:
+    engine = runtime.engine
+    assert engine is not None
+    per_row: int | None = 0
+    for spec in engine.outputs:
+        if spec.variable or per_row is None:
+            per_row = None
+        else:
+            per_row += int(np.prod(spec.shape, dtype=np.int64)) * spec.dtype.itemsize
+    return ModelInfo(runtime.name, runtime.version, token, tuple(engine.inputs), tuple(engine.outputs),
+                     runtime.request_max_batch, runtime.serving.check_values, runtime.priority_levels,
+                     per_row)  # fmt: skip
+
+
+class CoreService:
+    """Listens on the channel socket; one ``FrontEndLink`` per connected front end."""
+
+    def __init__(self, models: ModelSet, path: str, registry: CollectorRegistry) -> None:
+        self.models = models
+        self.path = path
+        self.lost = Counter(
+            "wattserve_frontend_lost_requests",
+            "Requests whose front-end process went away before their answer (cancelled, never "
+            "computed if still queued).",
+            registry=registry,
+        )
+        self.requests = Counter(
+            "wattserve_frontend_requests",
+            "Inference requests each front-end process decoded and handed to the engine core "
+            "(how the kernel spread the connections over them).",
+            ("frontend",),
+            registry=registry,
+        )
+        self.links: set[FrontEndLink] = set()
+        self._tokens: weakref.WeakKeyDictionary[ModelRuntime, int] = weakref.WeakKeyDictionary()
+        self._next_token = 1
+        self._keeps: weakref.WeakKeyDictionary[ModelRuntime, bool] = weakref.WeakKeyDictionary()
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._handshakes: set[asyncio.Task[None]] = set()
+
+    def keeps_inputs(self, runtime: ModelRuntime) -> bool:
+        """Whether the model may keep an input past its batch (a Python model's own state,
+        the response cache's stored answers when an output is an input): such a model gets
+        its own copy of the slab's tensors. Asked once per runtime (a Protocol isinstance
+        costs microseconds)."""
+        keeps = self._keeps.get(runtime)
+        if keeps is None:
+            keeps = runtime.response_cache is not None or isinstance(runtime.engine, RunsRequests)
+            self._keeps[runtime] = keeps
+        return keeps
+
+    def token(self, runtime: ModelRuntime) -> int:
+        token = self._tokens.get(runtime)
+        if token is None:
+            token = self._tokens[runtime] = self._next_token
+            self._next_token += 1
+        return token
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.path)
+        listener.listen(256)
+        listener.setblocking(False)
+        self._listener = listener
+        self._accepting = asyncio.create_task(self._accept(), name="core-channel-accept")
+
+    async def stop(self) -> None:
+        if self._accepting is not None:
+            self._accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._accepting
+        if self._listener is not None:
+            self._listener.close()
+        for link in list(self.links):
+            link.close()
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._listener is not None
+        while True:
+            sock, _ = await loop.sock_accept(self._listener)
+            task = loop.create_task(self._handshake(sock))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    async def _handshake(self, sock: socket.socket) -> None:
+        """The hello carries the front end's slab descriptor (SCM_RIGHTS), read off the loop."""
+        loop = asyncio.get_running_loop()
+        try:
+            sock.setblocking(True)
+            sock.settimeout(5.0)
+            message, fds, _, _ = await asyncio.to_thread(socket.recv_fds, sock, HELLO_BYTES, 1)
+            hello = pickle.loads(message)
+            slab = Slab(fds[0], hello["slab_bytes"])
+            sock.sendall(pickle.dumps({"pid": os.getpid()}))
+            sock.setblocking(False)
+        except (OSError, EOFError, pickle.UnpicklingError, KeyError, IndexError) as exc:
+            log.warning("a front end's hello failed: %s", exc)
+            sock.close()
+            return
+        link = FrontEndLink(self, slab, hello.get("pid", 0), str(hello.get("index", 0)))
+        await loop.connect_accepted_socket(lambda: link.protocol, sock)
+        self.links.add(link)
+        log.info("front end %s connected (slab %d MiB)", link.pid, slab.size >> 20)
+
+
+class FrontEndLink:
+    """One front end's connection: its slab, its requests in flight."""
+
+    def __init__(self, service: CoreService, slab: Slab, pid: int, index: str) -> None:
+        self.service = service
+        self.slab = slab
+        self.pid = pid
+        self.served = service.requests.labels(index)  # a restarted front end keeps its index
+        self.protocol = channel.FrameProtocol(self._on_frame, self._on_lost)
+        self.inflight: dict[int, tuple[ModelRuntime, WorkItem, asyncio.Task[None] | None]] = {}
+
+    def close(self) -> None:
+        self.protocol.close()
+
+    # ------------------------------------------------------------------ frames in
+    def _on_frame(self, header: Any, raw: memoryview) -> None:
+        kind = header[0]
+        if kind == channel.INFER:
+            self._infer(header, raw)
+        elif kind == channel.CANCEL:
+            entry = self.inflight.get(header[1])
+            if entry is not None:
+                entry[0].cancel(entry[1])
+        elif kind == channel.COUNT:
+            self._count(*header[1:])
+        elif kind == channel.DESCRIBE:
+            self._describe(header[1], header[2], header[3])
+
+    def _describe(self, request_id: int, name: str, version: str | None) -> None:
+        try:
+            runtime = self.service.models.lookup(name, version).runtime
+        except Exception:  # unknown: the front end hands such requests to the core whole
+            runtime = None
+        info = None
+        if runtime is not None and fast_path_refusal(runtime) is None:
+            info = describe(runtime, self.service.token(runtime))
+        self.protocol.send((channel.ANSWER, request_id, True, info))
+
+    def _count(self, name: str, version: str | None, protocol: str, outcome: str) -> None:
+        """A refusal the front end answered itself (a bad body): counted here, where /metrics is."""
+        try:
+            runtime = self.service.models.lookup(name, version).runtime
+        except Exception:
+            return
+        if runtime is not None:
+            reset = request_protocol.set(protocol)
+            try:
+                runtime.metrics.outcome[outcome].inc()
+            finally:
+                request_protocol.reset(reset)
+
+    def _infer(self, header: Any, raw: memoryview) -> None:
+        _, request_id, token, name, version, block, refs, meta = header
+        self.served.inc()
+        protocol = meta[7]
+        reset = request_protocol.set(protocol)  # the answer's callback and task copy the context
+        try:
+            try:
+                runtime = select(self.service.models, name, version)
+                if self.service.token(runtime) != token:  # reloaded since the front end asked
+                    self._answer_error(request_id, ("STALE", "model reloaded", False))
+                    return
+                item = runtime.make_item(self._request(runtime, refs, meta, raw))
+            except Refused as refused:
+                self._answer_error(request_id, (refused.status.value, str(refused), refused.retry_after))
+                return
+            except (BadRequest, ValueError) as exc:
+                runtime.metrics.outcome["bad_request"].inc()
+                status = getattr(exc, "status", Status.INVALID_ARG)
+                self._answer_error(request_id, (status.value, str(exc), False))
+                return
+            answer = partial(self._answered, request_id, block)
+            try:
+                queued = runtime.submit_nowait(item, answer)  # no task per request
+            except RequestError as exc:
+                self._answer_error(request_id, (exc.status.value, str(exc), exc.retry_after))
+                return
+            except ValueError as exc:
+                self._answer_error(request_id, (Status.INVALID_ARG.value, str(exc), False))
+                return
+            task = None
+            if not queued:  # a model whose infer does more than queue (cache, ordering)
+                task = asyncio.get_running_loop().create_task(self._run(runtime, item, answer))
+            self.inflight[request_id] = (runtime, item, task)
+        finally:
+            request_protocol.reset(reset)
+
+    def _request(
+        self, runtime: ModelRuntime, refs: list[TensorRef], meta: Any, raw: memoryview
+    ) -> InferRequest:
+        request_id, batched, rows, priority, timeout_us, outputs, parameters, _, sequence = meta
+        keeps = self.service.keeps_inputs(runtime)
+        slab = self.slab
+        inputs: dict[str, np.ndarray] = {}
+        for name, dtype, shape, offset, nbytes in refs:
+            if offset >= 0:
+                array = slab.array(dtype, shape, offset)
+                inputs[name] = array.copy() if keeps else array
+            else:
+                inputs[name] = from_inline(raw, dtype, shape, offset, nbytes)
+        request = InferRequest(request_id, inputs, batched, rows, priority, timeout_us, outputs)
+        if parameters:
+            request.parameters = parameters
+        if sequence is not None:  # a stateful model's correlation ID and flags
+            request.sequence = sequence
+        return request
+
+    # ------------------------------------------------------------------ answers out
+    async def _run(self, runtime: ModelRuntime, item: WorkItem, answer: Answer) -> None:
+        """``infer`` awaited, for a model whose infer does more than queue."""
+        try:
+            result = await runtime.infer(item)
+        except asyncio.CancelledError:  # the link is gone: nobody to answer
+            raise
+        except Exception as exc:
+            answer(None, exc)
+            return
+        answer(result, None)
+
+    def _answered(self, request_id: int, block: tuple[int, int], result: Result | None,
+                  error: BaseException | None) -> None:  # fmt: skip
+        """The request's one answer: its outputs into the space reserved in the slab (or
+        inline when there was none), or its error."""
+        if self.inflight.pop(request_id, None) is None:
+            return  # the link went away: nobody to answer
+        if error is not None:
+            if isinstance(error, RequestError):
+                self._answer_error(request_id, (error.status.value, str(error), error.retry_after))
+            else:  # a bug below: still exactly one answer
+                log.error("request %d failed: %r", request_id, error)
+                self._answer_error(request_id, (Status.INTERNAL.value, f"internal error: {error}", False))
+            return
+        assert result is not None
+        out_offset, out_size = block
+        outputs = {name: np.ascontiguousarray(value) for name, value in result.outputs.items()}
+        refs, end = pack(outputs, out_offset)
+        raw: list[memoryview] = []
+        if out_size >= 0 and end - out_offset <= out_size:
+            for (_, _, _, offset, _), value in zip(refs, outputs.values(), strict=True):
+                self.slab.write(offset, value)
+        else:  # no room reserved (variable shapes): inline, after the header
+            refs, raw = inline(outputs)
+        timing = (result.queue_time_s, result.compute_time_s, result.batch_size, result.input_s,
+                  result.output_s)  # fmt: skip
+        self.protocol.send((channel.ANSWER, request_id, True, (refs, timing)), raw)
+
+    def _answer_error(self, request_id: int, error: tuple[str, str, bool]) -> None:
+        self.protocol.send((channel.ANSWER, request_id, False, error))
+
+    def _on_lost(self, exc: BaseException | None) -> None:
+        """The front end went away: its requests are cancelled (never computed if queued)."""
+        self.service.links.discard(self)
+        lost = list(self.inflight.values())
+        self.inflight.clear()
+        for runtime, item, task in lost:
+            runtime.cancel(item)  # its answer (cancelled) is counted and goes nowhere
+            if task is not None:
+                task.cancel()
+        if lost:
+            self.service.lost.inc(len(lost))
+            log.warning("front end %s went away with %d request(s) in flight; cancelled", self.pid, len(lost))
+        # the slab stays mapped until the cancelled batches that may read it have let go
+        asyncio.get_running_loop().call_later(30.0, self.slab.close)

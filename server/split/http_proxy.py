@@ -1,0 +1,74 @@
+"""Every HTTP request a front end does not answer itself goes to the core's own HTTP server.
+
+Model control, metadata, statistics, /metrics, shared-memory registration, trace and log
+settings, generate and OpenAI streams, image routes, and inferences that use the core's
+state (shared-memory tensors, classification): the core answers them as a single-process
+server would, over a Unix socket, so the server looks like one to its clients whatever
+the number of front ends. Responses stream back as they come (server-sent events too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from wattserve.server.http.routes.common import error_response
+
+# Hop-by-hop headers (RFC 9110 7.6.1) are the connection's own, not forwarded either way.
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "host"}
+)
+
+
+class CoreHttp:
+    """The core's HTTP server, reached over its Unix socket."""
+
+    def __init__(self, path: str, max_body_bytes: int, retry_after_s: int) -> None:
+        self.path = path
+        self.max_body_bytes = max_body_bytes
+        self.retry_after_s = retry_after_s
+        self._session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.UnixConnector(path=self.path, limit=0)
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None)
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def unavailable(self) -> Response:
+        return error_response("the engine core is not available; retry", 503, self.retry_after_s)
+
+    async def forward(self, request: Request, body: bytes | None = None) -> Response:
+        """Send ``request`` (its body given when already read) to the core; stream its answer."""
+        if body is None:
+            declared = request.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+                return error_response(f"request body of {declared} bytes is over the limit of "
+                                      f"{self.max_body_bytes}", 413)  # fmt: skip
+            body = await request.body()
+        headers = [(k, v) for k, v in request.headers.items() if k not in HOP_BY_HOP]
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        try:
+            upstream = await self.session().request(
+                request.method, f"http://core{target}", headers=headers, data=body, allow_redirects=False
+            )
+        except (aiohttp.ClientConnectionError, OSError):
+            return self.unavailable()
+        answer_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+
+        async def stream() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in upstream.content.iter_any():
+                    yield chunk
+            finally:
+                upstream.release()
+
+        return StreamingResponse(stream(), upstream.status, answer_headers)

@@ -1,0 +1,109 @@
+"""The pieces under the front-end / engine-core split: the slab's ring allocator, the slab's
+tensors as both processes see them, and the channel's framing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+
+import numpy as np
+import pytest
+from wattserve.server.split import channel
+from wattserve.server.split.slab import ALIGN, RingAllocator, Slab, pack
+
+
+def test_ring_hands_out_disjoint_blocks_and_refuses_when_full():
+    ring = RingAllocator(1024)
+    blocks = [ring.allocate(200) for _ in range(4)]  # 4 x 256 (aligned) fills it
+    assert blocks == [0, 256, 512, 768]
+    assert ring.allocate(1) is None
+    ring.free(256)  # not the oldest: nothing comes back yet
+    assert ring.allocate(1) is None
+    ring.free(0)  # the oldest: both are back, at the front
+    assert ring.allocate(512) == 0  # wrapped: the end (768..1024) is still taken
+    assert ring.allocate(64) is None
+
+
+def test_ring_wraps_and_counts_the_skipped_end():
+    ring = RingAllocator(1000)
+    a = ring.allocate(600)
+    b = ring.allocate(300)
+    assert (a, b) == (0, 640)
+    ring.free(a)
+    c = ring.allocate(500)  # does not fit before the end (960..1000): starts again at 0
+    assert c == 0
+    ring.free(b)
+    ring.free(c)
+    assert ring.used == 0 and ring.live == 0
+
+
+def test_ring_random_frees_never_overlap_live_blocks():
+    """Random sizes, frees in random order: no two live blocks ever overlap and every block
+    lies inside the ring."""
+    rng = random.Random(7)
+    size = 64 * 1024
+    ring = RingAllocator(size)
+    live: dict[int, int] = {}
+    for _ in range(5000):
+        if live and (rng.random() < 0.45 or ring.used > size * 0.9):
+            start = rng.choice(list(live))
+            ring.free(start)
+            del live[start]
+            continue
+        n = rng.randint(1, 8000)
+        start = ring.allocate(n)
+        if start is None:
+            continue
+        end = start + n
+        assert start >= 0 and end <= size and start % ALIGN == 0
+        for other, other_n in live.items():
+            assert end <= other or other + other_n <= start, "overlapping blocks"
+        live[start] = n
+    for start in list(live):
+        ring.free(start)
+    assert ring.used == 0
+
+
+def test_slab_shared_through_its_descriptor():
+    """What the front end writes, the core reads through its own mapping of the same fd."""
+    slab = Slab.create(1 << 20)
+    other = Slab(os.dup(slab.fd), slab.size)
+    arrays = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.array([[1, 2]], dtype=np.int64)}
+    refs, end = pack(arrays, 128)
+    for (_, _, _, offset, _), value in zip(refs, arrays.values(), strict=True):
+        slab.write(offset, value)
+    for name, dtype, shape, offset, _ in refs:
+        np.testing.assert_array_equal(other.array(dtype, shape, offset), arrays[name])
+    assert end > 128 and all(offset % ALIGN == 0 for *_, offset, _ in refs)
+    other.close()
+    slab.close()
+
+
+async def test_frames_arrive_whole_and_in_order_in_any_split():
+    """Frames cut at every byte boundary by the transport reassemble into the same headers
+    and raw bytes."""
+    got: list[tuple[object, bytes]] = []
+    protocol = channel.FrameProtocol(lambda header, raw: got.append((header, bytes(raw))), lambda exc: None)
+    left, right = socket.socketpair()
+    loop = asyncio.get_running_loop()
+    writer = channel.FrameProtocol(lambda h, r: None, lambda exc: None)
+    await loop.create_unix_connection(lambda: writer, sock=left)
+    frames = [((channel.INFER, i, "m", list(range(i))), bytes([i]) * i) for i in range(20)]
+    for header, raw in frames:
+        writer.send(header, [raw] if raw else [])
+    await asyncio.sleep(0)  # the coalesced write leaves
+    await asyncio.sleep(0.05)
+    data = right.recv(1 << 20)
+    for i in range(len(data)):  # one byte at a time
+        protocol.data_received(data[i : i + 1])
+    assert got == [(h, r) for h, r in frames]
+    writer.close()
+    right.close()
+
+
+def test_a_corrupt_length_fails_the_connection():
+    protocol = channel.FrameProtocol(lambda h, r: None, lambda exc: None)
+    with pytest.raises(ValueError, match="frame header"):
+        protocol.data_received(channel.PREFIX.pack(channel.MAX_HEADER + 1, 0))

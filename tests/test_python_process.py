@@ -386,6 +386,48 @@ def test_a_stream_that_ended_before_its_worker_died_is_not_answered_again(tmp_pa
         engine.close()
 
 
+ASYNC_BLS_CONFIG = """
+name: "async_bls"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+ASYNC_BLS = """
+import asyncio
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        calls = [pb_utils.InferenceRequest(model_name="unstable", requested_output_names=["OUTPUT0"],
+                                           inputs=[pb_utils.get_input_tensor_by_name(r, "INPUT0")]).async_exec()
+                 for r in requests]
+        answers = await asyncio.gather(*calls)
+        return [pb_utils.InferenceResponse(a.output_tensors(), error=a.error()) for a in answers]
+"""
+
+
+def test_an_async_model_awaits_bls_calls_from_its_worker(tmp_path):
+    """``async def execute`` with ``async_exec``: the worker's own loop awaits answers the
+    server sends back over the events lane; a callee's error comes back inside the response."""
+    repo = tmp_path / "repo"
+    write_python_model(repo, "unstable", parameters="")
+    (repo / "async_bls" / "1").mkdir(parents=True)
+    (repo / "async_bls" / "config.pbtxt").write_text(ASYNC_BLS_CONFIG)
+    (repo / "async_bls" / "1" / "model.py").write_text(ASYNC_BLS)
+    with threaded_server(Settings(model_repository=repo, grpc_port=0, **BASE)) as (url, _):
+        client = thttp.InferenceServerClient(url.removeprefix("http://"))
+        tensor = thttp.InferInput("INPUT0", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.array([[2.5]], np.float32))
+        assert client.infer("async_bls", [tensor]).as_numpy("OUTPUT0").tolist() == [[5.0]]
+        tensor.set_data_from_numpy(np.array([[-1.0]], np.float32))  # the callee's worker dies
+        with pytest.raises(InferenceServerException, match="is not healthy"):
+            client.infer("async_bls", [tensor])
+        tensor.set_data_from_numpy(np.array([[4.0]], np.float32))
+        assert client.infer("async_bls", [tensor]).as_numpy("OUTPUT0").tolist() == [[8.0]]
+
+
 IDENTITY = """backend: "wattserve"
 max_batch_size: 16
 dynamic_batching { max_queue_delay_microseconds: 0 }

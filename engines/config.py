@@ -45,6 +45,10 @@ class EngineConfig:
     lm_chunked_prefill: bool = True
     lm_default_max_tokens: int = 16
     lm_dtype: str = "float32"
+    # a Python-backend model (engines/python_backend/): its instances' processes or threads
+    python_model_isolation: str = "process"
+    python_execute_timeout_s: float | None = None
+    python_stub_timeout_s: float = 30.0
 
     def on(self, device: str) -> EngineConfig:
         """The same engine on another device (one engine instance per device)."""

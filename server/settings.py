@@ -325,6 +325,30 @@ class Settings(BaseSettings):
         "policy timeout_action): reject answers it now, never computed; delay moves it behind "
         "every request of its priority level that has not timed out, and it runs then.",
     )
+    python_model_isolation: Literal["process", "thread"] = Field(
+        "process",
+        description="Where a Python-backend model (model.py) runs. process: each instance in "
+        "its own worker process, as Triton's stub (tensors cross in shared memory; a crash or "
+        "an execute past python_execute_timeout_s fails only that batch's requests and the "
+        "process is restarted); thread: on its instance's engine thread in the server process "
+        "(no copies, but a pure-Python model holds the GIL every other model needs).",
+        json_schema_extra=PER_MODEL,
+    )
+    python_execute_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="process isolation: an execute call still running after this many seconds "
+        "fails its requests (INTERNAL) and the instance's process is killed and restarted. "
+        "Unset: no bound (Triton waits on a live stub as long as execute takes).",
+        json_schema_extra=PER_MODEL,
+    )
+    python_stub_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="process isolation: longest wait for a Python model's worker process to "
+        "start (Triton's python backend setting stub-timeout-seconds), and for its finalize "
+        "at unload.",
+    )
     check_values: bool = Field(
         False,
         description="Reject (400) NaN/Inf in float inputs. Off by default, like Triton; a model's "

@@ -420,6 +420,88 @@ class TritonPythonModel:
         sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
+# Misbehaves on purpose, for process isolation: an input of -1 makes execute call os._exit,
+# -2 makes the process kill itself with SIGSEGV, -3 makes execute hang (it first creates the
+# file "hanging" in the model's folder, so a test knows it is stuck). Otherwise OUTPUT0 is
+# twice the input, and PID the process that computed it.
+UNSTABLE_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] }},
+         {{ name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 20000 }}
+{parameters}
+"""
+
+UNSTABLE = """
+import os
+import signal
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.folder = args["model_repository"]
+
+    def execute(self, requests):
+        xs = [pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() for r in requests]
+        if any((x == -1).any() for x in xs):
+            os._exit(3)
+        if any((x == -2).any() for x in xs):
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if any((x == -3).any() for x in xs):
+            open(os.path.join(self.folder, "hanging"), "w").close()
+            threading.Event().wait()  # only the execute timeout ends this
+        return [pb_utils.InferenceResponse([
+            pb_utils.Tensor("OUTPUT0", x * 2),
+            pb_utils.Tensor("PID", np.full((len(x), 1), os.getpid(), np.int64)),
+        ]) for x in xs]
+"""
+
+# Decoupled: a request with IN >= 0 gets one response (OUT = IN) from a thread the model
+# starts, which then waits; a request with IN < 0 releases every waiting thread, and the
+# first to wake ends the process (streams left open by a worker that dies).
+DIES_STREAMING_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy {{ decoupled: true }}
+input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+"""
+
+DIES_STREAMING = """
+import os
+import threading
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.go = threading.Event()
+
+    def execute(self, requests):
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().copy()
+            if value[0] < 0:
+                self.go.set()
+                continue
+            sender = request.get_response_sender()
+            threading.Thread(target=self.respond, args=(sender, value)).start()
+        return None
+
+    def respond(self, sender, value):
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]))
+        self.go.wait()
+        os._exit(4)
+"""
+
 
 MODELS: dict[str, tuple[str, str]] = {
     "add_sub": (ADD_SUB_CONFIG, ADD_SUB),
@@ -434,6 +516,8 @@ MODELS: dict[str, tuple[str, str]] = {
     "sleepy": (BUSY_CONFIG, SLEEPY),
     "custom_metrics": (METRICS_CONFIG, METRICS),
     "cancel": (CANCEL_CONFIG, CANCEL),
+    "unstable": (UNSTABLE_CONFIG, UNSTABLE),
+    "dies_streaming": (DIES_STREAMING_CONFIG, DIES_STREAMING),
 }
 
 

@@ -51,7 +51,7 @@ def test_datatypes_errors_and_config_lookups():
 
 def test_initialize_gets_tritons_args_and_config_json(tmp_path):
     folder = write_python_model(tmp_path, "add_sub")
-    (plan,) = plan_model(folder, Settings(telemetry=False))
+    (plan,) = plan_model(folder, Settings(telemetry=False, python_model_isolation="thread"))
     engine = plan.engine_factory(plan.serving.engine)
     try:
         args = engine.instance.args
@@ -75,9 +75,10 @@ def test_execution_env_path_is_refused_by_name(tmp_path):
         plan_model(folder, Settings(telemetry=False))
 
 
-async def test_one_execute_per_batch_each_request_whole(tmp_path):
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+async def test_one_execute_per_batch_each_request_whole(tmp_path, isolation):
     folder = write_python_model(tmp_path, "identity")
-    (plan,) = plan_model(folder, Settings(telemetry=False))
+    (plan,) = plan_model(folder, Settings(telemetry=False, python_model_isolation=isolation))
     engine = plan.engine_factory(plan.serving.engine)
 
     class Context:

@@ -1,9 +1,11 @@
 """One instance of a Triton Python model (``model.py``'s ``TritonPythonModel``).
 
-The engine is built, run and closed on its instance's own engine thread (``batchers.base.
-engine_thread``), in the server's process (see docs/architecture.md, "Python models: a
-thread per instance"): ``initialize(args)`` when built, ``execute(requests)`` once per batch
-the batcher formed (``run_requests``: each request whole), ``finalize()`` when closed.
+The engine is built, run and closed on one thread: its instance's own engine thread
+(``batchers.base.engine_thread``) in the server's process when ``python_model_isolation`` is
+thread, or the main thread of the instance's worker process (``stub.py``) when it is process
+(see docs/architecture.md, "Python models: a process per instance"): ``initialize(args)``
+when built, ``execute(requests)`` once per batch the batcher formed (``run_requests``: each
+request whole), ``finalize()`` when closed.
 """
 
 from __future__ import annotations

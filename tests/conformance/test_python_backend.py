@@ -41,13 +41,16 @@ from tests.servers import free_port, threaded_server
 BASE = {"telemetry": False, "warmup": False, "torch_threads": 1}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["process", "thread"])
+def server(tmp_path_factory, request):
+    """One server per Python model isolation mode: the same answers are expected of both."""
     repo = tmp_path_factory.mktemp("python_repo")
     for kind in ("add_sub", "identity", "string", "repeat", "failing", "broken_init", "autocomplete"):
         write_python_model(repo, kind)
     write_python_model(repo, "bls", callee="identity")
-    with threaded_server(Settings(model_repository=repo, grpc_port=free_port(), **BASE)) as (url, app):
+    with threaded_server(
+        Settings(model_repository=repo, grpc_port=free_port(), python_model_isolation=request.param, **BASE)
+    ) as (url, app):
         http = thttp.InferenceServerClient(url.removeprefix("http://"))
         grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{app.state.grpc.port}")
         yield url, app, http, grpc

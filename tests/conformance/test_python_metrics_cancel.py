@@ -35,8 +35,9 @@ BASE = {"telemetry": False, "warmup": False, "torch_threads": 1}
 WAIT_S = 30.0  # the most a test waits for the server to reach a state it polls for
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["process", "thread"])
+def server(tmp_path_factory, request):
+    """One server per Python model isolation mode: the same answers are expected of both."""
     repo = tmp_path_factory.mktemp("pb_metrics_repo")
     write_python_model(repo, "custom_metrics")
     write_python_model(repo, "cancel", policy="")
@@ -44,7 +45,9 @@ def server(tmp_path_factory):
         repo, "cancel", name="cancel_stream", policy="model_transaction_policy { decoupled: true }"
     )
     write_python_model(repo, "add_sub")
-    with threaded_server(Settings(model_repository=repo, grpc_port=free_port(), **BASE)) as (url, app):
+    with threaded_server(
+        Settings(model_repository=repo, grpc_port=free_port(), python_model_isolation=request.param, **BASE)
+    ) as (url, app):
         http = thttp.InferenceServerClient(url.removeprefix("http://"))
         grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{app.state.grpc.port}")
         yield url, http, grpc

@@ -33,8 +33,8 @@ REFUSED_PARAMETERS = {
 # ... and those it notes and ignores
 IGNORED_PARAMETERS = {
     "FORCE_CPU_ONLY_INPUT_TENSORS": "inputs are always CPU tensors (numpy) in wattserve",
-    "shm-default-byte-size": "no stub process: tensors are shared in-process",
-    "shm-growth-byte-size": "no stub process: tensors are shared in-process",
+    "shm-default-byte-size": "a Triton backend setting; wattserve sizes a shared-memory segment per message",
+    "shm-growth-byte-size": "a Triton backend setting; wattserve sizes a shared-memory segment per message",
 }
 _INT64 = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
 
@@ -85,6 +85,36 @@ def prepare(
     path = _newest_model_file(config, model_dir)
     if path is None:
         return  # the planner names the missing file
+    if _isolation(config, base) == "process":  # as Triton: imported in a stub, not the server
+        from wattserve.engines.python_backend.autocomplete_process import (
+            AutoCompleteFailed,
+            complete_in_process,
+        )
+
+        try:
+            data = complete_in_process(path, config_dict(config), base.python_stub_timeout_s)
+        except AutoCompleteFailed as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+    else:
+        data = _complete_here(config, path)
+    if data is None:
+        return
+    try:
+        config.Clear()
+        json_format.ParseDict(data, config)
+    except json_format.ParseError as exc:
+        raise ConfigError(f"{path}: auto_complete_config made an invalid config: {exc}") from None
+
+
+def _isolation(config: pb.ModelConfig, base: Settings) -> str:
+    """The model's ``python_model_isolation``: its parameters', else the server's."""
+    if "python_model_isolation" in config.parameters:
+        return config.parameters["python_model_isolation"].string_value
+    return base.python_model_isolation
+
+
+def _complete_here(config: pb.ModelConfig, path: Path) -> dict[str, Any] | None:
+    """``auto_complete_config`` in the server's process (thread isolation)."""
     from wattserve.engines.python_backend.autocomplete import ModelConfig
     from wattserve.engines.python_backend.engine import MODEL_CLASS, load_model_module
 
@@ -94,19 +124,15 @@ def prepare(
         raise ConfigError(f"{path}: cannot import the model: {type(exc).__name__}: {exc}") from None
     complete = getattr(model_class, "auto_complete_config", None)
     if complete is None:
-        return
+        return None
     try:
         completed = complete(ModelConfig(config_dict(config)))
-        data = completed.as_dict() if completed is not None else None
+        data: dict[str, Any] | None = completed.as_dict() if completed is not None else None
     except Exception as exc:
         raise ConfigError(f"{path}: auto_complete_config raised {type(exc).__name__}: {exc}") from None
     if data is None:
         raise ConfigError(f"{path}: auto_complete_config returned None (it must return the config)")
-    try:
-        config.Clear()
-        json_format.ParseDict(data, config)
-    except json_format.ParseError as exc:
-        raise ConfigError(f"{path}: auto_complete_config made an invalid config: {exc}") from None
+    return data
 
 
 def _newest_model_file(config: pb.ModelConfig, model_dir: Path) -> Path | None:
@@ -121,7 +147,8 @@ def _newest_model_file(config: pb.ModelConfig, model_dir: Path) -> Path | None:
 def python_factory(
     path: Path, name: str, config: pb.ModelConfig, inputs: list[TensorSpec], outputs: list[TensorSpec]
 ) -> EngineFactory:
-    """Build one instance per call (on its engine thread): its own ``TritonPythonModel``."""
+    """Build one instance per call (on its engine thread): its own ``TritonPythonModel``, in
+    a worker process (``python_model_isolation`` process, the default) or on that thread."""
     from wattserve.engines.python_backend.engine import PythonModelEngine, PythonModelFile
 
     if not config.input or not config.output:
@@ -137,6 +164,12 @@ def python_factory(
     instances = itertools.count()
 
     def build(engine_config: EngineConfig) -> Engine:
-        return PythonModelEngine(model, device=engine_config.device, instance=next(instances))
+        if engine_config.python_model_isolation == "thread":
+            return PythonModelEngine(model, device=engine_config.device, instance=next(instances))
+        from wattserve.engines.python_backend.process_engine import ProcessModelEngine
+
+        return ProcessModelEngine(model, device=engine_config.device, instance=next(instances),
+                                  execute_timeout_s=engine_config.python_execute_timeout_s,
+                                  stub_timeout_s=engine_config.python_stub_timeout_s)  # fmt: skip
 
     return build

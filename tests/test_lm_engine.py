@@ -4,12 +4,11 @@ Hugging Face's own ``generate()`` on the same weights."""
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 from wattserve.engines import lm_model
 from wattserve.engines.lm_engine import LMEngine
 
 from tests.lm_support import PROMPTS, request, run_all, tiny_lm_folder
+from tests.lm_support import hf_greedy as greedy_with_text
 
 KINDS = ("gpt2", "llama")
 
@@ -21,14 +20,8 @@ def folders(tmp_path_factory):
 
 
 def hf_greedy(folder, prompt: str, max_tokens: int) -> list[int]:
-    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
-    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    ids = tok(prompt, return_tensors="pt").input_ids
-    with torch.inference_mode():
-        out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False
-        )
-    return out[0, ids.shape[1] :].tolist()
+    """Hugging Face's greedy token ids (``tests.lm_support.hf_greedy`` without its text)."""
+    return greedy_with_text(folder, prompt, max_tokens)[0]
 
 
 def engine(folder, **kwargs) -> LMEngine:

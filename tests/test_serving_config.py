@@ -75,9 +75,9 @@ def test_model_and_engine_names_have_one_home():
 
 def test_the_settings_a_model_may_set_are_marked_on_their_fields():
     """The per-model parameters of a config.pbtxt: the 24 from before they moved onto the
-    fields, adaptive_unit, max_queue_wait_s (a repository model's own time bound) and the
-    language-model engine's lm_* (a field that loses its mark would silently stop being a model
-    parameter)."""
+    fields, adaptive_unit, max_queue_wait_s (a repository model's own time bound), the
+    language-model engine's lm_* and a Python model's isolation and execute timeout (a field
+    that loses its mark would silently stop being a model parameter)."""
     assert {
         "batcher", "engine", "weights", "seed", "fp16", "channels_last", "identity_elements",
         "identity_delay_ms", "torch_threads", "cuda_graphs", "engine_batch_sizes", "batch_sizes_only",
@@ -86,7 +86,7 @@ def test_the_settings_a_model_may_set_are_marked_on_their_fields():
         "identity_delay_per_item_ms", "slo_ms", "slo_percentile", "slo_headroom_ms", "slo_reject",
         "adaptive_unit", "slo_late_last", "max_queue_wait_s", "flush_denormal",
         "lm_kv_blocks", "lm_block_size", "lm_token_budget", "lm_chunked_prefill", "lm_default_max_tokens",
-        "lm_dtype",
+        "lm_dtype", "python_model_isolation", "python_execute_timeout_s",
     } == MODEL_PARAMETERS  # fmt: skip
 
 

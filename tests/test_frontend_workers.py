@@ -150,6 +150,31 @@ def test_every_request_answered_once_with_its_own_rows_over_both_front_ends():
         assert sum(served) == sent and min(served) > 0, served  # the bad body never left its front end
 
 
+def test_a_small_slab_wraps_under_load_and_every_answer_is_still_its_own():
+    """16 KB rows through a 1 MiB slab: blocks are reused many times over while other
+    requests' answers are still being encoded from theirs; each answer equals its input."""
+    elements = 4096
+    with split_server(identity_elements=str(elements), frontend_slab_mib="1", identity_delay_ms="1",
+                      max_queue_size="1024") as proc:  # fmt: skip
+        url = proc.url
+
+        def client(index: int) -> int:
+            rng = np.random.default_rng(100 + index)
+            http = httpclient.InferenceServerClient(url.removeprefix("http://"))
+            for i in range(20):
+                values = rng.standard_normal((1 + i % 3, elements)).astype(np.float32)
+                tensor = httpclient.InferInput("INPUT0", list(values.shape), "FP32")
+                tensor.set_data_from_numpy(values, binary_data=True)
+                wanted = httpclient.InferRequestedOutput("OUTPUT0", binary_data=i % 2 == 0)
+                out = http.infer("identity", [tensor], outputs=[wanted]).as_numpy("OUTPUT0")
+                np.testing.assert_array_equal(out, values)
+            return 20
+
+        with cf.ThreadPoolExecutor(16) as pool:
+            assert sum(pool.map(client, range(16))) == 320
+        assert metric(url, "wattserve_requests_total", model="identity", outcome="success") == 320
+
+
 def test_a_killed_front_end_takes_only_its_own_requests_and_is_restarted():
     with split_server(identity_delay_ms="300", max_batch_size="4", max_queue_delay_ms="0") as proc:
         url = proc.url

@@ -33,7 +33,7 @@ from wattserve.server.core.request import InferRequest
 from wattserve.server.models.metrics import request_protocol
 from wattserve.server.split import channel
 from wattserve.server.split.core_service import ModelInfo
-from wattserve.server.split.slab import RingAllocator, Slab, from_inline, inline, pack
+from wattserve.server.split.slab import RingAllocator, Slab, dtype_of, inline, pack
 
 log = logging.getLogger("wattserve.frontend")
 
@@ -174,30 +174,50 @@ class CoreClient:
             return
         if not self._pending and self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
+        block, future = entry.block, entry.future
+        if not ok:
+            status, message, retry_after = payload
+            if block is not None:
+                self.ring.free(block)
+            if not future.done():
+                stale = status == "STALE"  # not a Status: the core's word for a reloaded model
+                future.set_exception(
+                    StaleModel(message) if stale else RemoteError(status, message, retry_after)
+                )
+            return
+        if not entry.infer:  # a description
+            if not future.done():
+                future.set_result(payload)
+            return
+        if future.done():  # its waiter left (cancelled): nobody reads the answer
+            if block is not None:
+                self.ring.free(block)
+            return
         try:
-            if not ok:
-                status, message, retry_after = payload
-                if status == "STALE":
-                    error: BaseException = StaleModel(message)
-                else:
-                    error = RemoteError(status, message, retry_after)
-                if not entry.future.done():
-                    entry.future.set_exception(error)
-                return
-            if not entry.future.done():
-                entry.future.set_result(self._answer(payload, raw) if entry.infer else payload)
-        finally:
-            if entry.block is not None:
-                self.ring.free(entry.block)
+            result = self._answer(payload, raw)
+        except BaseException:
+            if block is not None:
+                self.ring.free(block)
+            raise
+        future.set_result(result)
+        if block is not None:
+            # The answer's tensors are views of the block, read by the encoder in the step this
+            # wakes (the awaiting task resumes, encodes and copies into the response body with
+            # no await between: HTTP's infer route and gRPC's ModelInfer both); the block is
+            # reused only after that step (call_soon runs after the wake-up set_result queued).
+            asyncio.get_running_loop().call_soon(self.ring.free, block)
 
     def _answer(self, payload: Any, raw: memoryview) -> Result:
+        """The answer's tensors as views (no copy): of the slab block, or of the frame's raw
+        section (immutable bytes that the views keep alive)."""
         refs, (queue_s, compute_s, batch_size, input_s, output_s) = payload
         outputs: dict[str, np.ndarray] = {}
         for name, dtype, shape, offset, nbytes in refs:
-            if offset >= 0:  # copied out: the block is reused once this returns
-                outputs[name] = self.slab.array(dtype, shape, offset).copy()
+            if offset >= 0:
+                outputs[name] = self.slab.array(dtype, shape, offset)
             else:
-                outputs[name] = from_inline(raw, dtype, shape, offset, nbytes)
+                start = -1 - offset
+                outputs[name] = np.frombuffer(raw[start : start + nbytes], dtype_of(dtype)).reshape(shape)
         return Result(outputs, queue_s, compute_s, batch_size, input_s, output_s)
 
     def _send(self, header: Any, raw: Sequence[bytes | memoryview] = ()) -> None:

@@ -1,0 +1,181 @@
+"""Triton's rate limiter: an instance runs a batch only when the resources it names are free.
+
+One ``RateLimiter`` per server (``server/app.py``), shared by every model's instances. With
+``--rate-limit execution_count`` each instance group's ``rate_limiter { resources [...]
+priority }`` becomes a ``Claim``: the batcher takes its resources before a batch runs and
+gives them back once it has run (``batchers.base.RequestBatcher``). A resource is per device
+(the instance's) unless ``global``; its pool is what ``--rate-limit-resource name:count[:device]``
+sets, else the most any instance asks. When several instances wait, the one with the lowest
+``runs x priority`` goes first (Triton's ``ScaledPriority``: priority 2 gets half the chances
+of priority 1; 0 counts as 1), ties in arrival order; the head waits for its resources, so a
+big claim is not starved by small ones. With ``off`` (Triton's default) resources are ignored.
+
+Everything here runs on the event loop: waiting is a future, never a blocked thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+GLOBAL = "global"  # the device key of a global resource
+MODES = ("off", "execution_count")
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One resource an instance group's rate limiter names (Triton's ``Resource``)."""
+
+    name: str
+    count: int
+    is_global: bool = False
+
+
+@dataclass(frozen=True)
+class InstanceLimits:
+    """An instance group's ``rate_limiter``: what each of its instances needs to run."""
+
+    resources: tuple[Resource, ...] = ()
+    priority: int = 0
+
+    def describe(self) -> str:
+        """For logs: ``R1:2 (global), priority 1``."""
+        named = ", ".join(f"{r.name}:{r.count}{' (global)' if r.is_global else ''}" for r in self.resources)
+        return f"{named}, priority {self.priority}"
+
+
+@dataclass(eq=False)
+class Claim:
+    """One instance's standing request: resources by (name, device key), its priority, its runs."""
+
+    needs: dict[tuple[str, str], int]
+    priority: int
+    owner: str
+    runs: int = 0
+
+    def scaled(self) -> int:
+        return self.runs * max(1, self.priority)
+
+
+@dataclass(order=True)
+class _Waiter:
+    rank: tuple[int, int]
+    claim: Claim = field(compare=False)
+    future: asyncio.Future[None] = field(compare=False)
+
+
+def parse_resource_flag(text: str) -> tuple[str, int, str | None]:
+    """``name:count[:device]`` (Triton's ``--rate-limit-resource``) -> (name, count, device)."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0] or not parts[1].isdigit():
+        raise ValueError(f"--rate-limit-resource {text!r}: expected <name>:<count>[:<device>]")
+    device = None
+    if len(parts) == 3:
+        if not parts[2].isdigit():
+            raise ValueError(f"--rate-limit-resource {text!r}: the device is a GPU index")
+        device = f"cuda:{parts[2]}"
+    return parts[0], int(parts[1]), device
+
+
+def device_key(device: str) -> str:
+    """The pool a per-device resource is counted in: ``cuda:N`` (``cuda`` is ``cuda:0``), or
+    the device's own name (``cpu``: one pool for every CPU instance)."""
+    return "cuda:0" if device == "cuda" else device
+
+
+class RateLimiter:
+    """The server's resource pools and the instances waiting for them (event loop only)."""
+
+    def __init__(self, mode: str = "off", resources: Sequence[str] = ()) -> None:
+        if mode not in MODES:
+            raise ValueError(f"--rate-limit {mode!r}: expected one of {', '.join(MODES)}")
+        self.enabled = mode == "execution_count"
+        self._set: dict[tuple[str, str | None], int] = {}  # from the flag; device None = every device
+        for text in resources:
+            name, count, device = parse_resource_flag(text)
+            self._set[(name, device)] = count
+        self.pools: dict[tuple[str, str], int] = {}
+        self.free: dict[tuple[str, str], int] = {}
+        self._waiting: list[_Waiter] = []
+        self._order = itertools.count()
+
+    def claim(self, limits: InstanceLimits | None, device: str, owner: str) -> Claim | None:
+        """An instance on ``device`` with these ``limits`` joins; its claim (None: it is never
+        limited: rate limiting is off, or it names no resource). A claim larger than the
+        flag's pool fails the load (Triton refuses it too)."""
+        if not self.enabled or limits is None or not limits.resources:
+            return None
+        needs: dict[tuple[str, str], int] = {}
+        for res in limits.resources:
+            key = (res.name, GLOBAL if res.is_global else device_key(device))
+            needs[key] = needs.get(key, 0) + res.count
+        for key, count in needs.items():
+            fixed = self._fixed(key)
+            if fixed is not None and count > fixed:
+                raise ValueError(f"{owner}: rate limiter resource {key[0]!r} needs {count} but "
+                                 f"--rate-limit-resource makes {fixed} available on {key[1]}")  # fmt: skip
+            pool = fixed if fixed is not None else max(self.pools.get(key, 0), count)
+            self.free[key] = self.free.get(key, 0) + pool - self.pools.get(key, 0)
+            self.pools[key] = pool
+        return Claim(needs, limits.priority, owner)
+
+    def _fixed(self, key: tuple[str, str]) -> int | None:
+        name, device = key
+        if device == GLOBAL:
+            return self._set.get((name, None))
+        return self._set.get((name, device), self._set.get((name, None)))
+
+    def try_acquire(self, claim: Claim) -> bool:
+        """Take the claim's resources now if nobody waits ahead and they are free."""
+        if self._waiting or not self._fits(claim):
+            return False
+        self._take(claim)
+        return True
+
+    async def acquire(self, claim: Claim) -> None:
+        """Wait (on the loop) for the claim's turn and resources, then hold them."""
+        if self.try_acquire(claim):
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, _Waiter((claim.scaled(), next(self._order)), claim, future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():  # granted as we were cancelled: give back
+                self.release(claim)
+            else:
+                self._grant()  # a cancelled head no longer blocks those behind it
+            raise
+
+    def release(self, claim: Claim) -> None:
+        """A batch has run: its resources go back, and waiting instances get their turn."""
+        for key, count in claim.needs.items():
+            self.free[key] += count
+        self._grant()
+
+    def _fits(self, claim: Claim) -> bool:
+        return all(self.free[key] >= count for key, count in claim.needs.items())
+
+    def _take(self, claim: Claim) -> None:
+        for key, count in claim.needs.items():
+            self.free[key] -= count
+        claim.runs += 1
+
+    def _grant(self) -> None:
+        while self._waiting:
+            head = self._waiting[0]
+            if head.future.done():  # its waiter was cancelled
+                heapq.heappop(self._waiting)
+                continue
+            if not self._fits(head.claim):
+                return
+            heapq.heappop(self._waiting)
+            self._take(head.claim)
+            head.future.set_result(None)
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for w in self._waiting if not w.future.done())

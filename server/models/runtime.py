@@ -16,10 +16,11 @@ from time import monotonic
 from typing import Any
 
 import numpy as np
-from wattserve.batchers.base import Batcher, engine_thread
+from wattserve.batchers.base import Batcher, RequestBatcher, engine_thread
 from wattserve.batchers.clock import REAL_CLOCK, Clock
 from wattserve.batchers.iteration_metrics import IterationMetrics
 from wattserve.batchers.lm_metrics import LMMetrics
+from wattserve.batchers.rate_limiter import RateLimiter
 from wattserve.batchers.registry import build_batcher
 from wattserve.batchers.types import ClientGone, Draining, QueueFull, RequestError, Result, WorkItem
 from wattserve.engines.base import (
@@ -127,6 +128,7 @@ class ModelRuntime:
             observer = self._observer(engines[0])
             # e.g. iteration needs a step engine
             batcher = build_batcher(self.serving.batching, engines, observer, threads, self.clock)
+            self._rate_limit(batcher, engines)
             await batcher.prepare()  # e.g. adaptive times its batch sizes: before ready, not after
         except BaseException:
             for thread, engine in zip(threads, engines, strict=False):  # a failed load frees what it built
@@ -162,6 +164,26 @@ class ModelRuntime:
             self.name, self.version, self.engine.platform, self.engine.device,
             policy, self.serving.max_batch_size, len(engines),
         )  # fmt: skip
+
+    def _rate_limit(self, batcher: Batcher, engines: Sequence[Engine]) -> None:
+        """Triton's rate limiter: each instance's group's resources, claimed from the server's
+        limiter (the ``rate_limiter`` hook, made by the app); nothing when it is off."""
+        limiter: RateLimiter | None = self.batcher_hooks.get("rate_limiter")
+        if limiter is None or not limiter.enabled or not self.serving.rate_limits:
+            return
+        claims = [
+            limiter.claim(limits, str(engine.device), f"{self.name} instance {i}")
+            for i, (limits, engine) in enumerate(zip(self.serving.rate_limits, engines, strict=True))
+        ]
+        if not any(claims):
+            return
+        if not isinstance(batcher, RequestBatcher):
+            raise ValueError(f"{self.name}: the rate limiter is not implemented for the {batcher.name} "
+                             "batcher (iteration-level models)")  # fmt: skip
+        batcher.use_rate_limiter(limiter, claims)
+        for i, limits in enumerate(self.serving.rate_limits):
+            if limits is not None:
+                log.info("%s instance %d: rate limited (%s)", self.name, i, limits.describe())
 
     def _observer(self, engine: Engine) -> ServingObserver:
         """The batcher's one observer: this model's metrics (and iteration metrics for a step

@@ -12,6 +12,7 @@ import threading
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as tgrpc
 from wattserve.batchers import BatcherConfig, ContinuousBatcher, WorkItem
 from wattserve.batchers.rate_limiter import InstanceLimits, RateLimiter, Resource
 from wattserve.server.models.repository.config import ConfigError, parse_config
@@ -20,7 +21,7 @@ from wattserve.server.settings import Settings
 
 from tests.fake_clock import until
 from tests.gated_engine import GatedEngine, item_input
-from tests.servers import threaded_server
+from tests.servers import free_port, threaded_server
 
 
 class Overlaps:
@@ -262,8 +263,14 @@ def test_a_server_shares_one_limiter_across_models_and_shows_the_config(tmp_path
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.pbtxt").write_text(LIMITED)
-    settings = Settings(model_repository=tmp_path, telemetry=False, rate_limit="execution_count")
+    port = free_port()
+    settings = Settings(
+        model_repository=tmp_path, telemetry=False, rate_limit="execution_count", grpc_port=port
+    )
     with threaded_server(settings) as (url, app):
+        grpc_config = tgrpc.InferenceServerClient(f"127.0.0.1:{port}").get_model_config("b").config
+        assert grpc_config.instance_group[0].rate_limiter.resources[1].count == 2  # gRPC: the same
+        assert grpc_config.instance_group[1].count == 1
         with httpx.Client(base_url=url, timeout=30) as client:
             config = client.get("/v2/models/a/config").json()
             limiter = config["instance_group"][0]["rate_limiter"]

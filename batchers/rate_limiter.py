@@ -4,8 +4,9 @@ One ``RateLimiter`` per server (``server/app.py``), shared by every model's inst
 ``--rate-limit execution_count`` each instance group's ``rate_limiter { resources [...]
 priority }`` becomes a ``Claim``: the batcher takes its resources before a batch runs and
 gives them back once it has run (``batchers.base.RequestBatcher``). A resource is per device
-(the instance's) unless ``global``; its pool is what ``--rate-limit-resource name:count[:device]``
-sets, else the most any instance asks. When several instances wait, the one with the lowest
+(the instance's GPU; CPU instances count as device 0, as in Triton) unless ``global``; its
+pool is what ``--rate-limit-resource name:count[:device]`` sets (with any flag set, a resource
+no flag names has none), else the most any instance asks. When several instances wait, the one with the lowest
 ``runs x priority`` goes first (Triton's ``ScaledPriority``: priority 2 gets half the chances
 of priority 1; 0 counts as 1), ties in arrival order; the head waits for its resources, so a
 big claim is not starved by small ones. With ``off`` (Triton's default) resources are ignored.
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 GLOBAL = "global"  # the device key of a global resource
+Key = int | str  # a per-device pool's GPU index (CPU instances: 0), or GLOBAL
 MODES = ("off", "execution_count")
 
 
@@ -51,7 +53,7 @@ class InstanceLimits:
 class Claim:
     """One instance's standing request: resources by (name, device key), its priority, its runs."""
 
-    needs: dict[tuple[str, str], int]
+    needs: dict[tuple[str, Key], int]
     priority: int
     owner: str
     runs: int = 0
@@ -67,23 +69,21 @@ class _Waiter:
     future: asyncio.Future[None] = field(compare=False)
 
 
-def parse_resource_flag(text: str) -> tuple[str, int, str | None]:
+def parse_resource_flag(text: str) -> tuple[str, int, int | None]:
     """``name:count[:device]`` (Triton's ``--rate-limit-resource``) -> (name, count, device)."""
     parts = text.split(":")
     if len(parts) not in (2, 3) or not parts[0] or not parts[1].isdigit():
         raise ValueError(f"--rate-limit-resource {text!r}: expected <name>:<count>[:<device>]")
-    device = None
-    if len(parts) == 3:
-        if not parts[2].isdigit():
-            raise ValueError(f"--rate-limit-resource {text!r}: the device is a GPU index")
-        device = f"cuda:{parts[2]}"
-    return parts[0], int(parts[1]), device
+    if len(parts) == 3 and not parts[2].isdigit():
+        raise ValueError(f"--rate-limit-resource {text!r}: the device is a GPU index")
+    return parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else None
 
 
-def device_key(device: str) -> str:
-    """The pool a per-device resource is counted in: ``cuda:N`` (``cuda`` is ``cuda:0``), or
-    the device's own name (``cpu``: one pool for every CPU instance)."""
-    return "cuda:0" if device == "cuda" else device
+def device_key(device: str) -> int:
+    """The device whose pool a per-device resource is counted in, as Triton numbers it: GPU N
+    is N; a CPU instance is device 0 (Triton gives KIND_CPU instances device id 0)."""
+    kind, _, index = device.partition(":")
+    return int(index) if kind == "cuda" and index.isdigit() else 0
 
 
 class RateLimiter:
@@ -93,40 +93,54 @@ class RateLimiter:
         if mode not in MODES:
             raise ValueError(f"--rate-limit {mode!r}: expected one of {', '.join(MODES)}")
         self.enabled = mode == "execution_count"
-        self._set: dict[tuple[str, str | None], int] = {}  # from the flag; device None = every device
+        # the flag's counts by (name, device); device None: every device
+        self._set: dict[tuple[str, int | None], int] = {}
         for text in resources:
             name, count, device = parse_resource_flag(text)
             self._set[(name, device)] = count
-        self.pools: dict[tuple[str, str], int] = {}
-        self.free: dict[tuple[str, str], int] = {}
+        self.pools: dict[tuple[str, Key], int] = {}
+        self.free: dict[tuple[str, Key], int] = {}
         self._waiting: list[_Waiter] = []
         self._order = itertools.count()
 
     def claim(self, limits: InstanceLimits | None, device: str, owner: str) -> Claim | None:
         """An instance on ``device`` with these ``limits`` joins; its claim (None: it is never
-        limited: rate limiting is off, or it names no resource). A claim larger than the
-        flag's pool fails the load (Triton refuses it too)."""
+        limited: rate limiting is off, or it names no resource). Refused (ValueError, the
+        load fails) as Triton refuses it: a resource both global and per device, or one the
+        flags make too scarce for it (with any flag set, a resource it omits has none)."""
         if not self.enabled or limits is None or not limits.resources:
             return None
-        needs: dict[tuple[str, str], int] = {}
-        for res in limits.resources:
-            key = (res.name, GLOBAL if res.is_global else device_key(device))
-            needs[key] = needs.get(key, 0) + res.count
+        needs: dict[tuple[str, Key], int] = {}
+        for res in limits.resources:  # a name repeated in one group: the last (Triton's map)
+            needs[(res.name, GLOBAL if res.is_global else device_key(device))] = res.count
+        for name, where in needs:
+            other = [
+                k for k in [*self.pools, *needs] if k[0] == name and (k[1] == GLOBAL) != (where == GLOBAL)
+            ]
+            if other:
+                raise ValueError(f'Resource "{name}" is present as both global and device-specific '
+                                 "resource in the model configuration.")  # fmt: skip
         for key, count in needs.items():
             fixed = self._fixed(key)
             if fixed is not None and count > fixed:
-                raise ValueError(f"{owner}: rate limiter resource {key[0]!r} needs {count} but "
-                                 f"--rate-limit-resource makes {fixed} available on {key[1]}")  # fmt: skip
+                raise ValueError(f'Resource count for "{key[0]}" is limited to {fixed} which will prevent '
+                                 "scheduling of one or more model instances, the minimum required count "
+                                 f"is {count}")  # fmt: skip
+        for key, count in needs.items():
+            fixed = self._fixed(key)
             pool = fixed if fixed is not None else max(self.pools.get(key, 0), count)
             self.free[key] = self.free.get(key, 0) + pool - self.pools.get(key, 0)
             self.pools[key] = pool
         return Claim(needs, limits.priority, owner)
 
-    def _fixed(self, key: tuple[str, str]) -> int | None:
-        name, device = key
-        if device == GLOBAL:
-            return self._set.get((name, None))
-        return self._set.get((name, device), self._set.get((name, None)))
+    def _fixed(self, key: tuple[str, Key]) -> int | None:
+        """The flags' count for a resource (Triton: the most any matching flag gives; a global
+        resource matches a flag of any device); None when no flag is set at all."""
+        if not self._set:
+            return None
+        name, where = key
+        return max((count for (n, device), count in self._set.items()
+                    if n == name and (where == GLOBAL or device in (None, where))), default=0)  # fmt: skip
 
     def try_acquire(self, claim: Claim) -> bool:
         """Take the claim's resources now if nobody waits ahead and they are free."""

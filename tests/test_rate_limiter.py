@@ -114,7 +114,7 @@ async def test_every_request_is_answered_once_under_load_and_never_together():
     await asyncio.gather(*jobs)  # each asserts its own answer; a second answer would raise
     assert overlaps.most == 1
     assert sorted(a.seen + b.seen) == [float(i) for i in range(60)]
-    assert limiter.free == {("R1", "cpu"): 1}  # every unit given back
+    assert limiter.free == {("R1", 0): 1}  # every unit given back (a CPU instance is device 0, as in Triton)
     await stop((ba, ta), (bb, tb))
 
 
@@ -203,23 +203,38 @@ async def test_a_cancelled_waiter_does_not_block_those_behind_it():
     assert limiter.try_acquire(other)
 
 
-def test_pools_are_the_most_asked_unless_the_flag_sets_them():
+def test_pools_are_the_most_asked_unless_the_flags_set_them():
     limiter = RateLimiter("execution_count")
     limiter.claim(unit(count=2), "cuda:0", "a")
     limiter.claim(unit(count=3), "cuda:0", "b")
-    assert limiter.pools == {("R1", "cuda:0"): 3}
-    limiter = RateLimiter("execution_count", ["R1:4", "R1:1:1", "G:2"])
-    limiter.claim(unit(), "cuda:0", "a")
-    limiter.claim(unit(), "cuda:1", "b")
-    limiter.claim(unit("G", is_global=True), "cuda:1", "c")
-    assert limiter.pools == {("R1", "cuda:0"): 4, ("R1", "cuda:1"): 1, ("G", "global"): 2}
-    with pytest.raises(ValueError, match="needs 2 but --rate-limit-resource makes 1 available"):
-        limiter.claim(unit(count=2), "cuda:1", "d")
+    limiter.claim(unit(count=1), "cpu", "c")  # Triton counts CPU instances as device 0
+    assert limiter.pools == {("R1", 0): 3}
+    # Triton's example: R1:10 on every device, R2 5 on device 0 and 8 on 1, global R3 2
+    limiter = RateLimiter("execution_count", ["R1:10", "R2:5:0", "R2:8:1", "R3:2"])
+    for device in ("cuda:0", "cuda:1"):
+        limiter.claim(InstanceLimits((Resource("R1", 1), Resource("R2", 1))), device, device)
+    limiter.claim(unit("R3", is_global=True), "cuda:1", "c")
+    assert limiter.pools == {("R1", 0): 10, ("R2", 0): 5, ("R1", 1): 10, ("R2", 1): 8, ("R3", "global"): 2}
     assert RateLimiter("off").claim(unit(), "cpu", "e") is None  # off: never limited
     for bad in ("R1", "R1:x", ":2", "R1:2:gpu"):
         with pytest.raises(ValueError):
             Settings(rate_limit_resource=[bad])
     assert Settings(rate_limit_resource="R1:2,R2:1:0").rate_limit_resource == ["R1:2", "R2:1:0"]
+
+
+def test_the_limiter_refuses_what_triton_refuses():
+    limiter = RateLimiter("execution_count", ["R1:1:1"])
+    with pytest.raises(
+        ValueError, match=r'Resource count for "R1" is limited to 1 .* minimum required count is 2'
+    ):
+        limiter.claim(unit(count=2), "cuda:1", "a")
+    with pytest.raises(ValueError, match='Resource count for "R9" is limited to 0'):  # no flag names it
+        limiter.claim(unit("R9"), "cuda:1", "b")
+    limiter = RateLimiter("execution_count")
+    limiter.claim(unit("G", is_global=True), "cpu", "c")
+    with pytest.raises(ValueError, match='Resource "G" is present as both global and device-specific'):
+        limiter.claim(unit("G"), "cpu", "d")
+    assert limiter.pools == {("G", "global"): 1}  # a refused claim changes nothing
 
 
 # ------------------------------------------------------------------ config.pbtxt
@@ -246,17 +261,27 @@ def test_the_rate_limiter_is_planned_per_instance(tmp_path):
     assert plan.config.instance_group[0].rate_limiter.priority == 2  # /config shows it
 
 
-@pytest.mark.parametrize(
-    ("resources", "words"),
-    [('{ name: "" count: 1 }', "name for rate limiter can not be empty"),
-     ('{ name: "R" count: 1 }, { name: "R" count: 2 }', "named twice"),
-     ('{ name: "R" count: 0 }', "count 0")],
-)  # fmt: skip
-def test_a_malformed_resource_fails_the_load(tmp_path, resources, words):
+def test_a_malformed_resource_fails_the_load_and_a_repeated_name_keeps_its_last_count(tmp_path):
     (tmp_path / "m").mkdir()
-    text = BASE + f"instance_group [ {{ kind: KIND_CPU rate_limiter {{ resources [ {resources} ] }} }} ]"
-    with pytest.raises(ConfigError, match=r"instance_group\[0\]\.rate_limiter\.resources\[\d\]: .*" + words):
-        plan_config(tmp_path / "m", Settings(), parse_config(text), "config.pbtxt")
+    group = "instance_group [ {{ kind: KIND_CPU rate_limiter {{ resources [ {} ] }} }} ]"
+    with pytest.raises(ConfigError, match=r"config.pbtxt:7:\d+: .*count"):  # uint32: protobuf's own words
+        parse_config(BASE + group.format('{ name: "R" count: -1 }'))
+    with pytest.raises(ConfigError, match=r"config.pbtxt:7:\d+: .*glob"):
+        parse_config(BASE + group.format('{ name: "R" glob: true }'))
+    config = parse_config(BASE + group.format('{ name: "R" count: 1 }, { name: "R" count: 3 }'))
+    (plan,) = plan_config(tmp_path / "m", Settings(), config, "config.pbtxt")
+    assert plan.serving.rate_limits == (InstanceLimits((Resource("R", 3),)),)  # Triton's map: the last
+
+
+def test_a_model_the_flags_leave_too_little_is_unavailable_with_tritons_reason(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "config.pbtxt").write_text(LIMITED)
+    settings = Settings(model_repository=tmp_path, telemetry=False, rate_limit="execution_count",
+                        rate_limit_resource=["R1:1", "G:1"])  # fmt: skip
+    with threaded_server(settings) as (url, _), httpx.Client(base_url=url, timeout=30) as client:
+        assert client.get("/v2/models/a/ready").status_code != 200
+        (entry,) = client.post("/v2/repository/index", json={}).json()
+        assert 'Resource count for "G" is limited to 1' in entry["reason"], entry
 
 
 def test_a_server_shares_one_limiter_across_models_and_shows_the_config(tmp_path):

@@ -433,7 +433,7 @@ def _instance_devices(
         else:  # KIND_AUTO (KIND_MODEL was refused, or cleared by --allow-unsupported-config)
             devices += [base.device] * count
         if limits is not None:
-            limits += [group_limits(group, f"{source}: instance_group[{i}]")] * (len(devices) - len(limits))
+            limits += [group_limits(group)] * (len(devices) - len(limits))
     return devices
 
 

@@ -102,6 +102,7 @@ class RateLimiter:
         self.free: dict[tuple[str, Key], int] = {}
         self._waiting: list[_Waiter] = []
         self._order = itertools.count()
+        self._claims: list[Claim] = []  # every loaded instance's, for the pools' maxima
 
     def claim(self, limits: InstanceLimits | None, device: str, owner: str) -> Claim | None:
         """An instance on ``device`` with these ``limits`` joins; its claim (None: it is never
@@ -131,7 +132,26 @@ class RateLimiter:
             pool = fixed if fixed is not None else max(self.pools.get(key, 0), count)
             self.free[key] = self.free.get(key, 0) + pool - self.pools.get(key, 0)
             self.pools[key] = pool
-        return Claim(needs, limits.priority, owner)
+        claim = Claim(needs, limits.priority, owner)
+        self._claims.append(claim)
+        return claim
+
+    def withdraw(self, claims: Sequence[Claim | None]) -> None:
+        """Unloaded (or failed to load) instances leave: each pool they sized is the most
+        the remaining instances ask again (Triton recomputes it on removal too)."""
+        gone = [c for c in claims if c is not None]
+        self._claims = [c for c in self._claims if all(c is not g for g in gone)]
+        for key in {k for c in gone for k in c.needs}:
+            asked = [c.needs[key] for c in self._claims if key in c.needs]
+            if not asked:
+                self.pools.pop(key, None)
+                self.free.pop(key, None)
+                continue
+            fixed = self._fixed(key)
+            pool = fixed if fixed is not None else max(asked)
+            self.free[key] += pool - self.pools[key]
+            self.pools[key] = pool
+        self._grant()
 
     def _fixed(self, key: tuple[str, Key]) -> int | None:
         """The flags' count for a resource (Triton: the most any matching flag gives; a global

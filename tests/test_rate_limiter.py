@@ -205,10 +205,14 @@ async def test_a_cancelled_waiter_does_not_block_those_behind_it():
 
 def test_pools_are_the_most_asked_unless_the_flags_set_them():
     limiter = RateLimiter("execution_count")
-    limiter.claim(unit(count=2), "cuda:0", "a")
-    limiter.claim(unit(count=3), "cuda:0", "b")
-    limiter.claim(unit(count=1), "cpu", "c")  # Triton counts CPU instances as device 0
+    a = limiter.claim(unit(count=2), "cuda:0", "a")
+    b = limiter.claim(unit(count=3), "cuda:0", "b")
+    small = limiter.claim(unit(count=1), "cpu", "c")  # Triton counts CPU instances as device 0
     assert limiter.pools == {("R1", 0): 3}
+    limiter.withdraw([b])  # unloaded: the pool is the most the others ask again
+    assert limiter.pools == {("R1", 0): 2} and limiter.free == {("R1", 0): 2}
+    limiter.withdraw([a, small])
+    assert limiter.pools == {} and limiter.free == {}
     # Triton's example: R1:10 on every device, R2 5 on device 0 and 8 on 1, global R3 2
     limiter = RateLimiter("execution_count", ["R1:10", "R2:5:0", "R2:8:1", "R3:2"])
     for device in ("cuda:0", "cuda:1"):

@@ -118,6 +118,24 @@ async def test_every_request_is_answered_once_under_load_and_never_together():
     await stop((ba, ta), (bb, tb))
 
 
+async def test_a_request_whose_client_leaves_while_its_batch_waits_is_never_computed():
+    limiter = RateLimiter("execution_count")
+    _, (a, ba, ta), (b, bb, tb) = await two_models(limiter)
+    a.gate.clear()
+    first = asyncio.create_task(ask(ba, 1))
+    await started(a)
+    gone = asyncio.create_task(ask(bb, 2))
+    await until(lambda: limiter.waiting == 1)
+    gone.cancel()  # the client leaves while its batch waits for R1
+    await asyncio.gather(gone, return_exceptions=True)
+    a.gate.set()
+    await first
+    await ask(bb, 3)  # b still serves, after its empty grant gave R1 back
+    assert b.seen == [3.0]
+    assert limiter.free == {("R1", 0): 1}
+    await stop((ba, ta), (bb, tb))
+
+
 async def test_with_rate_limiting_off_the_same_models_overlap():
     limiter = RateLimiter("off")
     overlaps, (a, ba, ta), (b, bb, tb) = await two_models(limiter)

@@ -41,6 +41,7 @@ from wattserve.batchers.executor import (
 )
 from wattserve.batchers.observers import NULL_OBSERVER, BatchObserver, BatchReport
 from wattserve.batchers.policy import Decision, QueueView
+from wattserve.batchers.rate_limiter import Claim, RateLimiter
 from wattserve.batchers.scheduler import Scheduler, fail
 from wattserve.batchers.types import (
     BatchFailed,
@@ -278,6 +279,18 @@ class RequestBatcher(Batcher[Engine]):
         self._busy = 0  # executors running a chain of batches
         self._all_idle: asyncio.Event | None = None
         self.pipeline = True  # engine threads take the next ready batch themselves
+        # Triton's rate limiter (``use_rate_limiter``): each instance's claim, None where it is not limited
+        self._limiter: RateLimiter | None = None
+        self._claims: list[Claim | None] = []
+        self._granting: set[asyncio.Task[None]] = set()  # batches waiting for their resources
+
+    def use_rate_limiter(self, limiter: RateLimiter, claims: Sequence[Claim | None]) -> None:
+        """Before ``run``: instance ``i`` runs a batch only once ``limiter`` grants ``claims[i]``
+        (held while the batch runs, so such an instance never chains batches on its thread)."""
+        if len(claims) != len(self.instances):
+            raise ValueError(f"{len(claims)} rate limiter claims for {len(self.instances)} instances")
+        if any(c is not None for c in claims):
+            self._limiter, self._claims = limiter, list(claims)
 
     @abstractmethod
     def decide(self, view: QueueView, now: float) -> Decision:
@@ -298,8 +311,10 @@ class RequestBatcher(Batcher[Engine]):
         self._all_idle.set()
         self._free = asyncio.Queue()
         ready = self._next_ready if self.pipeline else None
-        for inst in self.instances:
-            self._free.put_nowait(BatchExecutor(inst, self.observer, self._finished, ready, self._now))
+        claims = self._claims or [None] * len(self.instances)
+        for inst, claim in zip(self.instances, claims, strict=True):
+            chain = ready if claim is None else None  # a limited batch is granted on the loop
+            self._free.put_nowait(BatchExecutor(inst, self.observer, self._finished, chain, self._now))
         try:
             while True:
                 executor = await self._free.get()
@@ -309,10 +324,33 @@ class RequestBatcher(Batcher[Engine]):
                     break
                 self._busy += 1
                 self._all_idle.clear()
-                executor.start(loop, batch)
+                claim = claims[executor.instance.index]
+                if claim is None or self._try_acquire(claim):
+                    executor.start(loop, batch)
+                else:  # waits for its resources while the other instances go on
+                    task = loop.create_task(self._start_when_granted(executor, batch, claim))
+                    self._granting.add(task)
+                    task.add_done_callback(self._granting.discard)
             await self._all_idle.wait()
         finally:
             self._stopped.set()
+
+    def _try_acquire(self, claim: Claim) -> bool:
+        assert self._limiter is not None
+        return self._limiter.try_acquire(claim)
+
+    async def _start_when_granted(self, executor: BatchExecutor, batch: list[WorkItem], claim: Claim) -> None:
+        """Event loop: run ``batch`` once the limiter grants ``claim``; if the wait itself
+        ends otherwise (the server stops), the batch fails, answered once."""
+        assert self._limiter is not None
+        try:
+            await self._limiter.acquire(claim)
+        except BaseException as exc:
+            fail(batch, BatchFailed(f"batch failed waiting for rate limiter resources: {exc!r}"))
+            self._release_executor(executor)
+            raise
+        assert self._loop is not None
+        executor.start(self._loop, batch)
 
     def _next_ready(self) -> tuple[list[WorkItem], BaseException | None]:
         """Engine thread: the batch the policy dispatches right now, if any."""
@@ -332,12 +370,20 @@ class RequestBatcher(Batcher[Engine]):
                 self._account(outcome)
                 answer(outcome)
         finally:
+            if self._claims:  # rate limited: a claimed batch never chains, give its resources back
+                claim = self._claims[executor.instance.index]
+                if claim is not None:
+                    assert self._limiter is not None
+                    self._limiter.release(claim)
             if not continuing:
-                self._busy -= 1
-                assert self._free is not None and self._all_idle is not None
-                self._free.put_nowait(executor)
-                if self._busy == 0:
-                    self._all_idle.set()
+                self._release_executor(executor)
+
+    def _release_executor(self, executor: BatchExecutor) -> None:
+        self._busy -= 1
+        assert self._free is not None and self._all_idle is not None
+        self._free.put_nowait(executor)
+        if self._busy == 0:
+            self._all_idle.set()
 
     def _account(self, outcome: BatchOutcome) -> None:
         """The books of one computed batch, before its items are answered: the observer's

@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from wattserve.batchers.rate_limiter import RateLimiter
 from wattserve.engines.python_backend.custom_metrics import CustomMetrics, publishing_to
 from wattserve.engines.registry import build_engine
 from wattserve.server.core.decode import BodyBudget
@@ -87,6 +88,8 @@ def create_app(
     restrictions = parse_restricted_api(settings.restricted_api)  # a bad value fails at start
     # Triton's --cache-config: one response cache shared by the models that enable it
     cache = ResponseCache(parse_cache_config(settings.cache_config)) if settings.cache_config else None
+    # Triton's --rate-limit: one limiter whose resources every model's instances share
+    limiter = RateLimiter(settings.rate_limit, settings.rate_limit_resource)
 
     def make_runtime(plan: ModelPlan) -> ModelRuntime:
         if plan.platform == "ensemble":  # no engine or batcher: its steps use their models'
@@ -116,7 +119,8 @@ def create_app(
         # read by runtime.start(), after telemetry started: the meter follows the engine's
         # device (its GPU; RAPL or nothing for a CPU engine; nothing is made up)
         runtime.batcher_hooks.update(energy_meter_for=telemetry.meter_for, on_batch=record_batch,
-                                     on_cache_hit=telemetry.record_cached)  # fmt: skip
+                                     on_cache_hit=telemetry.record_cached,
+                                     rate_limiter=limiter)  # fmt: skip
         # Python models' BLS calls reach this server's models (server/core/model_caller.py)
         runtime.batcher_hooks["call_model"] = lambda loop: model_caller(lambda: models, loop)
         return runtime

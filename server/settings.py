@@ -133,6 +133,20 @@ class Settings(BaseSettings):
         "(a repeated request is answered without queue or engine; least recently used answers "
         "leave first). Unset: no cache, and models that enable it load without one.",
     )
+    rate_limit: Literal["off", "execution_count"] = Field(
+        "off",
+        description="Triton's --rate-limit. execution_count: an instance runs a batch only when the "
+        "resources its instance_group's rate_limiter names are free (taken before the batch, given "
+        "back after; shared by every model's instances); priority weights which waiting instance "
+        "goes first. off (Triton's default): rate_limiter configs are ignored.",
+    )
+    rate_limit_resource: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Triton's --rate-limit-resource <name>:<count>[:<device>] (repeat the flag, or "
+        "a,b in the variable): how many units of a resource there are (per GPU device N, or on "
+        "every device without one; a global resource's count without a device). Unset: the most "
+        "that any instance asks.",
+    )
     engine: EngineName = Field(
         "torch", description="Engine: torch, onnxruntime or tensorrt.", json_schema_extra=PER_MODEL
     )
@@ -469,7 +483,16 @@ class Settings(BaseSettings):
         _int_list
     )
 
-    @field_validator("load_model", mode="before")
+    @field_validator("rate_limit_resource")
+    @classmethod
+    def _check_resources(cls, value: list[str]) -> list[str]:
+        from wattserve.batchers.rate_limiter import parse_resource_flag
+
+        for text in value:
+            parse_resource_flag(text)  # a bad value fails at start, naming it
+        return value
+
+    @field_validator("load_model", "rate_limit_resource", mode="before")
     @classmethod
     def _split_names(cls, value: object) -> object:
         """ "a,b" from the environment; a list (repeated flags) as is."""

@@ -60,7 +60,7 @@ def representative(name: str) -> tuple[list[str], str]:
     elif kind == list[int]:
         text = "2,4"  # within the default max_batch_size, for preferred_batch_sizes
     elif kind == list[str]:
-        text = "a,b"
+        text = {"rate_limit_resource": "R1:2,R2:1:0"}.get(name, "a,b")
     elif kind is Path:
         text = "/tmp/wattserve-flag-test"
     elif kind is str:

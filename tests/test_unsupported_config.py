@@ -159,7 +159,6 @@ def test_every_field_of_model_config_is_honoured_or_refused_at_load(tmp_path):
     # the walk reached the whole proto: the fields the issue names, and the honoured ones
     for field in ("sequence_batching.control_input.control.int32_false_true",
                   "model_repository_agents.agents.name",
-                  "instance_group.rate_limiter.resources.global",
                   "input.optional",
                   "input.allow_ragged_batch", "batch_input.kind", "optimization.cuda.graphs",
                   "ensemble_scheduling.step.model_name", "model_transaction_policy.decoupled"):  # fmt: skip
@@ -168,7 +167,8 @@ def test_every_field_of_model_config_is_honoured_or_refused_at_load(tmp_path):
                   "instance_group.gpus", "version_policy.specific.versions", "parameters.string_value",
                   "model_warmup.inputs.random_data", "model_warmup.count",
                   "dynamic_batching.priority_queue_policy.timeout_action", "dynamic_batching.preserve_ordering",
-                  "response_cache.enable"):  # fmt: skip
+                  "response_cache.enable", "instance_group.rate_limiter.resources.global",
+                  "instance_group.rate_limiter.priority"):  # fmt: skip
         assert field in honoured_paths, field
     assert len(refused) + len(honoured_paths) > 120
 

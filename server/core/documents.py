@@ -109,9 +109,7 @@ def triton_config(runtime: ModelRuntime) -> dict[str, Any]:
         "max_batch_size": max_batch if runtime.batching else 0,
         "input": inputs(),
         "output": tensors(engine.outputs),
-        "instance_group": [
-            {"count": len(runtime.devices), "kind": "KIND_GPU" if "cuda" in engine.device else "KIND_CPU"}
-        ],
+        "instance_group": instance_groups(runtime, "KIND_GPU" if "cuda" in engine.device else "KIND_CPU"),
         "parameters": {
             "batcher": {"string_value": policy},
             "wattserve_batcher": {"string_value": policy},
@@ -128,6 +126,32 @@ def triton_config(runtime: ModelRuntime) -> dict[str, Any]:
     if getattr(runtime, "response_cache", None) is not None:  # what runs: enabled and a cache configured
         config["response_cache"] = {"enable": True}
     return config
+
+
+def instance_groups(runtime: ModelRuntime, kind: str) -> list[dict[str, Any]]:
+    """The instances as Triton's groups: one per run of instances with the same rate limiter
+    (the group's own, shown as Triton shows it, whether ``--rate-limit`` uses it or not)."""
+    limits = runtime.serving.rate_limits
+    if not limits:
+        return [{"count": len(runtime.devices), "kind": kind}]
+    runs: list[list[Any]] = []
+    for own in limits:
+        if runs and runs[-1][0] == own:
+            runs[-1][1] += 1
+        else:
+            runs.append([own, 1])
+    groups = []
+    for own, count in runs:
+        group: dict[str, Any] = {"count": count, "kind": kind}
+        if own is not None:
+            group["rate_limiter"] = {
+                "resources": [
+                    {"name": r.name, "global": r.is_global, "count": r.count} for r in own.resources
+                ],
+                "priority": own.priority,
+            }
+        groups.append(group)
+    return groups
 
 
 def _dynamic_batching(runtime: ModelRuntime, running: Any) -> dict[str, Any]:

@@ -16,10 +16,11 @@ from time import monotonic
 from typing import Any
 
 import numpy as np
-from wattserve.batchers.base import Batcher, engine_thread
+from wattserve.batchers.base import Batcher, RequestBatcher, engine_thread
 from wattserve.batchers.clock import REAL_CLOCK, Clock
 from wattserve.batchers.iteration_metrics import IterationMetrics
 from wattserve.batchers.lm_metrics import LMMetrics
+from wattserve.batchers.rate_limiter import Claim, RateLimiter
 from wattserve.batchers.registry import build_batcher
 from wattserve.batchers.types import ClientGone, Draining, QueueFull, RequestError, Result, WorkItem
 from wattserve.engines.base import (
@@ -106,6 +107,7 @@ class ModelRuntime:
         self.ready = False
         self.draining = False
         self._task: asyncio.Task[None] | None = None
+        self._claims: list[Claim | None] = []  # this model's instances' rate limiter claims
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -127,8 +129,10 @@ class ModelRuntime:
             observer = self._observer(engines[0])
             # e.g. iteration needs a step engine
             batcher = build_batcher(self.serving.batching, engines, observer, threads, self.clock)
+            self._rate_limit(batcher, engines)
             await batcher.prepare()  # e.g. adaptive times its batch sizes: before ready, not after
         except BaseException:
+            self._withdraw()
             for thread, engine in zip(threads, engines, strict=False):  # a failed load frees what it built
                 await loop.run_in_executor(thread, engine.close)
             for thread in threads:
@@ -162,6 +166,38 @@ class ModelRuntime:
             self.name, self.version, self.engine.platform, self.engine.device,
             policy, self.serving.max_batch_size, len(engines),
         )  # fmt: skip
+
+    def _rate_limit(self, batcher: Batcher, engines: Sequence[Engine]) -> None:
+        """Triton's rate limiter: each instance's group's resources, claimed from the server's
+        limiter (the ``rate_limiter`` hook, made by the app); nothing when it is off."""
+        limiter: RateLimiter | None = self.batcher_hooks.get("rate_limiter")
+        if limiter is None or not limiter.enabled or not self.serving.rate_limits:
+            return
+        claims: list[Claim | None] = []
+        try:
+            for i, (limits, engine) in enumerate(zip(self.serving.rate_limits, engines, strict=True)):
+                claims.append(limiter.claim(limits, str(engine.device), f"{self.name} instance {i}"))
+        except ValueError:  # Triton's refusal: this model fails to load, the pools as they were
+            limiter.withdraw(claims)
+            raise
+        self._claims = claims
+        if not any(claims):
+            return
+        if not isinstance(batcher, RequestBatcher):
+            self._withdraw()
+            raise ValueError(f"{self.name}: the rate limiter is not implemented for the {batcher.name} "
+                             "batcher (iteration-level models)")  # fmt: skip
+        batcher.use_rate_limiter(limiter, claims)
+        for i, limits in enumerate(self.serving.rate_limits):
+            if limits is not None:
+                log.info("%s instance %d: rate limited (%s)", self.name, i, limits.describe())
+
+    def _withdraw(self) -> None:
+        """This model's instances leave the server's rate limiter (unloaded, or a failed load)."""
+        limiter: RateLimiter | None = self.batcher_hooks.get("rate_limiter")
+        if limiter is not None and self._claims:
+            limiter.withdraw(self._claims)
+        self._claims = []
 
     def _observer(self, engine: Engine) -> ServingObserver:
         """The batcher's one observer: this model's metrics (and iteration metrics for a step
@@ -212,6 +248,7 @@ class ModelRuntime:
                 self._batch_observer.unwatch()
                 self._batch_observer = None
             await _close_off_loop(batcher)
+            self._withdraw()
         if self._collector is not None:  # a reload registers its new batcher's own
             collector, self._collector = self._collector, None
             self.metrics.registry.unregister(collector)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from wattserve.batchers.config import BatchingSpec
+from wattserve.batchers.rate_limiter import InstanceLimits
 from wattserve.batchers.registry import running_policy
 from wattserve.engines.config import EngineConfig
 from wattserve.engines.registry import MODELS
@@ -56,6 +57,9 @@ class ServingConfig:
     # a stateful model's sequence_batching (server/models/repository/sequence_config.py
     # SequenceModelSpec): the runtime fills each request's control inputs from it
     sequence: Any = None
+    # each instance's group's rate_limiter (batchers.rate_limiter.InstanceLimits or None), one per
+    # device; empty: no group sets one. Used only with --rate-limit execution_count.
+    rate_limits: tuple[InstanceLimits | None, ...] = ()
 
     @property
     def policy(self) -> str:

@@ -39,7 +39,10 @@ HONOURED: dict[str, set[str]] = {
     "ModelQueuePolicy": {
         "timeout_action", "default_timeout_microseconds", "allow_timeout_override", "max_queue_size",
     },
-    "ModelInstanceGroup": {"name", "count", "kind", "gpus"},
+    "ModelInstanceGroup": {"name", "count", "kind", "gpus", "rate_limiter"},
+    # Triton's rate limiter (batchers/rate_limiter.py), used with --rate-limit execution_count
+    "ModelRateLimiter": {"resources", "priority"},
+    "Resource": {"name", "global", "count"},
     "ModelVersionPolicy": {"latest", "all", "specific"},
     "Latest": {"num_versions"},
     "All": set(),
@@ -112,7 +115,6 @@ WHY = {
     "batch_output": "ragged batching is not implemented",
     "input.allow_ragged_batch": "ragged batching is not implemented",
     "input.optional": "optional inputs are implemented for ONNX Runtime and Python models only",
-    "instance_group.rate_limiter": "the rate limiter is not implemented",
     "instance_group.kind": "KIND_MODEL is not implemented",
     "ensemble_scheduling.max_inflight_requests": "each step's model bounds its own queue",
     "model_transaction_policy": "decoupled responses are implemented for Python models only",

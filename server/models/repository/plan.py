@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from wattserve.batchers.rate_limiter import InstanceLimits
 from wattserve.engines.base import DATATYPE_TO_NUMPY, VARIABLE, Engine, EngineUnavailable, TensorSpec
 from wattserve.engines.config import EngineConfig
 from wattserve.engines.registry import MODELS, build_engine, build_lm_engine
@@ -48,6 +49,7 @@ from wattserve.server.models.repository.config import (
     select_versions,
 )
 from wattserve.server.models.repository.override import LoadOverride
+from wattserve.server.models.repository.rate_limit_config import group_limits
 from wattserve.server.models.repository.sequence_config import SequenceModelSpec, sequence_spec
 from wattserve.server.models.repository.sequence_plan import sequence_factory, sequence_serving, with_hidden
 from wattserve.server.models.repository.warmup import warmed, warmup_samples
@@ -165,7 +167,8 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
     )
     settings = _model_settings(config, base, kind, name, source, warnings)
     batching = config.max_batch_size > 0
-    devices = _instance_devices(config, base, source, warnings, kind)
+    limits: list[InstanceLimits | None] = []
+    devices = _instance_devices(config, base, source, warnings, kind, limits)
     if sequence is not None and kind == "python" and len(devices or ()) > 1:
         raise ConfigError(f"{source}: 'sequence_batching' with {len(devices or ())} instances of a Python "
                           "model is not supported by wattserve (a sequence is not pinned to an "
@@ -179,6 +182,8 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
     serving = ServingConfig.from_settings(settings, devices, steps=steps)  # the one translation
     if config.dynamic_batching.preserve_ordering:
         serving = replace(serving, preserve_ordering=True)
+    if any(limits):
+        serving = replace(serving, rate_limits=tuple(limits))
     if config.response_cache.enable:
         if config.model_transaction_policy.decoupled:  # Triton's rule and words
             raise ConfigError(f"{source}: Response Cache does not currently support model {name!r} with "
@@ -399,12 +404,17 @@ def _runs_on_gpu(kind: str) -> bool:
 
 
 def _instance_devices(
-    config: pb.ModelConfig, base: Settings, source: str, warnings: list[str], kind: str = ""
+    config: pb.ModelConfig,
+    base: Settings,
+    source: str,
+    warnings: list[str],
+    kind: str = "",
+    limits: list[InstanceLimits | None] | None = None,
 ) -> list[str] | None:
     """One device per instance: ``count`` on each listed GPU (Triton), CPU, or auto. As in
     Triton, no ``instance_group`` is one instance per visible GPU (one on the server's device
     on a CPU-only host, or when the user chose a device), and KIND_GPU without ``gpus`` is
-    ``count`` on every visible GPU."""
+    ``count`` on every visible GPU. ``limits``: filled with each instance's group's rate limiter."""
     if not config.instance_group:
         gpus_seen = visible_gpus() if base.device == "auto" and _runs_on_gpu(kind) else 0
         return [f"cuda:{g}" for g in range(gpus_seen)] or None
@@ -422,6 +432,8 @@ def _instance_devices(
             devices += ["cpu"] * count
         else:  # KIND_AUTO (KIND_MODEL was refused, or cleared by --allow-unsupported-config)
             devices += [base.device] * count
+        if limits is not None:
+            limits += [group_limits(group)] * (len(devices) - len(limits))
     return devices
 
 

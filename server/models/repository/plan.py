@@ -48,6 +48,7 @@ from wattserve.server.models.repository.config import (
     select_versions,
 )
 from wattserve.server.models.repository.override import LoadOverride
+from wattserve.server.models.repository.ragged_config import ragged_factory, ragged_spec
 from wattserve.server.models.repository.sequence_config import SequenceModelSpec, sequence_spec
 from wattserve.server.models.repository.sequence_plan import sequence_factory, sequence_serving, with_hidden
 from wattserve.server.models.repository.warmup import warmed, warmup_samples
@@ -469,6 +470,10 @@ def _engine_factory(
     out_outer, out_inner = config_tensors(config.output, source, "output")
     if kind == "python":  # its requests carry the control tensors (runtime); no state
         return python_models.python_factory(path, name, config, in_outer, out_outer)
+    ragged = ragged_spec(config, source)
+    if ragged is not None:  # Triton's ragged batching: the model file's engine, batched by RaggedEngine
+        model_file = ModelFile(path, name, batching, in_inner, out_inner)
+        return ragged_factory(KIND_ENGINES[kind], model_file, in_outer, out_outer, ragged, source)
     if sequence is not None:
         return sequence_factory(_tensor_factory(kind, path, name, batching, source, *with_hidden(
             sequence, in_outer, in_inner, out_outer, out_inner)), sequence)  # fmt: skip

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 from wattserve.engines.base import DATATYPE_TO_NUMPY, Engine, TensorSpec
+from wattserve.engines.request_engines import RequestInput
 
 # Triton's BatchInput.Kind names
 KINDS = (
@@ -66,6 +67,19 @@ def batch_input_value(kind: str, shapes: Sequence[tuple[int, ...]], dtype: np.dt
     else:
         raise ValueError(f"unknown batch input kind {kind!r}")
     return value.astype(dtype)
+
+
+def with_batch_inputs(
+    requests: Sequence[RequestInput], batch_inputs: Sequence[BatchInput]
+) -> list[RequestInput]:
+    """A batch of whole requests (a Python model's) with the batch inputs added to the first
+    request's inputs, as Triton's Python backend gives them; the other requests as they are."""
+    first, *rest = requests
+    inputs = dict(first[0])
+    for b in batch_inputs:
+        shapes = [tuple(r[0][b.source].shape[1:]) for r in requests]
+        inputs[b.target] = batch_input_value(b.kind, shapes, DATATYPE_TO_NUMPY[b.datatype])
+    return [(inputs, *first[1:]), *rest]  # type: ignore[list-item]
 
 
 class RaggedEngine:

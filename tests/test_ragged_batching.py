@@ -111,10 +111,39 @@ def plain_model() -> bytes:
     return graph_model(nodes, inputs, outputs, "plain").SerializeToString()
 
 
+PYTHON_CONFIG = """backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+batch_input [ { kind: BATCH_ACCUMULATED_ELEMENT_COUNT target_name: "END" data_type: TYPE_INT32
+                source_input: "INPUT" } ]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "END_LAST" data_type: TYPE_INT32 dims: [ 1 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 300000 }
+"""
+# each request's own sum; the batch input reaches the first request of each batch only (Triton's
+# Python backend), which answers with the batch's total element count, the others with -1
+MODEL_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            end = pb_utils.get_input_tensor_by_name(request, "END")
+            last = end.as_numpy()[-1] if end is not None else -1
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("SUM", x.sum(axis=1, keepdims=True).astype(np.float32)),
+                pb_utils.Tensor("END_LAST", np.array([[last]], np.int32))]))
+        return out
+"""
+
+
 def write(root: Path, name: str, config: str, data: bytes) -> Path:
     (root / name / "1").mkdir(parents=True)
     (root / name / "config.pbtxt").write_text(config)
-    (root / name / "1" / "model.onnx").write_bytes(data)
+    (root / name / "1" / ("model.py" if b"TritonPythonModel" in data else "model.onnx")).write_bytes(data)
     return root / name
 
 
@@ -122,6 +151,7 @@ def write(root: Path, name: str, config: str, data: bytes) -> Path:
 def served(tmp_path):
     write(tmp_path, "ragged", CONFIG, ragged_model())
     write(tmp_path, "plain", PLAIN_CONFIG, plain_model())
+    write(tmp_path, "ragged_python", PYTHON_CONFIG, MODEL_PY.encode())
     port = free_port()
     with threaded_server(Settings(model_repository=tmp_path, telemetry=False, grpc_port=port)) as (url, app):
         yield url, f"127.0.0.1:{port}", app
@@ -262,7 +292,7 @@ def test_malformed_batch_inputs_are_refused_at_load(tmp_path):
     text = refused(tmp_path / "f", torchscript)
     assert (
         "'input[0].allow_ragged_batch' is not supported by wattserve (ragged batching is implemented for "
-        "ONNX Runtime models only)"
+        "ONNX Runtime and Python models only)"
         in text
         and "'batch_input' is not supported" in text
     )
@@ -273,3 +303,31 @@ def test_a_model_file_without_the_batch_input_targets_fails_the_load(tmp_path):
     (plan,) = plan_model(model, Settings())
     with pytest.raises(Exception, match="the model's inputs are"):
         plan.engine_factory(EngineConfig(model="m", device="cpu", max_batch_size=8))
+
+
+def test_a_python_model_gets_requests_of_different_lengths_together_and_the_batch_inputs_first(served):
+    url, address, _ = served
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((1, n)).astype(np.float32) for n in range(1, 7)]
+
+    def send(i: int, x: np.ndarray) -> tuple[float, int]:
+        if i % 2:
+            tensor = tgrpc.InferInput("INPUT", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x)
+            result = tgrpc.InferenceServerClient(address).infer("ragged_python", [tensor])
+            return float(result.as_numpy("SUM")[0, 0]), int(result.as_numpy("END_LAST")[0, 0])
+        body = {"inputs": [{"name": "INPUT", "shape": list(x.shape), "datatype": "FP32",
+                            "data": x.ravel().tolist()}]}  # fmt: skip
+        r = httpx.post(f"{url}/v2/models/ragged_python/infer", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        out = {o["name"]: o["data"][0] for o in r.json()["outputs"]}
+        return float(out["SUM"]), int(out["END_LAST"])
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(send, range(6), xs))
+    for x, (total, _) in zip(xs, answers, strict=True):
+        assert total == pytest.approx(float(x.sum()), abs=1e-5)
+    firsts = [(x.shape[1], last) for x, (_, last) in zip(xs, answers, strict=True) if last != -1]
+    stats = httpx.get(f"{url}/v2/models/ragged_python/stats").json()["model_stats"][0]
+    assert len(firsts) == stats["execution_count"] < 6  # one first request per batch; some shared
+    assert sum(last for _, last in firsts) == sum(x.shape[1] for x in xs)  # every element counted once

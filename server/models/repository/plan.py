@@ -468,9 +468,9 @@ def _engine_factory(
 ) -> EngineFactory:  # fmt: skip
     in_outer, in_inner = config_tensors(config.input, source, "input")
     out_outer, out_inner = config_tensors(config.output, source, "output")
-    if kind == "python":  # its requests carry the control tensors (runtime); no state
-        return python_models.python_factory(path, name, config, in_outer, out_outer)
     ragged = ragged_spec(config, source)
+    if kind == "python":  # its requests carry the control tensors (runtime); no state
+        return python_models.python_factory(path, name, config, in_outer, out_outer, ragged)
     if ragged is not None:  # Triton's ragged batching: the model file's engine, batched by RaggedEngine
         model_file = ModelFile(path, name, batching, in_inner, out_inner)
         return ragged_factory(KIND_ENGINES[kind], model_file, in_outer, out_outer, ragged, source)

@@ -79,7 +79,7 @@ def with_batch_inputs(
     for b in batch_inputs:
         shapes = [tuple(r[0][b.source].shape[1:]) for r in requests]
         inputs[b.target] = batch_input_value(b.kind, shapes, DATATYPE_TO_NUMPY[b.datatype])
-    return [(inputs, *first[1:]), *rest]  # type: ignore[list-item]
+    return [(inputs, *first[1:]), *rest]
 
 
 class RaggedEngine:

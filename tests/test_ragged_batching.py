@@ -140,10 +140,39 @@ class TritonPythonModel:
 """
 
 
+TORCH_CONFIG = """platform: "pytorch_libtorch"
+max_batch_size: 8
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+batch_input [ { kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO target_name: "OFFSETS__1"
+                data_type: TYPE_INT64 source_input: "INPUT__0" } ]
+output [ { name: "SUM__0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 300000 }
+"""
+
+
+def torchscript_model() -> bytes:
+    """SUM[i] = the sum of request i's elements, from the offsets (with zero) batch input."""
+    import io
+
+    import torch
+
+    class SegmentSum(torch.nn.Module):
+        def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+            cum = torch.cat([torch.zeros(1, dtype=x.dtype), torch.cumsum(x, 0)])
+            return (cum[offsets[1:]] - cum[offsets[:-1]]).unsqueeze(1)
+
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(SegmentSum()), buffer)
+    return buffer.getvalue()
+
+
 def write(root: Path, name: str, config: str, data: bytes) -> Path:
     (root / name / "1").mkdir(parents=True)
     (root / name / "config.pbtxt").write_text(config)
-    (root / name / "1" / ("model.py" if b"TritonPythonModel" in data else "model.onnx")).write_bytes(data)
+    file = (
+        "model.py" if b"TritonPythonModel" in data else "model.pt" if "libtorch" in config else "model.onnx"
+    )
+    (root / name / "1" / file).write_bytes(data)
     return root / name
 
 
@@ -152,6 +181,7 @@ def served(tmp_path):
     write(tmp_path, "ragged", CONFIG, ragged_model())
     write(tmp_path, "plain", PLAIN_CONFIG, plain_model())
     write(tmp_path, "ragged_python", PYTHON_CONFIG, MODEL_PY.encode())
+    write(tmp_path, "ragged_torch", TORCH_CONFIG, torchscript_model())
     port = free_port()
     with threaded_server(Settings(model_repository=tmp_path, telemetry=False, grpc_port=port)) as (url, app):
         yield url, f"127.0.0.1:{port}", app
@@ -288,11 +318,11 @@ def test_malformed_batch_inputs_are_refused_at_load(tmp_path):
     assert "target_name 'INPUT' is already an input" in refused(tmp_path / "d", clash)
     unbatched = CONFIG.replace("max_batch_size: 8", "max_batch_size: 0")
     assert "needs max_batch_size > 0" in refused(tmp_path / "e", unbatched)
-    torchscript = CONFIG.replace('platform: "onnxruntime_onnx"', 'platform: "pytorch_libtorch"')
-    text = refused(tmp_path / "f", torchscript)
+    tensorrt = CONFIG.replace('platform: "onnxruntime_onnx"', 'platform: "tensorrt_plan"')
+    text = refused(tmp_path / "f", tensorrt)
     assert (
         "'input[0].allow_ragged_batch' is not supported by wattserve (ragged batching is implemented for "
-        "ONNX Runtime and Python models only)"
+        "ONNX Runtime, TorchScript and Python models only)"
         in text
         and "'batch_input' is not supported" in text
     )
@@ -331,3 +361,28 @@ def test_a_python_model_gets_requests_of_different_lengths_together_and_the_batc
     stats = httpx.get(f"{url}/v2/models/ragged_python/stats").json()["model_stats"][0]
     assert len(firsts) == stats["execution_count"] < 6  # one first request per batch; some shared
     assert sum(last for _, last in firsts) == sum(x.shape[1] for x in xs)  # every element counted once
+
+
+def test_a_torchscript_model_sums_each_request_of_a_ragged_batch(served):
+    url, address, _ = served
+    xs = [np.arange(n, dtype=np.float32)[np.newaxis] * (n + 1) for n in (4, 1, 3, 2)]
+
+    def send(i: int, x: np.ndarray) -> tuple[float, int]:
+        if i % 2:
+            tensor = tgrpc.InferInput("INPUT__0", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x)
+            return float(
+                tgrpc.InferenceServerClient(address).infer("ragged_torch", [tensor]).as_numpy("SUM__0")[0, 0]
+            ), 0
+        body = {"inputs": [{"name": "INPUT__0", "shape": list(x.shape), "datatype": "FP32",
+                            "data": x.ravel().tolist()}]}  # fmt: skip
+        r = httpx.post(f"{url}/v2/models/ragged_torch/infer", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        return float(r.json()["outputs"][0]["data"][0]), int(r.headers["x-batch-size"])
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(send, range(4), xs))
+    for x, (total, _) in zip(xs, answers, strict=True):
+        assert total == pytest.approx(float(x.sum()))
+    stats = httpx.get(f"{url}/v2/models/ragged_torch/stats").json()["model_stats"][0]
+    assert stats["inference_count"] == 4 and stats["execution_count"] < 4

@@ -472,7 +472,10 @@ def _engine_factory(
     if kind == "python":  # its requests carry the control tensors (runtime); no state
         return python_models.python_factory(path, name, config, in_outer, out_outer, ragged)
     if ragged is not None:  # Triton's ragged batching: the model file's engine, batched by RaggedEngine
-        model_file = ModelFile(path, name, batching, in_inner, out_inner)
+        # a TorchScript file names no tensors: the batch inputs are inputs after the config's
+        batch_specs = [TensorSpec(b.target, (VARIABLE,) * (b.kind == "BATCH_ITEM_SHAPE"), b.datatype)
+                       for b in ragged.batch_inputs] if kind == "torchscript" else []  # fmt: skip
+        model_file = ModelFile(path, name, batching, in_inner + batch_specs, out_inner)
         return ragged_factory(KIND_ENGINES[kind], model_file, in_outer, out_outer, ragged, source)
     if sequence is not None:
         return sequence_factory(_tensor_factory(kind, path, name, batching, source, *with_hidden(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from wattserve.engines.base import DATATYPE_TO_NUMPY, Engine, TensorSpec
+from wattserve.engines.base import DATATYPE_TO_NUMPY, Engine, TensorSpec, ValidatesInputs
 from wattserve.engines.request_engines import RequestInput
 
 # Triton's BatchInput.Kind names
@@ -97,6 +97,7 @@ class RaggedEngine:
         self.spec = spec
         self.inputs = [replace(s, ragged=s.name in spec.ragged) for s in inputs]
         self.outputs = list(outputs) or list(inner.outputs)
+        self._validate = inner.validate if isinstance(inner, ValidatesInputs) else None
         self._dtypes = {b.target: DATATYPE_TO_NUMPY[b.datatype] for b in spec.batch_inputs}
         # the inner engine's batch axis counts a ragged input's elements (or a batch input's
         # requests + 1, a max count), not requests: the batcher bounds the requests, not it
@@ -112,7 +113,9 @@ class RaggedEngine:
 
     def validate(self, inputs: Mapping[str, np.ndarray]) -> None:
         """A request to a ragged model is one batch element (one row): its batch inputs
-        describe it whole."""
+        describe it whole. Then the model file's engine's own checks."""
+        if self._validate is not None:
+            self._validate(inputs)
         for name in self.spec.ragged | {b.source for b in self.spec.batch_inputs}:
             value = inputs.get(name)
             if value is not None and value.shape[0] != 1:
@@ -143,7 +146,14 @@ class RaggedEngine:
             self.infer(self.stack_items([one] * size))
 
     def infer(self, batch: Mapping[str, np.ndarray]) -> Any:
-        """Run a batch formed by ``stack_items``."""
+        """Run a batch formed by ``stack_items``; a batch of stacked rows (a config's
+        ``model_warmup`` sample) is formed here first, each row one request."""
+        formed = all(b.target in batch for b in self.spec.batch_inputs) and all(
+            batch[name].ndim == 1 for name in self.spec.ragged if name in batch
+        )
+        if not formed:
+            rows = len(next(iter(batch.values())))
+            batch = self.stack_items([{n: v[i : i + 1] for n, v in batch.items()} for i in range(rows)])
         return self.inner.infer(dict(batch))
 
     def close(self) -> None:

@@ -316,6 +316,9 @@ def test_malformed_batch_inputs_are_refused_at_load(tmp_path):
     assert "data_type TYPE_STRING; a batch input is" in refused(tmp_path / "c", dtype)
     clash = CONFIG.replace('target_name: "COUNT"', 'target_name: "INPUT"')
     assert "target_name 'INPUT' is already an input" in refused(tmp_path / "d", clash)
+    reshaped = CONFIG.replace("dims: [ -1 ] allow_ragged_batch: true", "dims: [ -1 ] reshape { shape: [ -1 ] } "
+                              "allow_ragged_batch: true")  # fmt: skip
+    assert "'reshape' of ['INPUT'] with ragged batching is not supported" in refused(tmp_path / "g", reshaped)
     unbatched = CONFIG.replace("max_batch_size: 8", "max_batch_size: 0")
     assert "needs max_batch_size > 0" in refused(tmp_path / "e", unbatched)
     tensorrt = CONFIG.replace('platform: "onnxruntime_onnx"', 'platform: "tensorrt_plan"')
@@ -386,3 +389,18 @@ def test_a_torchscript_model_sums_each_request_of_a_ragged_batch(served):
         assert total == pytest.approx(float(x.sum()))
     stats = httpx.get(f"{url}/v2/models/ragged_torch/stats").json()["model_stats"][0]
     assert stats["inference_count"] == 4 and stats["execution_count"] < 4
+
+
+def test_model_warmup_samples_run_as_a_ragged_batch(tmp_path):
+    """A config's warm-up sample (batch_size rows of one shape) reaches the model formed as a
+    ragged batch, its batch inputs computed, before the model is READY."""
+    warm = CONFIG + ('model_warmup [ { name: "w" batch_size: 3 inputs { key: "INPUT" value: '
+                     '{ data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]\n')  # fmt: skip
+    model = write(tmp_path, "m", warm, ragged_model())
+    (plan,) = plan_model(model, Settings())
+    engine = plan.engine_factory(EngineConfig(model="m", device="cpu", max_batch_size=8))
+    try:
+        out = engine.infer({"INPUT": np.ones((2, 3), np.float32)})  # rows, as a warm-up gives them
+        assert out["SUM"][:, 0].tolist() == [3.0, 3.0] and out["END_OUT"][:, 0].tolist() == [3, 6]
+    finally:
+        engine.close()

@@ -2,7 +2,8 @@
 
 Triton's rules, with the reason named: a batch input's source is one of the model's inputs, its
 kind is one Triton defines, its target is a tensor of the model that no client sends, and its
-data type is a number type; the model is batched (max_batch_size > 0) and not a stateful one.
+data type is a number type; the model is batched (max_batch_size > 0), not a stateful one, and
+reshapes no tensor.
 The model file itself is checked when it is loaded (``ragged_factory``).
 """
 
@@ -28,6 +29,10 @@ def ragged_spec(config: pb.ModelConfig, source: str) -> RaggedSpec | None:
                           "max_batch_size > 0 (a model that batches)")  # fmt: skip
     if config.HasField("sequence_batching"):
         raise ConfigError(f"{source}: ragged batching with sequence_batching is not supported by wattserve")
+    reshaped = [t.name for t in (*config.input, *config.output) if t.HasField("reshape")]
+    if reshaped:
+        raise ConfigError(f"{source}: 'reshape' of {reshaped} with ragged batching is not supported by "
+                          "wattserve (a ragged input reaches the model 1-dimensional)")  # fmt: skip
     names = {i.name for i in config.input}
     inputs: list[BatchInput] = []
     for n, b in enumerate(config.batch_input):
@@ -68,6 +73,10 @@ def ragged_factory(serve: object, model_file: object, inputs: list[TensorSpec], 
             inner.close()
             raise EngineUnavailable(f"{source}: the model's inputs are {sorted(have)} but the config's "
                                     f"inputs and batch_input targets are {sorted(want)}")  # fmt: skip
+        if outputs and {s.name for s in inner.outputs} != {s.name for s in outputs}:
+            inner.close()
+            raise EngineUnavailable(f"{source}: output names {sorted(s.name for s in outputs)} but the "
+                                    f"model has {sorted(s.name for s in inner.outputs)}")  # fmt: skip
         return RaggedEngine(inner, inputs, outputs, spec)
 
     return build

@@ -29,7 +29,8 @@ def ragged_spec(config: pb.ModelConfig, source: str) -> RaggedSpec | None:
                           "max_batch_size > 0 (a model that batches)")  # fmt: skip
     if config.HasField("sequence_batching"):
         raise ConfigError(f"{source}: ragged batching with sequence_batching is not supported by wattserve")
-    reshaped = [t.name for t in (*config.input, *config.output) if t.HasField("reshape")]
+    reshaped = [t.name for t in config.input if t.HasField("reshape")]
+    reshaped += [t.name for t in config.output if t.HasField("reshape")]
     if reshaped:
         raise ConfigError(f"{source}: 'reshape' of {reshaped} with ragged batching is not supported by "
                           "wattserve (a ragged input reaches the model 1-dimensional)")  # fmt: skip

@@ -402,5 +402,6 @@ def test_model_warmup_samples_run_as_a_ragged_batch(tmp_path):
     try:
         out = engine.infer({"INPUT": np.ones((2, 3), np.float32)})  # rows, as a warm-up gives them
         assert out["SUM"][:, 0].tolist() == [3.0, 3.0] and out["END_OUT"][:, 0].tolist() == [3, 6]
+        engine.warmup([1, 8])  # wattserve's own warm-up of a fixed-shape model, formed the same way
     finally:
         engine.close()

@@ -48,13 +48,13 @@ CONFIG = (
         f'{{ name: "{name}" data_type: {"TYPE_FP32" if name == "SUM" else "TYPE_INT32"} dims: [ 1 ] }}'
         for name in OUTPUTS
     )
-    + " ]\ndynamic_batching { max_queue_delay_microseconds: 300000 }\n"
+    + " ]\ndynamic_batching { max_queue_delay_microseconds: 1000000 }\n"
 )
 PLAIN_CONFIG = """platform: "onnxruntime_onnx"
 max_batch_size: 8
 input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] } ]
-dynamic_batching { max_queue_delay_microseconds: 300000 }
+dynamic_batching { max_queue_delay_microseconds: 1000000 }
 """
 
 
@@ -117,7 +117,7 @@ input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: tr
 batch_input [ { kind: BATCH_ACCUMULATED_ELEMENT_COUNT target_name: "END" data_type: TYPE_INT32
                 source_input: "INPUT" } ]
 output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "END_LAST" data_type: TYPE_INT32 dims: [ 1 ] } ]
-dynamic_batching { max_queue_delay_microseconds: 300000 }
+dynamic_batching { max_queue_delay_microseconds: 1000000 }
 """
 # each request's own sum; the batch input reaches the first request of each batch only (Triton's
 # Python backend), which answers with the batch's total element count, the others with -1
@@ -146,7 +146,7 @@ input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch:
 batch_input [ { kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO target_name: "OFFSETS__1"
                 data_type: TYPE_INT64 source_input: "INPUT__0" } ]
 output [ { name: "SUM__0" data_type: TYPE_FP32 dims: [ 1 ] } ]
-dynamic_batching { max_queue_delay_microseconds: 300000 }
+dynamic_batching { max_queue_delay_microseconds: 1000000 }
 """
 
 

@@ -336,6 +336,13 @@ def test_a_model_file_without_the_batch_input_targets_fails_the_load(tmp_path):
     (plan,) = plan_model(model, Settings())
     with pytest.raises(Exception, match="the model's inputs are"):
         plan.engine_factory(EngineConfig(model="m", device="cpu", max_batch_size=8))
+    wrong = CONFIG.replace(
+        'target_name: "END" data_type: TYPE_INT32', 'target_name: "END" data_type: TYPE_INT64'
+    )
+    (plan,) = plan_model(write(tmp_path / "b", "m", wrong, ragged_model()), Settings())
+    mismatch = "batch_input 'END' .* is TYPE_INT64 in the config but TYPE_INT32 in the model"
+    with pytest.raises(Exception, match=mismatch):
+        plan.engine_factory(EngineConfig(model="m", device="cpu", max_batch_size=8))
 
 
 def test_a_python_model_gets_requests_of_different_lengths_together_and_the_batch_inputs_first(served):

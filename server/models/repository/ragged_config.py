@@ -74,6 +74,13 @@ def ragged_factory(serve: object, model_file: object, inputs: list[TensorSpec], 
             inner.close()
             raise EngineUnavailable(f"{source}: the model's inputs are {sorted(have)} but the config's "
                                     f"inputs and batch_input targets are {sorted(want)}")  # fmt: skip
+        types = {s.name: s.datatype for s in inner.inputs}
+        for b in spec.batch_inputs:
+            if types[b.target] != b.datatype:
+                inner.close()
+                raise EngineUnavailable(f"{source}: batch_input {b.target!r} ({b.kind}) is "
+                                        f"TYPE_{b.datatype} in the config but TYPE_{types[b.target]} in "
+                                        "the model")  # fmt: skip
         if outputs and {s.name for s in inner.outputs} != {s.name for s in outputs}:
             inner.close()
             raise EngineUnavailable(f"{source}: output names {sorted(s.name for s in outputs)} but the "

@@ -73,7 +73,8 @@ def with_batch_inputs(
     requests: Sequence[RequestInput], batch_inputs: Sequence[BatchInput]
 ) -> list[RequestInput]:
     """A batch of whole requests (a Python model's) with the batch inputs added to the first
-    request's inputs, as Triton's Python backend gives them; the other requests as they are."""
+    request's inputs; the other requests as they are. (Triton's Python backend, python_be.cc,
+    passes each request's own inputs only: this is wattserve's way to give them at all.)"""
     first, *rest = requests
     inputs = dict(first[0])
     for b in batch_inputs:

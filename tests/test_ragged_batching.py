@@ -120,7 +120,8 @@ output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "END_LAST" da
 dynamic_batching { max_queue_delay_microseconds: 1000000 }
 """
 # each request's own sum; the batch input reaches the first request of each batch only (Triton's
-# Python backend), which answers with the batch's total element count, the others with -1
+# Python backend passes none: wattserve's addition), which answers with the batch's total
+# element count, the others with -1
 MODEL_PY = """
 import numpy as np
 import triton_python_backend_utils as pb_utils

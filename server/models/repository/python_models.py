@@ -157,7 +157,7 @@ def python_factory(
     """Build one instance per call (on its engine thread): its own ``TritonPythonModel``, in
     a worker process (``python_model_isolation`` process, the default) or on that thread.
     ``ragged``: Triton's ragged batching (its requests come whole, whatever their shapes; the
-    batch inputs are inputs of the batch's first request, as Triton's Python backend gives them)."""
+    batch inputs are inputs of the batch's first request, ``engines.ragged.with_batch_inputs``)."""
     from wattserve.engines.python_backend.engine import PythonModelEngine, PythonModelFile
 
     if not config.input or not config.output:

@@ -26,7 +26,7 @@ import numpy as np
 from wattserve.batchers.clock import REAL_CLOCK
 from wattserve.batchers.observers import BatchObserver
 from wattserve.batchers.types import BatchFailed, ItemState, RequestError, Result, WorkItem
-from wattserve.engines.base import Engine, StepEngine
+from wattserve.engines.base import Engine, StacksItems, StepEngine
 from wattserve.engines.request_engines import RunsRequests
 
 log = logging.getLogger("wattserve.batcher")
@@ -123,6 +123,8 @@ class BatchExecutor:
         self.now = now
         # an engine that takes a batch as its requests (Triton's Python backend), not stacked rows
         self.runs_requests = isinstance(instance.engine, RunsRequests)
+        # an engine that forms its batch itself (ragged batching), not by stacking rows
+        self.stacks = isinstance(instance.engine, StacksItems)
 
     def start(self, loop: asyncio.AbstractEventLoop, batch: list[WorkItem]) -> None:
         """Event loop: run ``batch`` on the instance's thread."""
@@ -140,7 +142,9 @@ class BatchExecutor:
             outcome: BatchOutcome | None = None
             if error is None:
                 try:
-                    outcome = run_batch(engine, batch, self.observer, self.runs_requests, self.now)
+                    outcome = run_batch(
+                        engine, batch, self.observer, self.runs_requests, self.now, self.stacks
+                    )
                 except BaseException as exc:  # the worker itself broke: fail this batch only
                     error = exc
             following: list[WorkItem] = []
@@ -164,11 +168,13 @@ def run_batch(
     observer: BatchObserver,
     runs_requests: bool = False,
     now: Callable[[], float] = REAL_CLOCK.now,
+    stacks: bool = False,
 ) -> BatchOutcome:
     """Worker thread: stack, run, split. On failure retry items one by one, so one bad
     request fails alone rather than taking its neighbours with it. ``runs_requests``: the
     engine takes the batch as its requests (``RunsRequests``), each answered on its own.
-    ``now``: the batcher's clock, so the batch's times are on the scale of its items'."""
+    ``now``: the batcher's clock, so the batch's times are on the scale of its items'.
+    ``stacks``: the engine forms the batch from the items' inputs itself (``StacksItems``)."""
     # Items answered after the batch was formed (deadline, client gone) are not computed.
     items = [item for item in items if item.state is ItemState.RUNNING]
     if not items:
@@ -185,7 +191,7 @@ def run_batch(
                 runner = cast(RunsRequests, engine)
                 per_item = runner.run_requests([(it.inputs, it.context, it.is_cancelled) for it in items])
             else:
-                batch = _stack(engine, items)
+                batch = _stack(engine, items, stacks)
                 gathered = now()
                 outputs = engine.infer(batch)
                 computed = now()
@@ -196,7 +202,7 @@ def run_batch(
                 per_item = [exc]
             else:
                 log.warning("batch of %d failed (%s); retrying items one by one", len(items), exc)
-                per_item = [_run_alone(engine, item) for item in items]
+                per_item = [_run_alone(engine, item, stacks) for item in items]
     finally:  # keep the meter's busy/idle books balanced whatever happened
         energy = observer.on_batch_end(mark)
     finished = now()
@@ -227,17 +233,19 @@ def answer(outcome: BatchOutcome) -> None:
         )
 
 
-def _run_alone(engine: Engine, item: WorkItem) -> dict[str, np.ndarray] | BaseException:
+def _run_alone(engine: Engine, item: WorkItem, stacks: bool = False) -> dict[str, np.ndarray] | BaseException:
     try:
-        return _split(engine.infer(_stack(engine, [item])), [item])[0]
+        return _split(engine.infer(_stack(engine, [item], stacks)), [item])[0]
     except Exception as exc:
         return exc
 
 
-def _stack(engine: Engine, items: Sequence[WorkItem]) -> dict[str, np.ndarray]:
+def _stack(engine: Engine, items: Sequence[WorkItem], stacks: bool = False) -> dict[str, np.ndarray]:
     """The batch: each input's rows, item after item (a lone item's arrays as they are).
     An optional input a request left out is absent; a batch's requests all have the same
-    inputs (their batch key says which)."""
+    inputs (their batch key says which). ``stacks``: the engine forms it (ragged batching)."""
+    if stacks:
+        return cast(StacksItems, engine).stack_items([it.inputs for it in items])
     inputs = items[0].inputs
     names = [spec.name for spec in engine.inputs if spec.name in inputs]
     if len(items) == 1:

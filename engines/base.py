@@ -50,6 +50,9 @@ class TensorSpec:
     # Triton's ``optional`` input: a request may leave it out (the engine's ``prepare``
     # fills it in before the request is queued, so batches still hold every input).
     optional: bool = False
+    # Triton's ``allow_ragged_batch``: requests whose shapes differ here still share a batch
+    # (the engine concatenates their elements, ``engines.ragged``), so the shape keys no batch.
+    ragged: bool = False
 
     @property
     def dtype(self) -> np.dtype:
@@ -155,6 +158,15 @@ class PreparesInputs(Protocol):
     before the request is queued; a ``ValueError`` is the client's 400."""
 
     def prepare(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], tuple | None]: ...
+
+
+@runtime_checkable
+class StacksItems(Protocol):
+    """An engine that forms its batch from the requests' inputs itself (Triton's ragged
+    batching: ragged inputs concatenated, batch inputs computed from each request's shape)
+    rather than by stacking rows; each request still gets its own rows of every output."""
+
+    def stack_items(self, items: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]: ...
 
 
 StepObserver = Callable[[int, float], None]  # (states in one model call, its seconds) -> None

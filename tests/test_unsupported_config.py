@@ -196,6 +196,24 @@ def test_fields_honoured_by_one_kind_of_model_only():
     assert str(err.value).count("is not supported") == 1  # the steps' fields are honoured
 
 
+def test_ragged_batching_is_honoured_by_the_engines_that_run_it_and_refused_by_the_others():
+    """allow_ragged_batch and every batch_input field: ONNX Runtime, TorchScript and Python
+    models (tests/test_ragged_batching.py); a built-in or TensorRT model refuses both, by name."""
+    ragged = parse_config(BASE.replace("dims: [ 4 ] } ]\noutput", "dims: [ 4 ] allow_ragged_batch: true } ]\n"
+                                       "output", 1) + 'batch_input [ { kind: BATCH_ITEM_SHAPE '
+                          'target_name: "S" data_type: TYPE_INT32 source_input: "INPUT0" } ]')  # fmt: skip
+    for kind in ("onnx", "torchscript", "python"):
+        assert check_supported(ragged, kind, "c", allow=False) == [], kind
+    for kind in ("builtin", "tensorrt"):
+        with pytest.raises(ConfigError) as err:
+            check_supported(ragged, kind, "c", allow=False)
+        assert "'input[0].allow_ragged_batch' is not supported" in str(err.value)
+        assert (
+            "'batch_input' is not supported by wattserve (ragged batching is implemented for ONNX "
+            "Runtime, TorchScript and Python models only)" in str(err.value)
+        )
+
+
 def test_input_format_is_checked_as_triton_does(tmp_path):
     (tmp_path / "m").mkdir()
     flat = 'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] format: FORMAT_NCHW } ]'

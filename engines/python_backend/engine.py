@@ -28,6 +28,7 @@ from wattserve.batchers.status import Status
 from wattserve.batchers.types import RequestError
 from wattserve.engines.base import TensorSpec
 from wattserve.engines.python_backend import custom_metrics, pb_utils
+from wattserve.engines.ragged import BatchInput, with_batch_inputs
 from wattserve.engines.request_engines import ModelCaller, RequestInput
 
 log = logging.getLogger("wattserve.python_backend")
@@ -104,6 +105,7 @@ class PythonModelFile:
     batching: bool  # False: max_batch_size 0 (no batch axis in requests)
     max_batch_size: int
     decoupled: bool
+    batch_inputs: tuple[BatchInput, ...] = ()  # Triton's batch_input: given to the first request
 
 
 class PythonModelEngine:
@@ -178,6 +180,8 @@ class PythonModelEngine:
         exception from ``execute`` fails every request of the batch with its message."""
         pb_utils.bind_caller(self._caller, thread_only=True)
         custom_metrics.bind(self._metrics, thread_only=True)
+        if self.model.batch_inputs:
+            requests = with_batch_inputs(requests, self.model.batch_inputs)
         built = [self._request(*request) for request in requests]
         answers: list[dict[str, np.ndarray] | BaseException | None] = [None] * len(requests)
         if self.model.decoupled:

@@ -25,6 +25,7 @@ import numpy as np
 from wattserve.engines.python_backend import custom_metrics
 from wattserve.engines.python_backend.engine import ModelFailed, PythonModelFile
 from wattserve.engines.python_backend.stub_host import StubFailed, StubHost
+from wattserve.engines.ragged import with_batch_inputs
 from wattserve.engines.request_engines import ModelCaller, RequestInput
 
 log = logging.getLogger("wattserve.python_backend")
@@ -91,6 +92,8 @@ class ProcessModelEngine:
         if isinstance(host, BaseException):
             failure = ModelFailed(f"{self._failed} the model's process could not be restarted: {host}")
             return [failure for _ in requests]
+        if self.model.batch_inputs:
+            requests = with_batch_inputs(requests, self.model.batch_inputs)
         try:
             return host.execute(requests, self._execute_timeout)
         except OSError as exc:  # shared memory refused (e.g. /dev/shm full): this batch only

@@ -145,7 +145,8 @@ class ModelRuntime:
         if self._one_row and self.response_cache is not None:  # iterative (seeded, stepped): not cached
             log.warning("%s: response_cache is not used for a step (iteration-level) model", self.name)
             self.response_cache = None
-        variable = [spec.name for spec in self.engine.inputs if spec.variable]
+        # a ragged input's shape keys no batch (Triton's allow_ragged_batch)
+        variable = [spec.name for spec in self.engine.inputs if spec.variable and not spec.ragged]
         self._variable = variable or None
         self._optional = [spec.name for spec in self.engine.inputs if spec.optional] or None
         observer.watch(batcher)

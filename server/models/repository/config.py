@@ -96,6 +96,15 @@ for _kind in ("onnx", "torchscript", "tensorrt", "builtin", "python"):
     _own = HONOURED_BY_KIND.setdefault(_kind, {})
     _own.setdefault("ModelConfig", set()).add("response_cache")
     _own["ModelResponseCache"] = {"enable"}
+# Triton's ragged batching (engines/ragged.py, server/models/repository/ragged_config.py): the
+# model file's engine takes ragged inputs 1-dimensional and the batch inputs as inputs; ONNX
+# Runtime and TorchScript models; a Python model's requests arrive whole, the batch inputs
+# with the first
+for _kind in ("onnx", "torchscript", "python"):
+    HONOURED_BY_KIND[_kind].setdefault("ModelConfig", set()).add("batch_input")
+    HONOURED_BY_KIND[_kind].setdefault("ModelInput", set()).add("allow_ragged_batch")
+    HONOURED_BY_KIND[_kind]["BatchInput"] = {"kind", "target_name", "data_type", "source_input"}
+RAGGED_KINDS = "ragged batching is implemented for ONNX Runtime, TorchScript and Python models only"
 # Why a field is refused, by its path without indices (the first prefix found); the rest:
 # "wattserve does not implement it".
 WHY = {
@@ -111,9 +120,9 @@ WHY = {
     "response_cache": "an ensemble's own requests are not cached (its steps' models may cache theirs)",
     "optimization": "Triton's backend optimization settings are not applied",
     "model_repository_agents": "repository agents are not implemented",
-    "batch_input": "ragged batching is not implemented",
-    "batch_output": "ragged batching is not implemented",
-    "input.allow_ragged_batch": "ragged batching is not implemented",
+    "batch_input": RAGGED_KINDS,
+    "batch_output": "ragged outputs (batch_output) are not implemented",
+    "input.allow_ragged_batch": RAGGED_KINDS,
     "input.optional": "optional inputs are implemented for ONNX Runtime and Python models only",
     "instance_group.kind": "KIND_MODEL is not implemented",
     "ensemble_scheduling.max_inflight_requests": "each step's model bounds its own queue",

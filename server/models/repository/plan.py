@@ -49,6 +49,7 @@ from wattserve.server.models.repository.config import (
     select_versions,
 )
 from wattserve.server.models.repository.override import LoadOverride
+from wattserve.server.models.repository.ragged_config import ragged_factory, ragged_spec
 from wattserve.server.models.repository.rate_limit_config import group_limits
 from wattserve.server.models.repository.sequence_config import SequenceModelSpec, sequence_spec
 from wattserve.server.models.repository.sequence_plan import sequence_factory, sequence_serving, with_hidden
@@ -479,8 +480,15 @@ def _engine_factory(
 ) -> EngineFactory:  # fmt: skip
     in_outer, in_inner = config_tensors(config.input, source, "input")
     out_outer, out_inner = config_tensors(config.output, source, "output")
+    ragged = ragged_spec(config, source)
     if kind == "python":  # its requests carry the control tensors (runtime); no state
-        return python_models.python_factory(path, name, config, in_outer, out_outer)
+        return python_models.python_factory(path, name, config, in_outer, out_outer, ragged)
+    if ragged is not None:  # Triton's ragged batching: the model file's engine, batched by RaggedEngine
+        # a TorchScript file names no tensors: the batch inputs are inputs after the config's
+        batch_specs = [TensorSpec(b.target, (VARIABLE,) * (b.kind == "BATCH_ITEM_SHAPE"), b.datatype)
+                       for b in ragged.batch_inputs] if kind == "torchscript" else []  # fmt: skip
+        model_file = ModelFile(path, name, batching, in_inner + batch_specs, out_inner)
+        return ragged_factory(KIND_ENGINES[kind], model_file, in_outer, out_outer, ragged, source)
     if sequence is not None:
         return sequence_factory(_tensor_factory(kind, path, name, batching, source, *with_hidden(
             sequence, in_outer, in_inner, out_outer, out_inner)), sequence)  # fmt: skip

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from wattserve.engines.base import Engine, TensorSpec
 from wattserve.engines.config import EngineConfig
+from wattserve.engines.ragged import RaggedSpec
 from wattserve.server.models.plan import EngineFactory
 from wattserve.server.models.repository import model_config_pb2 as pb
 from wattserve.server.models.repository.config import ConfigError
@@ -145,10 +147,17 @@ def _newest_model_file(config: pb.ModelConfig, model_dir: Path) -> Path | None:
 
 
 def python_factory(
-    path: Path, name: str, config: pb.ModelConfig, inputs: list[TensorSpec], outputs: list[TensorSpec]
+    path: Path,
+    name: str,
+    config: pb.ModelConfig,
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    ragged: RaggedSpec | None = None,
 ) -> EngineFactory:
     """Build one instance per call (on its engine thread): its own ``TritonPythonModel``, in
-    a worker process (``python_model_isolation`` process, the default) or on that thread."""
+    a worker process (``python_model_isolation`` process, the default) or on that thread.
+    ``ragged``: Triton's ragged batching (its requests come whole, whatever their shapes; the
+    batch inputs are inputs of the batch's first request, ``engines.ragged.with_batch_inputs``)."""
     from wattserve.engines.python_backend.engine import PythonModelEngine, PythonModelFile
 
     if not config.input or not config.output:
@@ -161,6 +170,9 @@ def python_factory(
         outputs=outputs, batching=batching, max_batch_size=max(1, config.max_batch_size),
         decoupled=config.model_transaction_policy.decoupled,
     )  # fmt: skip
+    if ragged is not None:
+        model = replace(model, inputs=[replace(s, ragged=s.name in ragged.ragged) for s in inputs],
+                        batch_inputs=ragged.batch_inputs)  # fmt: skip
     instances = itertools.count()
 
     def build(engine_config: EngineConfig) -> Engine:

@@ -21,7 +21,7 @@ import os
 import pickle
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -399,6 +399,3 @@ class RemoteRuntime:
     def cancel(self, item: RemoteItem) -> None:
         if item.request_id is not None:
             self.client.cancel(item.request_id)
-
-
-RuntimeFor = Callable[[str, str | None], Any]

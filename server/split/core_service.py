@@ -21,6 +21,7 @@ import logging
 import os
 import pickle
 import socket
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,7 +115,9 @@ class CoreService:
         )
         self.links: set[FrontEndLink] = set()
         self._tokens: weakref.WeakKeyDictionary[ModelRuntime, int] = weakref.WeakKeyDictionary()
-        self._next_token = 1
+        # tokens never repeat across core restarts: a front end's description from the last
+        # core can never pass for one of this core's runtimes
+        self._next_token = time.time_ns()
         self._keeps: weakref.WeakKeyDictionary[ModelRuntime, bool] = weakref.WeakKeyDictionary()
         self._listener: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None

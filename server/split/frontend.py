@@ -43,9 +43,9 @@ CORE_ONLY_KEYS = (b'"shared_memory_region"', b'"classification"')
 
 
 class ToCore(Exception):
-    """This request is answered by the core whole (its body, already read, goes along)."""
+    """This request is answered by the core whole (its body goes along when already read)."""
 
-    def __init__(self, body: bytes) -> None:
+    def __init__(self, body: bytes | None = None) -> None:
         super().__init__("forwarded")
         self.body = body
 
@@ -105,7 +105,7 @@ def frontend_app(
         except RequestError as exc:  # the core is away
             raise Refused(str(exc), exc.status, exc.retry_after, body_unread=True) from None
         if runtime is None:
-            raise ToCore(b"")
+            raise ToCore()
         return await admit(None, name, version, decode, request, watching_submit, runtime=runtime)  # type: ignore[arg-type]
 
     [infer_path, infer_version_path] = infer_routes(admit_request, settings.retry_after_s)
@@ -117,7 +117,7 @@ def frontend_app(
             try:
                 return await answer(request)
             except ToCore as forward:
-                return await core_http.forward(request, forward.body or None)
+                return await core_http.forward(request, forward.body)
 
         return Route(route.path, infer, methods=["POST"])
 

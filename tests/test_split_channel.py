@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 import random
 import socket
 
@@ -125,3 +126,19 @@ def test_a_child_gets_only_the_settings_that_were_set(tmp_path):
     child = Settings(**sent)
     assert "max_queue_wait_s" not in child.model_fields_set
     assert child.max_queue_wait_s == settings.max_queue_wait_s
+
+
+def test_a_large_frame_in_many_reads_is_parsed_once_when_whole():
+    """A 4 MiB inline tensor arriving 64 KiB at a time: nothing is parsed (or copied out of
+    the read buffer) until the frame is complete; then it arrives once, byte for byte."""
+    got: list[tuple[object, bytes]] = []
+    protocol = channel.FrameProtocol(lambda header, raw: got.append((header, bytes(raw))), lambda exc: None)
+    raw = bytes(range(256)) * (4 * 4096)
+    header = pickle.dumps((channel.ANSWER, 1, True, None))
+    frame = channel.PREFIX.pack(len(header), len(raw)) + header + raw
+    chunk = 64 * 1024
+    for at in range(0, len(frame) - chunk, chunk):
+        protocol.data_received(frame[at : at + chunk])
+        assert not got and protocol._needed == len(frame)  # waits for the whole frame
+    protocol.data_received(frame[at + chunk :])
+    assert got == [((channel.ANSWER, 1, True, None), raw)]

@@ -38,6 +38,7 @@ class FrameProtocol(asyncio.Protocol):
         self.on_lost = on_lost
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
+        self._needed = PREFIX.size  # bytes the pending partial frame needs before it parses
         self._pending: list[bytes | memoryview] = []
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -49,21 +50,27 @@ class FrameProtocol(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
-        # Parse straight from ``data`` when no partial frame is pending (the common case);
-        # a frame's raw part is a view of immutable bytes, so it outlives this call safely.
+        # Parse straight from ``data`` when no partial frame is pending (the common case); a
+        # partial frame accumulates until whole (a large inline tensor arrives in many reads:
+        # it is copied out once, when complete, not at every read). A frame's raw part is a
+        # view of immutable bytes, so it outlives this call safely.
         if self._buffer:
             self._buffer += data
+            if len(self._buffer) < self._needed:
+                return
             buf: bytes = bytes(self._buffer)
         else:
             buf = data
         at = 0
         end = len(buf)
+        self._needed = PREFIX.size
         while end - at >= PREFIX.size:
             header_length, raw_length = PREFIX.unpack_from(buf, at)
             if header_length > MAX_HEADER:
                 raise ValueError(f"frame header of {header_length} bytes")
             total = PREFIX.size + header_length + raw_length
             if end - at < total:
+                self._needed = total
                 break
             start = at + PREFIX.size
             header = pickle.loads(buf[start : start + header_length])

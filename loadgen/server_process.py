@@ -25,6 +25,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from wattserve import with_checkout_on_path
+
 READY_PATH = "/v2/health/ready"
 DEFAULT_COMMAND = ("{python}", "-m", "wattserve", "serve", "--port", "{port}")
 
@@ -42,26 +44,9 @@ def serve_command(root: Path | None = None) -> list[str]:
     return [sys.executable, "-m", "wattserve" if namespaced else "server", "serve"]
 
 
-def checkout_root() -> Path | None:
-    """The source checkout this wattserve runs from, or None for an installed wheel.
-
-    ``wattserve/__init__.py`` adds the checkout to the package's ``__path__``; a child
-    started with that folder on PYTHONPATH imports the same files from any directory.
-    """
-    import wattserve
-
-    for entry in wattserve.__path__:
-        if (Path(entry) / "pyproject.toml").is_file():
-            return Path(entry)
-    return None
-
-
 def server_env(base: Mapping[str, str] | None = None, **settings: object) -> dict[str, str]:
     """The environment for a wattserve subprocess: ours, plus WATTSERVE_* for each setting."""
-    env = dict(os.environ if base is None else base)
-    root = checkout_root()
-    if root is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    env = with_checkout_on_path(dict(os.environ if base is None else base))
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("WATTSERVE_GRPC_PORT", "0")  # load goes over HTTP; no contention for port 8001
     for key, value in settings.items():

@@ -5,6 +5,7 @@ The source folders at the repository root (``server/``, ``batchers/``, ``engines
 ``package-dir``), so installing wattserve adds a single top-level name to site-packages.
 """
 
+import os
 from importlib import metadata
 from pathlib import Path
 
@@ -20,3 +21,11 @@ try:
     __version__ = metadata.version("wattserve")
 except metadata.PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
+
+
+def with_checkout_on_path(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with this source checkout first on PYTHONPATH (unchanged for an installed
+    wheel), so a child process started with it imports the same files from any directory."""
+    if str(_CHECKOUT) in __path__:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_CHECKOUT), env.get("PYTHONPATH")]))
+    return env

@@ -25,6 +25,8 @@ from types import FrameType
 from wattserve.server.settings import Settings
 from wattserve.server.split.processes import ENV_DIR, ENV_INDEX, ENV_SETTINGS, reuseport_socket
 
+from wattserve import with_checkout_on_path
+
 log = logging.getLogger("wattserve.supervisor")
 
 POLL_S = 0.1
@@ -33,13 +35,9 @@ MAX_QUICK_CRASHES = 5  # in a row: a core that cannot start (bad config) is not 
 
 
 def child_env(settings: Settings, folder: Path, role: str, index: int) -> dict[str, str]:
-    """The child's environment: ours, the settings whole, and this checkout on PYTHONPATH."""
-    import wattserve
-
-    env = dict(os.environ)
-    root = Path(wattserve.__file__).resolve().parent.parent
-    if (root / "pyproject.toml").is_file():  # a source checkout: the children run the same files
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    """The child's environment: ours, the settings that were set, and this checkout on
+    PYTHONPATH (the children run the same files)."""
+    env = with_checkout_on_path(dict(os.environ))
     # only what was set (a flag, a variable, the supervisor's ports): a default must stay a
     # default in the child, where a repository model tells the two apart (max_queue_wait_s)
     env[ENV_SETTINGS] = json.dumps(settings.model_dump(mode="json", exclude_unset=True))

@@ -54,6 +54,20 @@ def children(proc, role: str) -> list[psutil.Process]:
     return found
 
 
+def listening_front_ends(proc, *ports: int) -> int:
+    """How many front ends listen on every one of ``ports`` (a front end counted as started
+    may not have bound yet, and the kernel spreads connections only over listeners)."""
+    count = 0
+    for child in children(proc, "frontend"):
+        try:
+            sockets = getattr(child, "net_connections", child.connections)(kind="tcp")
+        except psutil.Error:
+            continue
+        bound = {s.laddr.port for s in sockets if s.status == psutil.CONN_LISTEN}
+        count += all(port in bound for port in ports)
+    return count
+
+
 def body(values: np.ndarray) -> bytes:
     doc = {"inputs": [{"name": "INPUT0", "shape": list(values.shape), "datatype": "FP32",
                        "data": values.ravel().tolist()}]}  # fmt: skip
@@ -121,6 +135,9 @@ def test_every_request_answered_once_with_its_own_rows_over_both_front_ends():
     with split_server(grpc_port=str(grpc_port), identity_delay_ms="2", max_queue_size="1024") as proc:
         assert len(children(proc, "frontend")) == 2 and len(children(proc, "core")) == 1
         url = proc.url
+        wait_for(
+            lambda: listening_front_ends(proc, proc.port, grpc_port) == 2, what="both front ends listening"
+        )
 
         def client(index: int) -> int:
             rng = np.random.default_rng(index)

@@ -63,7 +63,7 @@ from wattserve.batchers.policy import Decision, Delay, Dispatch, QueueView, Wait
 from wattserve.batchers.queue import PriorityFifo
 from wattserve.batchers.slo_feedback import LatencyMargin, MissBackoff, outcomes
 from wattserve.batchers.slo_policy import SloBatcher, SloConfig, slo_config
-from wattserve.batchers.types import ItemState, QueueFull, Result, WorkItem
+from wattserve.batchers.types import Answering, ItemState, QueueFull, WorkItem
 from wattserve.engines.base import Engine, WarmsItself, zeros_batch
 
 _arrival = attrgetter("arrival")  # a queued WorkItem's arrival time
@@ -181,10 +181,10 @@ class AdaptiveBatcher(SloBatcher):
         )
 
     # ------------------------------------------------------------------ the loop
-    def enqueue(self, item: WorkItem) -> tuple[asyncio.Future[Result], Timer | None]:
+    def enqueue(self, item: WorkItem, answer: Answering) -> Timer | None:
         with self._arrivals_lock:  # offered load, whether or not it is accepted
             self.arrivals.arrived(item.arrival)
-        return super().enqueue(item)
+        return super().enqueue(item, answer)
 
     async def prepare(self) -> None:
         """Time each probed batch size before the model reports ready (once)."""

@@ -44,6 +44,7 @@ from wattserve.batchers.policy import Decision, QueueView
 from wattserve.batchers.rate_limiter import Claim, RateLimiter
 from wattserve.batchers.scheduler import Scheduler, fail
 from wattserve.batchers.types import (
+    Answering,
     BatchFailed,
     ClientGone,
     DeadlineExceeded,
@@ -131,7 +132,8 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
     # ------------------------------------------------------------------ public contract
     async def submit(self, item: WorkItem) -> Result:
         """The only way in: queue ``item`` and wait for its one answer."""
-        future, timer = self.enqueue(item)
+        future: asyncio.Future[Result] = (self._loop or asyncio.get_running_loop()).create_future()
+        timer = self.enqueue(item, future)
         try:
             return await future
         except asyncio.CancelledError:
@@ -140,27 +142,25 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
         finally:
             self.release(timer)
 
-    def enqueue(self, item: WorkItem) -> tuple[asyncio.Future[Result], Timer | None]:
-        """``submit`` without the coroutine, for a caller that answers from the future's
-        callback (the engine core answers front-end processes so, without a task per
-        request): queue ``item``; its answer's future and its deadline timer, which the
-        caller hands to ``release`` once the future is done."""
+    def enqueue(self, item: WorkItem, answer: Answering) -> Timer | None:
+        """Queue ``item``, owed one answer through ``answer`` (``submit``'s future, or an
+        object that answers when told, for a caller with no task per request: the engine
+        core behind front-end processes); its deadline timer, which the caller hands to
+        ``release`` once the answer is in."""
         self.check_admission()
         if not 1 <= item.priority <= self.config.priority_levels:
             raise ValueError(f"priority level {item.priority} outside 1..{self.config.priority_levels}")
         deadline = item.deadline
         if deadline is not None and deadline <= self._now():
             raise DeadlineExceeded("deadline passed before the request was queued")
-        loop = self._loop or asyncio.get_running_loop()
-        future: asyncio.Future[Result] = loop.create_future()
-        item.enqueue(future)
+        item.enqueue(answer)
         self.queue.push(item)
         self._queue_changed()
         timer = None
         if deadline is not None:
             timer = self.clock.call_later(max(0.0, deadline - self._now()), self._expire, item)
         self.inflight += 1
-        return future, timer
+        return timer
 
     def release(self, timer: Timer | None) -> None:
         """An enqueued item's answer is in: its deadline timer goes, it is in flight no more."""

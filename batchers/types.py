@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import enum
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 from wattserve.batchers.clock import REAL_CLOCK
@@ -20,6 +20,18 @@ class ItemState(enum.Enum):
     QUEUED = "queued"  # in the batcher's queue
     RUNNING = "running"  # taken into a batch (staged or computing)
     DONE = "done"  # answered (result or error); nothing may answer it again
+
+
+class Answering(Protocol):
+    """Where a work item's one answer goes: ``submit``'s asyncio future (its waiter wakes on
+    the next loop turn), or an object that answers when told, for a caller with many
+    requests and no task per request (``server.models.runtime.NowaitAnswer``)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: Result, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
 
 
 @dataclass(eq=False, slots=True)
@@ -57,7 +69,7 @@ class WorkItem:
     # unless a test gives the batcher another clock, when it sets both itself)
     deadline: float | None = None  # None = no deadline
     arrival: float = field(default_factory=REAL_CLOCK.now)
-    future: asyncio.Future[Result] | None = None
+    future: Answering | None = None  # where its one answer goes (set by ``enqueue``)
     state: ItemState = ItemState.QUEUED
     dispatched_at: float | None = None
     rows: int = 1
@@ -79,8 +91,8 @@ class WorkItem:
     def is_cancelled(self) -> bool:
         return self.cancelled
 
-    def enqueue(self, future: asyncio.Future[Result]) -> None:
-        """-> queued, owed one answer through ``future`` (``Batcher.submit``)."""
+    def enqueue(self, future: Answering) -> None:
+        """-> queued, owed one answer through ``future`` (``Batcher.enqueue``)."""
         self.future = future
         self.state = ItemState.QUEUED
 

@@ -25,3 +25,21 @@ class BisectHistogram(Histogram):
             return
         self._sum.inc(amount)
         self._buckets[bisect_left(self._upper_bounds, amount)].inc(1)  # first bound >= amount
+
+    def observe_many(self, amounts: list[float]) -> None:
+        """``observe`` each of ``amounts``: one add for the sum and one per bucket touched."""
+        if (self._labelnames and not self._labelvalues) or any(a != a for a in amounts):
+            for amount in amounts:
+                self.observe(amount)
+            return
+        if not amounts:
+            return
+        bounds = self._upper_bounds
+        counts: dict[int, int] = {}
+        for amount in amounts:
+            index = bisect_left(bounds, amount)
+            counts[index] = counts.get(index, 0) + 1
+        self._sum.inc(sum(amounts))
+        buckets = self._buckets
+        for index, count in counts.items():
+            buckets[index].inc(count)

@@ -105,6 +105,26 @@ class ModelStatistics:
         self.compute_output_ns += int(output_s * 1e9)
         self.last_inference_ms = int(time.time() * 1000)
 
+    def record_successes(self, entries: list[tuple[float, Any]]) -> None:
+        """``record_success`` for each (seconds, result) of ``entries``, in one pass."""
+        if not entries:
+            return
+        success_ns = queue_ns = input_ns = infer_ns = output_ns = 0
+        for seconds, result in entries:
+            input_s, output_s = result.input_s, result.output_s
+            success_ns += int(seconds * 1e9)
+            queue_ns += int(result.queue_time_s * 1e9)
+            input_ns += int(input_s * 1e9)
+            infer_ns += int((result.compute_time_s - input_s - output_s) * 1e9)
+            output_ns += int(output_s * 1e9)
+        self.success.count += len(entries)
+        self.success.ns += success_ns
+        self.queue_ns += queue_ns
+        self.compute_input_ns += input_ns
+        self.compute_infer_ns += infer_ns
+        self.compute_output_ns += output_ns
+        self.last_inference_ms = int(time.time() * 1000)
+
     def phase(self, name: str) -> Duration:
         """One phase of successful requests (queue, compute_input/infer/output): counted
         once per computed request, as Triton counts them (cache hits are in ``success`` only)."""

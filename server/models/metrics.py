@@ -135,6 +135,13 @@ class ServingMetrics:
         """The latency histogram of the protocol of the request being handled."""
         return self._latency[request_protocol.get()]
 
+    def outcomes(self, protocol: str) -> dict[str, Any]:
+        """Request counters by outcome for ``protocol`` (a caller outside the request's context)."""
+        return self._outcomes[protocol]
+
+    def latency(self, protocol: str) -> Any:
+        return self._latency[protocol]
+
     def count(self, outcome: str) -> int:
         """Requests with ``outcome`` over every protocol (Triton's statistics count them all)."""
         return int(sum(children[outcome]._value.get() for children in self._outcomes.values()))

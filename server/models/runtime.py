@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 from wattserve.batchers.base import Batcher, RequestBatcher, engine_thread
-from wattserve.batchers.clock import REAL_CLOCK, Clock
+from wattserve.batchers.clock import REAL_CLOCK, Clock, Timer
 from wattserve.batchers.iteration_metrics import IterationMetrics
 from wattserve.batchers.lm_metrics import LMMetrics
 from wattserve.batchers.rate_limiter import Claim, RateLimiter
 from wattserve.batchers.registry import build_batcher
-from wattserve.batchers.types import ClientGone, Draining, QueueFull, RequestError, Result, WorkItem
+from wattserve.batchers.types import Draining, QueueFull, RequestError, Result, WorkItem
 from wattserve.engines.base import (
     Engine,
     PreparesInputs,
@@ -37,8 +37,9 @@ from wattserve.engines.request_engines import CallsModels
 from wattserve.server.core.request import InferRequest
 from wattserve.server.extensions.classification import ClassLabels
 from wattserve.server.models.batch_observer import ServingObserver
-from wattserve.server.models.metrics import ServingMetrics
+from wattserve.server.models.metrics import ServingMetrics, request_protocol
 from wattserve.server.models.plan import EngineFactory
+from wattserve.server.models.request_books import SuccessBooks
 from wattserve.server.models.response_cache import ResponseCache, request_key
 from wattserve.server.models.serving_config import ServingConfig
 
@@ -87,6 +88,7 @@ class ModelRuntime:
         self.config = config  # parsed ModelConfig when served from a repository
         self.class_labels: ClassLabels | None = None  # outputs' label files (classification)
         self.metrics = metrics
+        self.books = SuccessBooks(metrics)  # submit_nowait's successes, counted once per loop turn
         self.clock = clock
         self._now = clock.now
         self._engine_factory = engine_factory
@@ -353,16 +355,15 @@ class ModelRuntime:
         await _wait_turn(previous, mine)
         return result
 
-    def submit_nowait(
-        self, item: WorkItem, answer: Callable[[Result | None, BaseException | None], None]
-    ) -> bool:
-        """``infer`` without a coroutine, for a caller with many requests and no task per
-        request (the engine core behind front-end processes, ``server.split``): queue the
-        item now, count its one outcome and call ``answer(result, error)`` once it is in.
-        False, with nothing done, for a model whose ``infer`` does more than queue (response
-        cache, preserve_ordering, per-level queue bounds, a batcher whose submit does more than
-        queue, as the sequence batcher's): await ``infer`` for those. Raises
-        the refusals ``infer`` raises before queueing."""
+    def submit_nowait(self, item: WorkItem, answer: AnswerCallback, protocol: str = "http") -> bool:
+        """``infer`` without a coroutine, a future or a task per request, for a caller with
+        many requests (the engine core behind front-end processes, ``server.split``): queue
+        the item now; its one outcome is counted (under ``protocol``) and ``answer(result,
+        error)`` called on the event loop the moment the batcher answers it. False, with
+        nothing done, for a model whose ``infer`` does more than queue (response cache,
+        preserve_ordering, per-level queue bounds, a batcher whose submit does more than
+        queue, as the sequence batcher's): await ``infer`` for those. Raises the refusals
+        ``infer`` raises before queueing."""
         if self.response_cache is not None or self.serving.preserve_ordering or self._level_bounds:
             return False
         batcher = self.batcher
@@ -370,25 +371,12 @@ class ModelRuntime:
             raise Draining(f"model {self.name!r} is unloading")
         if type(batcher).submit is not Batcher.submit:  # e.g. a sequence's turn is awaited first
             return False
-        started = monotonic()
+        pending = NowaitAnswer(self, batcher, protocol, answer)
         try:
-            future, timer = batcher.enqueue(item)
-        except RequestError as exc:
-            self.record_outcome(exc.outcome, started, None)
+            pending.timer = batcher.enqueue(item, pending)
+        except RequestError as exc:  # refused at the door (queue full, draining): counted as
+            self.metrics.outcomes(protocol)[exc.outcome].inc()  # admission counts a refusal
             raise
-
-        def done(future: asyncio.Future[Result]) -> None:
-            batcher.release(timer)
-            error = ClientGone("cancelled") if future.cancelled() else future.exception()
-            if error is None:
-                result = future.result()
-                self.record_outcome("success", started, result)
-                answer(result, None)
-            else:
-                self.record_outcome(getattr(error, "outcome", "error"), started, None)
-                answer(None, error)
-
-        future.add_done_callback(done)
         return True
 
     async def _infer(self, item: WorkItem) -> Result:
@@ -441,17 +429,71 @@ class ModelRuntime:
                         self.name, cache.size)  # fmt: skip
         self.metrics.statistics.record_cache_miss(lookup_s + monotonic() - t0)
 
-    def record_outcome(self, outcome: str, started: float, result: Result | None) -> None:
+    def record_outcome(
+        self, outcome: str, started: float, result: Result | None, protocol: str | None = None
+    ) -> None:
         """One request's one outcome: counted, its latency and Triton's statistics recorded
-        (an ensemble's runtime counts through here too)."""
-        self.metrics.outcome[outcome].inc()
+        (an ensemble's runtime counts through here too). ``protocol``: the metrics' label,
+        when the caller is not in the request's own context (the one it would be read from)."""
+        metrics = self.metrics
+        protocol = protocol or request_protocol.get()
+        metrics.outcomes(protocol)[outcome].inc()
         elapsed = monotonic() - started
-        stats = self.metrics.statistics
         if result is not None:
-            self.metrics.request_latency.observe(elapsed)
-            stats.record_success(elapsed, result)
+            metrics.latency(protocol).observe(elapsed)
+            metrics.statistics.record_success(elapsed, result)
         elif outcome != "cancelled":
-            stats.record_failure(elapsed)
+            metrics.statistics.record_failure(elapsed)
+
+
+AnswerCallback = Callable[[Result | None, BaseException | None], None]
+
+
+class NowaitAnswer:
+    """One ``submit_nowait`` request's answer: the batcher answers it as it would a future
+    (``batchers.types.Answering``), and it counts the outcome and calls the caller back at
+    once, where a future would wake a waiter one loop turn later through a scheduled
+    callback. A failing callback is logged, never raised into the batcher (the batch's
+    other requests still get their answers)."""
+
+    __slots__ = ("_done", "answer", "batcher", "protocol", "runtime", "started", "timer")
+
+    def __init__(
+        self, runtime: ModelRuntime, batcher: Batcher, protocol: str, answer: AnswerCallback
+    ) -> None:
+        self.runtime = runtime
+        self.batcher = batcher
+        self.protocol = protocol
+        self.answer = answer
+        self.started = monotonic()
+        self.timer: Timer | None = None
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: Result, /) -> None:
+        self._finish(result, None)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self._finish(None, exception)
+
+    def _finish(self, result: Result | None, error: BaseException | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        self.batcher.release(self.timer)
+        try:
+            if error is None:  # counted at the end of this loop turn, with the batch's others
+                assert result is not None
+                self.runtime.books.add(self.protocol, monotonic() - self.started, result)
+            else:
+                self.runtime.record_outcome(
+                    getattr(error, "outcome", "error"), self.started, None, self.protocol
+                )
+            self.answer(result, error)
+        except Exception:
+            log.exception("%s: answering a request failed", self.runtime.name)
 
 
 async def _wait_turn(previous: asyncio.Future[None] | None, mine: asyncio.Future[None]) -> None:

@@ -33,9 +33,15 @@ EMPTY = memoryview(b"")
 class FrameProtocol(asyncio.Protocol):
     """Reads frames into ``on_frame(header, raw)`` and writes them coalesced per loop turn."""
 
-    def __init__(self, on_frame: OnFrame, on_lost: Callable[[BaseException | None], None]) -> None:
+    def __init__(
+        self,
+        on_frame: OnFrame,
+        on_lost: Callable[[BaseException | None], None],
+        on_read: Callable[[], None] | None = None,
+    ) -> None:
         self.on_frame = on_frame
         self.on_lost = on_lost
+        self.on_read = on_read  # after the frames of one read: a reader's per-burst books
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._needed = PREFIX.size  # bytes the pending partial frame needs before it parses
@@ -78,6 +84,8 @@ class FrameProtocol(asyncio.Protocol):
             self.on_frame(header, raw)
             at += total
         self._buffer = bytearray(buf[at:]) if at < end else bytearray()
+        if self.on_read is not None:
+            self.on_read()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

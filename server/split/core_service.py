@@ -199,8 +199,13 @@ class FrontEndLink:
         self.slab = slab
         self.pid = pid
         self.served = service.requests.labels(index)  # a restarted front end keeps its index
-        self.protocol = channel.FrameProtocol(self._on_frame, self._on_lost)
+        self.protocol = channel.FrameProtocol(self._on_frame, self._on_lost, self._on_read)
         self.inflight: dict[int, tuple[ModelRuntime, WorkItem, asyncio.Task[None] | None]] = {}
+        # Per read (one burst of frames, handled in one go on the loop, where nothing else
+        # can change a model's state): the models its requests were admitted to, with
+        # their token and whether they keep inputs, and how many requests it carried.
+        self._admitted: dict[tuple[str, str | None], tuple[ModelRuntime, int, bool]] = {}
+        self._burst = 0
 
     def close(self) -> None:
         self.protocol.close()
@@ -218,6 +223,23 @@ class FrontEndLink:
             self._count(*header[1:])
         elif kind == channel.DESCRIBE:
             self._describe(header[1], header[2], header[3])
+
+    def _on_read(self) -> None:
+        if self._burst:
+            self.served.inc(self._burst)
+            self._burst = 0
+        self._admitted.clear()
+
+    def _admit(self, name: str, version: str | None) -> tuple[ModelRuntime, int, bool]:
+        """The runtime for this read's requests to a model: ``select`` (readiness, draining)
+        for its first; the queue's room is checked for each by ``enqueue``."""
+        admitted = self._admitted.get((name, version))
+        if admitted is None:
+            service = self.service
+            runtime = select(service.models, name, version)
+            admitted = (runtime, service.token(runtime), service.keeps_inputs(runtime))
+            self._admitted[(name, version)] = admitted
+        return admitted
 
     def _describe(self, request_id: int, name: str, version: str | None) -> None:
         try:
@@ -244,16 +266,16 @@ class FrontEndLink:
 
     def _infer(self, header: Any, raw: memoryview) -> None:
         _, request_id, token, name, version, block, refs, meta = header
-        self.served.inc()
+        self._burst += 1
         protocol = meta[7]
         reset = request_protocol.set(protocol)  # the answer's callback and task copy the context
         try:
             try:
-                runtime = select(self.service.models, name, version)
-                if self.service.token(runtime) != token:  # reloaded since the front end asked
+                runtime, runtime_token, keeps = self._admit(name, version)
+                if runtime_token != token:  # reloaded since the front end asked
                     self._answer_error(request_id, ("STALE", "model reloaded", False))
                     return
-                item = runtime.make_item(self._request(runtime, refs, meta, raw))
+                item = runtime.make_item(self._request(keeps, refs, meta, raw))
             except Refused as refused:
                 self._answer_error(request_id, (refused.status.value, str(refused), refused.retry_after))
                 return
@@ -264,7 +286,7 @@ class FrontEndLink:
                 return
             answer = partial(self._answered, request_id, block)
             try:
-                queued = runtime.submit_nowait(item, answer)  # no task per request
+                queued = runtime.submit_nowait(item, answer, protocol)  # no task per request
             except RequestError as exc:
                 self._answer_error(request_id, (exc.status.value, str(exc), exc.retry_after))
                 return
@@ -278,11 +300,9 @@ class FrontEndLink:
         finally:
             request_protocol.reset(reset)
 
-    def _request(
-        self, runtime: ModelRuntime, refs: list[TensorRef], meta: Any, raw: memoryview
-    ) -> InferRequest:
+    def _request(self, keeps: bool, refs: list[TensorRef], meta: Any, raw: memoryview) -> InferRequest:
+        """The request over views of the slab (copies for a model that keeps its inputs)."""
         request_id, batched, rows, priority, timeout_us, outputs, parameters, _, sequence = meta
-        keeps = self.service.keeps_inputs(runtime)
         slab = self.slab
         inputs: dict[str, np.ndarray] = {}
         for name, dtype, shape, offset, nbytes in refs:

@@ -54,9 +54,7 @@ class ServingObserver:
             self.lm.unwatch()
 
     def on_dispatch(self, items: Sequence[WorkItem], now: float) -> None:
-        queue_time = self.metrics.queue_time
-        for item in items:
-            queue_time.observe(now - item.arrival)
+        self.metrics.queue_time.observe_many([now - item.arrival for item in items])
 
     def on_batch_start(self) -> Any:
         return self.meter.begin() if self.meter is not None else None

@@ -9,6 +9,7 @@ import pickle
 import random
 import socket
 
+import ml_dtypes
 import numpy as np
 import pytest
 from wattserve.server.split import channel
@@ -71,12 +72,21 @@ def test_slab_shared_through_its_descriptor():
     """What the front end writes, the core reads through its own mapping of the same fd."""
     slab = Slab.create(1 << 20)
     other = Slab(os.dup(slab.fd), slab.size)
-    arrays = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.array([[1, 2]], dtype=np.int64)}
+    arrays = {
+        "a": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "b": np.array([[1, 2]], dtype=np.int64),
+        "transposed": np.arange(12, dtype=np.int32).reshape(3, 4).T,  # not C order: copied as C order
+        "sliced": np.arange(40, dtype=np.float64).reshape(8, 5)[2:4],  # a batch's rows
+        "empty": np.zeros((0, 4), np.float32),
+        "bf16": np.arange(6, dtype=np.float32).astype(ml_dtypes.bfloat16),
+        "bool": np.array([True, False, True]),
+    }
     refs, end = pack(arrays, 128)
     for (_, _, _, offset, _), value in zip(refs, arrays.values(), strict=True):
         slab.write(offset, value)
     for name, dtype, shape, offset, _ in refs:
         np.testing.assert_array_equal(other.array(dtype, shape, offset), arrays[name])
+        assert other.array(dtype, shape, offset).dtype == arrays[name].dtype
     assert end > 128 and all(offset % ALIGN == 0 for *_, offset, _ in refs)
     other.close()
     slab.close()

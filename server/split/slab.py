@@ -66,6 +66,14 @@ class Slab:
 
     def write(self, offset: int, array: np.ndarray) -> None:
         """Copy ``array`` (any layout) into the slab at ``offset``, C order."""
+        if array.flags.c_contiguous:  # a byte copy: a third of what a numpy view + copyto costs
+            try:
+                data = array.data.cast("B")
+            except (TypeError, ValueError):  # a dtype the buffer protocol cannot export (bfloat16)
+                pass
+            else:
+                self.buffer[offset : offset + array.nbytes] = data
+                return
         target = np.ndarray(array.shape, dtype=array.dtype, buffer=self.map, offset=offset)
         np.copyto(target, array, casting="no")
 

@@ -29,8 +29,11 @@ async def test_open_loop_p99_shows_a_stall_that_closed_loop_hides() -> None:
         target = await prepare_target(session, url, "identity", "binary")
         # Freeze 2 s after each run's first request: inside the window [0.5 s, 5 s).
         server.arm_stall(after_s=2.0, stall_s=1.0)
+        # The generator shares this process (and a loaded 2-core machine) with the server: a
+        # send lag bound of 25 ms, not the default 10, so the run stays valid when the
+        # machine is busy (the freeze it must show is 1,000 ms).
         open_run = await run_load(
-            session, target, LoadSpec("constant", rate=100, warmup_s=0.5, duration_s=4.5)
+            session, target, LoadSpec("constant", rate=100, warmup_s=0.5, duration_s=4.5, max_lag_ms=25)
         )
         stalled_open = server.stalled_requests
         server.arm_stall(after_s=2.0, stall_s=1.0)

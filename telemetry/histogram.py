@@ -10,6 +10,8 @@ check is one attribute test; exemplars take the library's own path.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import Counter
+from itertools import repeat
 
 from prometheus_client import Histogram
 
@@ -28,18 +30,14 @@ class BisectHistogram(Histogram):
 
     def observe_many(self, amounts: list[float]) -> None:
         """``observe`` each of ``amounts``: one add for the sum and one per bucket touched."""
-        if (self._labelnames and not self._labelvalues) or any(a != a for a in amounts):
+        total = sum(amounts)
+        if total != total or (self._labelnames and not self._labelvalues):  # a NaN (or inf - inf)
             for amount in amounts:
                 self.observe(amount)
             return
         if not amounts:
             return
-        bounds = self._upper_bounds
-        counts: dict[int, int] = {}
-        for amount in amounts:
-            index = bisect_left(bounds, amount)
-            counts[index] = counts.get(index, 0) + 1
-        self._sum.inc(sum(amounts))
+        self._sum.inc(total)
         buckets = self._buckets
-        for index, count in counts.items():
+        for index, count in Counter(map(bisect_left, repeat(self._upper_bounds), amounts)).items():
             buckets[index].inc(count)

@@ -141,10 +141,12 @@ def pack(arrays: Mapping[str, np.ndarray], base: int) -> tuple[list[TensorRef], 
     """Where each array goes when written one after another from ``base``; and the end."""
     refs: list[TensorRef] = []
     offset = base
-    for name, array in arrays.items():
+    mask = ALIGN - 1
+    for name, array in arrays.items():  # dtype_code and _aligned inlined: once per tensor, both ways
         nbytes = array.nbytes
-        refs.append((name, dtype_code(array.dtype), array.shape, offset, nbytes))
-        offset = offset + _aligned(nbytes)
+        dtype = array.dtype
+        refs.append((name, dtype.str if dtype.kind != "V" else dtype, array.shape, offset, nbytes))
+        offset += (nbytes + mask) & ~mask
     return refs, offset
 
 

@@ -13,12 +13,13 @@ import asyncio
 import dataclasses
 import logging
 import os
+import threading
 
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 from wattserve.batchers.status import Status
-from wattserve.batchers.types import Result
+from wattserve.batchers.types import ClientGone, Result
 from wattserve.server.app import create_app
 from wattserve.server.core.request import InferRequest
 from wattserve.server.extensions.statistics import ModelStatistics
@@ -187,3 +188,21 @@ def test_books_count_at_the_end_of_the_turn_exactly_what_was_answered():
     asyncio.run(main())
     books.add("http", 0.01, result(0.01))  # no loop running: counted at once
     assert metrics.count("success") == 5
+
+
+def test_an_answer_given_on_another_thread_reaches_the_caller_on_the_loop(tmp_path):
+    """A batcher answers on the loop; were one to answer on an engine thread, the caller's
+    callback (which writes to the loop's transports) still runs on the loop, once."""
+
+    async def check(app, remote, client):
+        runtime = app.state.runtime
+        calls: list[tuple[int, BaseException | None]] = []
+        item = runtime.make_item(request(np.ones((1, ELEMENTS), np.float32)))
+        assert runtime.submit_nowait(item, lambda result, error: calls.append((threading.get_ident(), error)))
+        gone = ClientGone("answered from a thread")
+        assert await asyncio.to_thread(item.finish, None, gone)
+        await asyncio.sleep(0)
+        assert calls == [(threading.get_ident(), gone)]  # this (the loop's) thread, not that one
+        assert not item.finish(None, gone)  # and never again
+
+    run_core(tmp_path, check, max_batch_size=8, max_queue_delay_ms=5000)

@@ -454,9 +454,10 @@ class NowaitAnswer:
     (``batchers.types.Answering``), and it counts the outcome and calls the caller back at
     once, where a future would wake a waiter one loop turn later through a scheduled
     callback. A failing callback is logged, never raised into the batcher (the batch's
-    other requests still get their answers)."""
+    other requests still get their answers). Answered off the loop's thread (a caller's
+    bug, which an asyncio future would not survive either), it hops onto the loop first."""
 
-    __slots__ = ("_done", "answer", "batcher", "protocol", "runtime", "started", "timer")
+    __slots__ = ("_done", "answer", "batcher", "loop", "protocol", "runtime", "started", "timer")
 
     def __init__(
         self, runtime: ModelRuntime, batcher: Batcher, protocol: str, answer: AnswerCallback
@@ -467,6 +468,7 @@ class NowaitAnswer:
         self.answer = answer
         self.started = monotonic()
         self.timer: Timer | None = None
+        self.loop = asyncio.get_running_loop()
         self._done = False
 
     def done(self) -> bool:
@@ -480,6 +482,9 @@ class NowaitAnswer:
 
     def _finish(self, result: Result | None, error: BaseException | None) -> None:
         if self._done:
+            return
+        if asyncio._get_running_loop() is not self.loop:  # another thread: answer on the loop
+            self.loop.call_soon_threadsafe(self._finish, result, error)
             return
         self._done = True
         self.batcher.release(self.timer)

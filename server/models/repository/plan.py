@@ -213,7 +213,8 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
                                   "needs config.json, *.safetensors and tokenizer files there)")  # fmt: skip
         elif kind != "builtin" and not path.is_file():
             raise ConfigError(f"{path}: missing ({platform} needs {file_name} in each version folder)")
-        factory = warmed(_engine_factory(kind, path, name, config, batching, source, sequence), samples)
+        factory = warmed(_engine_factory(kind, path, name, config, batching, source, sequence), samples,
+                         config.model_transaction_policy.decoupled)  # fmt: skip
         plans.append(ModelPlan(name, str(version), serving, factory, batching=batching,
                                platform=platform, warnings=warnings, config=config))  # fmt: skip
     for warning in warnings:

@@ -260,14 +260,18 @@ class EnsembleRuntime(ModelRuntime):
         answer may make others ready. A failed step fails the request and stops the rest."""
         models = self._models()
         tensors: dict[str, np.ndarray] = dict(request.inputs)
+        # a tensor is settled once it exists or never will: an optional input the request left
+        # out, an output its step did not produce; a step runs once all it reads is settled,
+        # with the tensors that exist (Triton's: the absent ones feed optional model inputs)
+        settled = set(self.graph.inputs) | set(tensors)
         waiting = list(self.graph.plan(request.outputs))
         running: dict[asyncio.Task[tuple[dict[str, np.ndarray], Result]], Step] = {}
         queue_s = input_s = infer_s = output_s = 0.0
         try:
             while waiting or running:
-                for step in [s for s in waiting if all(t in tensors for t in s.input_map.values())]:
+                for step in [s for s in waiting if all(t in settled for t in s.input_map.values())]:
                     waiting.remove(step)
-                    inputs = {key: tensors[t] for key, t in step.input_map.items()}
+                    inputs = {key: tensors[t] for key, t in step.input_map.items() if t in tensors}
                     running[asyncio.ensure_future(self._step(models, step, inputs, request))] = step
                 if not running:  # cannot happen in a checked graph; never spin
                     raise StepFailed(f"in ensemble '{self.name}': steps {[s.index for s in waiting]} "
@@ -277,7 +281,9 @@ class EnsembleRuntime(ModelRuntime):
                     step = running.pop(task)
                     outputs, result = task.result()  # a failed step raises here
                     for key, tensor in step.output_map.items():
-                        tensors[tensor] = outputs[key]
+                        settled.add(tensor)
+                        if key in outputs:
+                            tensors[tensor] = outputs[key]
                     queue_s += result.queue_time_s
                     input_s += result.input_s
                     output_s += result.output_s
@@ -285,7 +291,7 @@ class EnsembleRuntime(ModelRuntime):
         finally:
             for task in running:  # a failure or a cancel: the other steps are not needed
                 task.cancel()
-        names = request.outputs or list(self.graph.outputs)
+        names = [n for n in request.outputs or self.graph.outputs if n in tensors]  # absent: not answered
         # a Result's outputs carry the batch axis (the front ends drop it for unbatched requests)
         outputs = {n: tensors[n] if request.batched else tensors[n][np.newaxis] for n in names}
         return Result(outputs, queue_s, infer_s + input_s + output_s, request.rows, input_s, output_s)
@@ -312,10 +318,10 @@ class EnsembleRuntime(ModelRuntime):
         except Refused as exc:
             raise StepFailed(f"in ensemble '{self.name}', {step.label}: {exc}", exc.status,
                              exc.retry_after) from None  # fmt: skip
-        outputs = done.result.outputs
+        outputs = done.result.outputs  # a Python model may leave a requested output out
         if done.request.batched:
-            return {k: outputs[k] for k in wanted}, done.result
-        return {k: outputs[k][0] for k in wanted}, done.result
+            return {k: outputs[k] for k in wanted if k in outputs}, done.result
+        return {k: outputs[k][0] for k in wanted if k in outputs}, done.result
 
     # ------------------------------------------------------------------ documents
     def triton_config_doc(self) -> dict[str, Any]:

@@ -243,7 +243,7 @@ def check_against_models(
                                       f"non-existing {what} {key} in model {view.name}")  # fmt: skip
                 define(tensor, by_name[key], view.max_batch > 0, f"model {view.name}", step)
         for spec in view.inputs:
-            if spec.name not in step.input_map:
+            if spec.name not in step.input_map and not spec.optional:  # an optional one may be left out
                 raise ConfigError(f"in ensemble {name}, {step.label}: input {spec.name} in model "
                                   f"{view.name} is not mapped to any ensemble tensors")  # fmt: skip
 

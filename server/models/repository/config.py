@@ -61,6 +61,7 @@ HONOURED_BY_KIND: dict[str, dict[str, set[str]]] = {
     "onnx": {"ModelInput": {"optional"}},  # not fed: the graph's default (an initializer)
     "ensemble": {  # server/models/ensemble_graph.py
         "ModelConfig": {"ensemble_scheduling"},
+        "ModelInput": {"optional"},  # left out: absent for the steps that read it (their inputs optional too)
         "ModelEnsembling": {"step"},
         "Step": {"model_name", "model_version", "input_map", "output_map"},
     },

@@ -14,6 +14,12 @@ Triton, a request for some outputs runs only the steps they need.
 Statistics as Triton's ensemble scheduler reports them: each ensemble request is one
 success (end to end) and one execution of its rows; its queue and compute phases are the
 sums of its steps' phases (the composing requests report into the ensemble's statistics too).
+
+With ``response_cache { enable: true }`` (and the server's cache), an ensemble's own
+requests are cached as Triton's top-level ensemble requests are: a hit answers without
+running any step (a cache hit, a success, no execution), a miss runs the graph and stores
+the answer. A step's model that is decoupled makes the ensemble decoupled, and a decoupled
+model's answers are not cached: such an ensemble fails to load with Triton's words.
 """
 
 from __future__ import annotations
@@ -37,8 +43,9 @@ from wattserve.server.models.ensemble_graph import ModelView, Step, check_agains
 from wattserve.server.models.metrics import ServingMetrics
 from wattserve.server.models.model_set import ModelSet, ModelState, UnknownModel
 from wattserve.server.models.plan import ModelPlan
-from wattserve.server.models.repository.config import ConfigError
+from wattserve.server.models.repository.config import ConfigError, read_config
 from wattserve.server.models.repository.plan import config_tensors
+from wattserve.server.models.response_cache import decoupled_cache_refusal
 from wattserve.server.models.runtime import ModelRuntime
 
 log = logging.getLogger("wattserve.ensemble")
@@ -120,6 +127,8 @@ class EnsembleRuntime(ModelRuntime):
         """Wait for every composing model to be ready (loading it first in explicit mode, as
         Triton does), then check the graph against their tensors; ConfigError names the step."""
         models = self._models()
+        if self.serving.response_cache:
+            self._check_cacheable(models)
         runtimes: dict[tuple[str, str | None], ModelRuntime] = {}
         for step in self.graph.steps:
             key = (step.model, step.version)
@@ -141,6 +150,25 @@ class EnsembleRuntime(ModelRuntime):
         self.metrics.ready.set(1)
         log.info("serving ensemble %s v%s: %d step(s) over %s", self.name, self.version,
                  len(self.graph.steps), ", ".join(m for m, _ in self.graph.models()))  # fmt: skip
+
+    def _check_cacheable(self, models: ModelSet) -> None:
+        """A cached ensemble with a decoupled step's model is refused (Triton's rule: the step
+        makes the ensemble decoupled), read from the repository before the model is loaded."""
+        root = getattr(models.source, "root", None)
+        for name, _ in self.graph.models():
+            try:
+                plan = models.lookup(name).plan
+            except UnknownModel:
+                plan = None
+            config = plan.config if plan is not None else None
+            if config is None and root is not None:
+                try:
+                    config = read_config(root / name)
+                except ConfigError:
+                    continue  # its own load says why
+            if config is not None and config.model_transaction_policy.decoupled:
+                why = f" (its step's model '{name}' is decoupled)"
+                raise ConfigError(decoupled_cache_refusal(self.name, f"ensemble '{self.name}'", why))
 
     async def _composing(self, models: ModelSet, step: Step) -> ModelRuntime:
         name, version = step.model, step.version
@@ -212,6 +240,8 @@ class EnsembleRuntime(ModelRuntime):
         """The request as it is (its steps' models check priority and timeout)."""
         item = EnsembleItem(inputs=request.inputs, request=request)
         item.rows = request.rows
+        if self.response_cache is not None:
+            item.cache_key = self._cache_key(request)
         return item
 
     def cancel(self, item: WorkItem) -> None:
@@ -225,6 +255,16 @@ class EnsembleRuntime(ModelRuntime):
         if not isinstance(gate, EnsembleGate) or not isinstance(item, EnsembleItem) or item.request is None:
             raise Draining(f"model {self.name!r} is unloading")
         started = monotonic()
+        cache, key = self.response_cache, item.cache_key
+        lookup_s = 0.0
+        if cache is not None and key is not None:
+            outputs = cache.get(key)
+            if outputs is not None:  # a hit: no step runs (Triton: a hit, a success, no execution)
+                hit = Result(outputs, 0.0, 0.0, 0)
+                self.metrics.statistics.record_cache_hit(monotonic() - started)
+                self.record_outcome("success", started, hit)
+                return hit
+            lookup_s = monotonic() - started
         gate.inflight += 1
         gate.idle.clear()
         outcome = "success"
@@ -232,6 +272,8 @@ class EnsembleRuntime(ModelRuntime):
         item.task = asyncio.ensure_future(self._run(item.request))
         try:
             result = await item.task
+            if cache is not None and key is not None:  # a miss: stored after success only
+                self._store(cache, key, lookup_s, result)
             return result
         except asyncio.CancelledError:
             outcome = "cancelled"
@@ -245,6 +287,8 @@ class EnsembleRuntime(ModelRuntime):
             outcome = "error"
             raise
         finally:
+            if result is None and cache is not None and key is not None:  # a miss that failed
+                self.metrics.statistics.record_cache_miss(lookup_s)
             self.record_outcome(outcome, started, result)
             if result is not None:  # an ensemble's own execution: its rows, its steps' times
                 self.metrics.statistics.record_batch(
@@ -342,6 +386,7 @@ class EnsembleRuntime(ModelRuntime):
             "input": tensors(self._inputs),
             "output": tensors(self._outputs),
             "ensemble_scheduling": {"step": steps},
+            **({"response_cache": {"enable": True}} if self.response_cache is not None else {}),
         }
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -268,6 +268,8 @@ def ensemble_plans(config: Any, model_dir: Any, base: Any, source: str) -> list[
         raise ConfigError(f"{model_dir}: no version folder matches the version policy (found {versions})")
     update = {"model": graph.name, "max_batch_size": max(1, config.max_batch_size)}
     serving = ServingConfig.from_settings(base.model_copy(update=update), devices=["cpu"], steps=False)
+    if config.response_cache.enable:  # its own requests cached (a decoupled step: refused when it starts)
+        serving = replace(serving, response_cache=True)
 
     for warning in warnings:
         logging.getLogger("wattserve.repository").warning("%s", warning)

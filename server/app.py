@@ -46,7 +46,7 @@ from wattserve.server.models.metrics import ServingMetrics, server_metrics
 from wattserve.server.models.model_set import ModelSet, ModelSetActivity
 from wattserve.server.models.plan import EngineFactory, ModelPlan, ModelSource, SettingsSource
 from wattserve.server.models.repository.poll import RepositoryPoller
-from wattserve.server.models.response_cache import ResponseCache, parse_cache_config
+from wattserve.server.models.response_cache import ResponseCache
 from wattserve.server.models.runtime import ModelRuntime
 from wattserve.server.security import AccessControl, parse_restricted_api
 from wattserve.server.settings import Settings
@@ -87,15 +87,28 @@ def create_app(
     custom_metrics = CustomMetrics()
     restrictions = parse_restricted_api(settings.restricted_api)  # a bad value fails at start
     # Triton's --cache-config: one response cache shared by the models that enable it
-    cache = ResponseCache(parse_cache_config(settings.cache_config)) if settings.cache_config else None
+    if settings.response_cache_byte_size is not None:  # Triton's deprecated flag, and its warning
+        size = settings.response_cache_byte_size
+        log.warning("--response-cache-byte-size is deprecated: it makes the local cache of that size; the "
+                    "equivalent is --cache-config=local,size=%d", size)  # fmt: skip
+    cache_bytes = settings.cache_bytes
+    cache = ResponseCache(cache_bytes) if cache_bytes else None
     # Triton's --rate-limit: one limiter whose resources every model's instances share
     limiter = RateLimiter(settings.rate_limit, settings.rate_limit_resource)
+
+    def with_cache(runtime: ModelRuntime, plan: ModelPlan) -> ModelRuntime:
+        if plan.serving.response_cache:
+            runtime.response_cache = cache
+            if cache is None:  # Triton: enabled on both sides or not used; said, not silent
+                log.warning("%s: response_cache is enabled but no cache is configured (--cache-config "
+                            "local,size=BYTES); served without one", plan.name)  # fmt: skip
+        return runtime
 
     def make_runtime(plan: ModelPlan) -> ModelRuntime:
         if plan.platform == "ensemble":  # no engine or batcher: its steps use their models'
             from wattserve.server.models.ensemble import ensemble_runtime
 
-            return ensemble_runtime(plan, registry, lambda: models)
+            return with_cache(ensemble_runtime(plan, registry, lambda: models), plan)
         policy = plan.serving.policy  # the batcher that runs, e.g. iteration for continuous on diffusion
         metrics = ServingMetrics(plan.name, policy, registry)
         # label files (classification) are read once, at load, by the engine factory: a
@@ -107,11 +120,7 @@ def create_app(
                                version=plan.version, batching=plan.batching, platform=plan.platform,
                                config=plan.config)  # fmt: skip
         runtime.class_labels = labels
-        if plan.serving.response_cache:
-            runtime.response_cache = cache
-            if cache is None:  # Triton: enabled on both sides or not used; said, not silent
-                log.warning("%s: response_cache is enabled but no cache is configured (--cache-config "
-                            "local,size=BYTES); served without one", plan.name)  # fmt: skip
+        with_cache(runtime, plan)
 
         def record_batch(batch_size: int, energy: Any) -> None:
             telemetry.record_batch(plan.name, policy, batch_size, energy)

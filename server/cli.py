@@ -98,10 +98,31 @@ class TritonBoolAction(argparse.Action):
         setattr(namespace, self.dest, (not negative) if values is None else values)
 
 
+class JoinedRepeats(argparse.Action):
+    """A flag Triton lets its users repeat, one setting each time (``--cache-config
+    redis,host=H --cache-config redis,port=P``): the values joined by ";"."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        seen = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, f"{seen};{values}" if isinstance(seen, str) and seen else values)
+
+
+REPEATED = ("--cache-config",)
+
+
 def _add_setting_argument(parser: argparse.ArgumentParser, *names: str, **kwargs: Any) -> argparse.Action:
-    """pydantic-settings' add_argument, with Triton's ``=true/false`` accepted by bool flags."""
+    """pydantic-settings' add_argument, with Triton's ``=true/false`` accepted by bool flags
+    and Triton's repeated flags joined."""
     if kwargs.get("action") is argparse.BooleanOptionalAction:
         kwargs = {**kwargs, "action": TritonBoolAction}
+    if any(name in REPEATED for name in names) and kwargs.get("action") in (None, "store"):
+        kwargs = {**kwargs, "action": JoinedRepeats}
     return parser.add_argument(*names, **kwargs)
 
 

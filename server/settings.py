@@ -131,7 +131,14 @@ class Settings(BaseSettings):
         description="Triton's --cache-config: 'local,size=BYTES' makes one response cache of that "
         "many bytes, shared by the models whose config.pbtxt sets response_cache { enable: true } "
         "(a repeated request is answered without queue or engine; least recently used answers "
-        "leave first). Unset: no cache, and models that enable it load without one.",
+        "leave first). Unset: no cache, and models that enable it load without one. The flag may "
+        "be repeated, one setting each (Triton's form); in the variable, repeats are joined by ';'.",
+    )
+    response_cache_byte_size: int | None = Field(
+        None,
+        gt=0,
+        description="Triton's deprecated --response-cache-byte-size: the same as --cache-config "
+        "local,size=BYTES (a warning says so); refused together with cache_config, as Triton refuses it.",
     )
     rate_limit: Literal["off", "execution_count"] = Field(
         "off",
@@ -509,6 +516,20 @@ class Settings(BaseSettings):
         if "*" in self.load_model and len(self.load_model) > 1:
             raise ValueError("--load-model=* must be the only --load-model argument")
         return self
+
+    @model_validator(mode="after")
+    def _check_cache_flags(self) -> Settings:
+        if self.response_cache_byte_size is not None and self.cache_config is not None:  # Triton's words
+            raise ValueError("Incompatible flags --response-cache-byte-size and --cache-config both "
+                             "provided. Please provide one or the other.")  # fmt: skip
+        return self
+
+    @property
+    def cache_bytes(self) -> int | None:
+        """The response cache's size from either flag, or None: no cache."""
+        if self.response_cache_byte_size is not None:
+            return self.response_cache_byte_size
+        return parse_cache_config(self.cache_config) if self.cache_config else None
 
     @model_validator(mode="after")
     def _check_batching(self) -> Settings:

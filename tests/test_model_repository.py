@@ -202,3 +202,23 @@ def test_wattserve_serve_with_a_repository_drains_on_sigterm(repository):
     finally:
         code = proc.stop()
     assert code == 0, proc.log()
+
+
+def test_statistics_without_a_version_list_every_loaded_version(tmp_path):
+    """Triton's statistics for a model named without a version: each loaded version, oldest
+    first (its L0_response_cache reads versions 1 and 3 of a model as model_stats[0] and [1])."""
+    from support.model_repository import IDENTITY_CONFIG
+
+    (tmp_path / "two").mkdir()
+    (tmp_path / "two" / "config.pbtxt").write_text(
+        IDENTITY_CONFIG + "version_policy { specific { versions: [ 1, 3 ] } }\n"
+    )
+    for version in ("1", "2", "3"):
+        (tmp_path / "two" / version).mkdir()
+    with threaded_server(Settings(model_repository=tmp_path, telemetry=False)) as (url, _):
+        infer(url, "two", "INPUT0", np.ones((1, 16), np.float32))  # the newest version serves it
+        stats = client(url).get_inference_statistics("two")["model_stats"]
+        assert [(s["name"], s["version"]) for s in stats] == [("two", "1"), ("two", "3")]
+        assert [s["inference_stats"]["success"]["count"] for s in stats] == [0, 1]
+        only = client(url).get_inference_statistics("two", "1")["model_stats"]
+        assert [s["version"] for s in only] == ["1"]

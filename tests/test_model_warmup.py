@@ -15,6 +15,7 @@ from wattserve.server.models.repository.plan import plan_model
 from wattserve.server.settings import Settings
 
 from support.onnx_models import optional_add_model
+from support.sequence_models import onnx_accumulator
 from tests.servers import threaded_server
 
 RECORDER = """
@@ -113,7 +114,9 @@ model_warmup [ { name: "too_wide" batch_size: 1
         index = {m["name"]: m for m in httpx.post(url + "/v2/repository/index", json={}).json()}
         assert index["ok"]["state"] == "READY"  # an ONNX model's sample ran and passed
         assert index["bad"]["state"] == "UNAVAILABLE"
-        assert "model_warmup[0] ('zeros') failed" in index["bad"]["reason"]
+        assert (
+            "model_warmup[0] ('zeros') failed: failed to run warmup sample 'zeros'" in index["bad"]["reason"]
+        )
         assert "this model refuses its warm-up" in index["bad"]["reason"]
         assert index["wrong"]["state"] == "UNAVAILABLE"
         assert "model_warmup[0] ('too_wide') failed" in index["wrong"]["reason"]
@@ -142,3 +145,80 @@ def test_a_bad_sample_fails_the_load_naming_it(tmp_path, sample, words):
     with pytest.raises(ConfigError, match="model_warmup\\[0\\] \\('s'\\)") as err:
         plan_model(model, Settings())
     assert words in str(err.value)
+
+
+SEQUENCE_SAMPLE = """model_warmup [ { name: "sequence sample" batch_size: 4 count: 2
+  inputs { key: "INPUT" value: { data_type: TYPE_INT32 dims: [ 1 ] random_data: true } }
+  inputs { key: "START" value: { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } }
+  inputs { key: "READY" value: { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } }
+  inputs { key: "CORRID" value: { data_type: TYPE_UINT64 dims: [ 1 ] zero_data: true } }
+  inputs { key: "SUM_IN" value: { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } } } ]
+"""
+
+
+def test_a_stateful_models_sample_sets_its_control_and_state_inputs_and_leaves_no_state(tmp_path, caplog):
+    """Triton's L0_warmup warms its sequence models with START and READY, inputs the config
+    lists under sequence_batching, not ``input``; the sample runs (logged in Triton's words,
+    each iteration) and no sequence starts from what it computed."""
+    model = onnx_accumulator(tmp_path, "acc")
+    (model / "config.pbtxt").write_text((model / "config.pbtxt").read_text() + SEQUENCE_SAMPLE)
+    settings = Settings(model_repository=tmp_path, telemetry=False)
+    with caplog.at_level("DEBUG", logger="wattserve.warmup"), threaded_server(settings) as (url, _):
+        assert httpx.get(url + "/v2/models/acc/ready").status_code == 200
+        body = {"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [5]}],
+                "parameters": {"sequence_id": 7, "sequence_start": True}}  # fmt: skip
+        answer = httpx.post(url + "/v2/models/acc/infer", json=body).json()
+        assert {o["name"]: o["data"] for o in answer["outputs"]}["OUTPUT"] == [5]  # no warm-up state
+    running = "model 'acc' instance on cpu is running warmup sample 'sequence sample' for iteration"
+    assert f"{running} 1" in caplog.text and f"{running} 2" in caplog.text
+
+
+DECOUPLED = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.fail = "fail" in args["model_config"]
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            if self.fail:
+                sender.send(pb_utils.InferenceResponse([], error=pb_utils.TritonError("no warm-up here")))
+            else:
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", x)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+DECOUPLED_CONFIG = """backend: "python"
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+instance_group [ { kind: KIND_CPU } ]
+model_transaction_policy { decoupled: true }
+model_warmup [ { name: "decoupled sample" batch_size: 1
+                 inputs { key: "INPUT" value: { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]
+"""
+
+
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+def test_a_decoupled_models_sample_runs_through_its_response_sender(tmp_path, isolation):
+    """Triton's L0_warmup 'decoupled': the sample is done at the final response; a response's
+    error fails it, in Triton's words."""
+    for name, extra in (
+        ("streams", ""),
+        ("refuses", 'parameters { key: "fail" value: { string_value: "1" } }\n'),
+    ):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1" / "model.py").write_text(DECOUPLED)
+        (tmp_path / name / "config.pbtxt").write_text(DECOUPLED_CONFIG + extra)
+    settings = Settings(model_repository=tmp_path, telemetry=False, python_model_isolation=isolation)
+    with threaded_server(settings) as (url, _):
+        index = {m["name"]: m for m in httpx.post(url + "/v2/repository/index", json={}).json()}
+        assert index["streams"]["state"] == "READY"
+        assert index["refuses"]["state"] == "UNAVAILABLE"
+        assert (
+            "failed to run warmup sample 'decoupled sample': no warm-up here;" in index["refuses"]["reason"]
+        )

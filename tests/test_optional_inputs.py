@@ -136,3 +136,92 @@ def test_optional_inputs_of_other_engines_are_refused_at_load(tmp_path):
     model = write(tmp_path, "ts", config, "model.pt", b"")
     with pytest.raises(ConfigError, match=r"'input\[1\]\.optional' is not supported by wattserve"):
         plan_model(model, Settings())
+
+
+PICK_PY = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):  # OUTPUTn for each INPUTn present (Triton's optional_identity)
+        out = []
+        for request in requests:
+            tensors = []
+            for i in ("0", "1"):
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT" + i)
+                if x is not None:
+                    tensors.append(pb_utils.Tensor("OUTPUT" + i, x.as_numpy()))
+            out.append(pb_utils.InferenceResponse(tensors))
+        return out
+"""
+PICK_TENSORS = """max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
+        { name: "INPUT1" data_type: TYPE_FP32 dims: [ 1 ] optional: true } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+CHAIN = """platform: "ensemble"
+{tensors}ensemble_scheduling {{ step [
+  {{ model_name: "pick" model_version: -1 input_map {{ key: "INPUT0" value: "INPUT0" }}
+     input_map {{ key: "INPUT1" value: "INPUT1" }} output_map {{ key: "OUTPUT0" value: "mid0" }}
+     output_map {{ key: "OUTPUT1" value: "mid1" }} }},
+  {{ model_name: "pick" model_version: -1 input_map {{ key: "{second0}" value: "mid0" }}
+     input_map {{ key: "{second1}" value: "mid1" }} output_map {{ key: "OUTPUT0" value: "OUTPUT0" }}
+     output_map {{ key: "OUTPUT1" value: "OUTPUT1" }} }} ] }}
+"""
+ADD_ENSEMBLE = """platform: "ensemble"
+max_batch_size: 8
+input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 4 ] optional: true } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "add_onnx" model_version: -1 input_map { key: "A" value: "A" }
+  input_map { key: "B" value: "B" } output_map { key: "Y" value: "Y" } } ] }
+"""
+
+
+@pytest.fixture
+def ensembles(tmp_path):
+    """Triton's L0_optional_input ensembles: optional ensemble inputs, a step input left
+    unmapped, a connecting tensor its step did not produce."""
+    write(tmp_path, "add_onnx", ONNX_CONFIG, "model.onnx", optional_add_model())
+    write(tmp_path, "pick", 'backend: "python"\n' + PICK_TENSORS, "model.py", PICK_PY.encode())
+    write(tmp_path, "add_ensemble", ADD_ENSEMBLE, ".keep", b"")
+    chain = CHAIN.format(tensors=PICK_TENSORS, second0="INPUT0", second1="INPUT1")
+    write(tmp_path, "chain", chain, ".keep", b"")
+    # a step that maps only one of its model's optional inputs (pipeline_identity_2_float32's)
+    half = (
+        CHAIN.format(tensors=PICK_TENSORS, second0="INPUT1", second1="unused")
+        .replace('input_map { key: "unused" value: "mid1" }', "")
+        .replace('output_map { key: "OUTPUT1" value: "mid1" }', "")
+    )
+    write(tmp_path, "half", half, ".keep", b"")
+    port = free_port()
+    with threaded_server(Settings(model_repository=tmp_path, telemetry=False, grpc_port=port)) as (url, _):
+        yield url, f"127.0.0.1:{port}"
+
+
+def test_an_ensemble_passes_optional_inputs_left_out_to_its_steps_over_http_and_grpc(ensembles):
+    url, address = ensembles
+    a = np.arange(4, dtype=np.float32).reshape(1, 4)
+    b = np.full((1, 4), 2, np.float32)
+    for send, where in ((over_http, url), (over_grpc, address)):
+        np.testing.assert_allclose(send(where, "add_ensemble", a, b), a + b)
+        np.testing.assert_allclose(send(where, "add_ensemble", a, None), a + ADD_DEFAULT_B)
+    index = {m["name"]: m["state"] for m in httpx.post(url + "/v2/repository/index", json={}).json()}
+    assert index["half"] == "READY", index  # a step's optional input left unmapped
+
+
+def test_a_connecting_tensor_its_step_did_not_produce_is_an_absent_optional_input(ensembles):
+    """Only INPUT0 sent: the first step answers OUTPUT0 alone (a Python model may leave a
+    requested output out, as Triton's), so the second gets INPUT0 only; the answer has
+    OUTPUT0 and no OUTPUT1, over HTTP and gRPC."""
+    url, address = ensembles
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [3.5]}]}
+    for model in ("chain", "pick"):
+        answer = httpx.post(f"{url}/v2/models/{model}/infer", json=body)
+        assert answer.status_code == 200, answer.text
+        assert [(o["name"], o["data"]) for o in answer.json()["outputs"]] == [("OUTPUT0", [3.5])]
+        x = tgrpc.InferInput("INPUT0", [1, 1], "FP32")
+        x.set_data_from_numpy(np.array([[3.5]], np.float32))
+        result = tgrpc.InferenceServerClient(address).infer(model, [x])
+        assert result.as_numpy("OUTPUT0").tolist() == [[3.5]] and result.as_numpy("OUTPUT1") is None
+    half = httpx.post(f"{url}/v2/models/half/infer", json=body).json()  # mid0 -> the second step's INPUT1
+    assert [(o["name"], o["data"]) for o in half["outputs"]] == [("OUTPUT1", [3.5])]

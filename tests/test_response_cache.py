@@ -285,3 +285,132 @@ def test_a_hit_serves_every_output_form_binary_and_classification(tmp_path):
             assert answer.status_code == 200, answer.text
             outputs = {o["name"]: o["data"] for o in answer.json()["outputs"]}
             assert outputs["OUTPUT0"] == ["8.000000:0", "6.000000:1"] and outputs["CALLS"] == [1]
+
+
+ENSEMBLE = """platform: "ensemble"
+max_batch_size: 4
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "N" data_type: TYPE_INT64 dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "counter" model_version: -1 input_map { key: "INPUT0" value: "X" }
+  output_map { key: "OUTPUT0" value: "Y" } output_map { key: "CALLS" value: "N" } } ] }
+%s
+"""
+
+
+def ensemble(root: Path, name: str = "top", extra: str = ENABLED) -> Path:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(ENSEMBLE % extra)
+    return root / name
+
+
+def test_an_ensembles_own_requests_are_cached_and_a_hit_runs_no_step_over_http_and_grpc(tmp_path):
+    """Triton's L0_response_cache ensemble tests: cache enabled on the ensemble only, a repeat is
+    a hit on the ensemble and runs no step (the step's model counts no new call); a composing
+    model that caches its own requests hits on its own; each counts in its own statistics."""
+    write(tmp_path, "counter", "")
+    ensemble(tmp_path)
+    port = free_port()
+    settings = Settings(
+        model_repository=tmp_path, telemetry=False, cache_config="local,size=65536", grpc_port=port
+    )
+    with threaded_server(settings) as (url, _):
+        x = {"inputs": [{"name": "X", "shape": [1, 4], "datatype": "FP32", "data": [[1, 2, 3, 4]]}]}
+        first = httpx.post(f"{url}/v2/models/top/infer", json=x).json()
+        again = httpx.post(f"{url}/v2/models/top/infer", json=x).json()
+        assert first["outputs"] == again["outputs"]  # N == 1 both times: the step ran once
+        tensor = tgrpc.InferInput("X", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.array([[1, 2, 3, 4]], np.float32))
+        over_grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{port}").infer("top", [tensor])
+        assert over_grpc.as_numpy("N").tolist() == [[1]] and over_grpc.as_numpy("Y").tolist() == [
+            [2, 4, 6, 8]
+        ]
+        top = cache_stats(url, "top")
+        assert top["inference_stats"]["cache_hit"]["count"] == 2
+        assert top["inference_stats"]["cache_miss"]["count"] == 1
+        assert top["inference_stats"]["success"]["count"] == 3 and top["execution_count"] == 1
+        counter = cache_stats(url)["inference_stats"]
+        assert counter["success"]["count"] == 1 and counter["cache_hit"]["count"] == 0
+        assert httpx.get(f"{url}/v2/models/top/config").json()["response_cache"] == {"enable": True}
+
+
+def test_an_answer_larger_than_the_cache_is_not_stored_and_says_so_in_tritons_words(tmp_path, caplog):
+    write(tmp_path, "counter", "")
+    ensemble(tmp_path)
+    with threaded_server(
+        Settings(model_repository=tmp_path, telemetry=False, cache_config="local,size=200")
+    ) as (
+        url,
+        _,
+    ):
+        x = {"inputs": [{"name": "X", "shape": [1, 4], "datatype": "FP32", "data": [[1, 2, 3, 4]]}]}
+        counts = [
+            httpx.post(f"{url}/v2/models/top/infer", json=x).json()["outputs"][1]["data"] for _ in range(2)
+        ]
+        assert counts == [[1], [2]]  # computed twice
+        stats = cache_stats(url, "top")["inference_stats"]
+        assert stats["cache_hit"]["count"] == 0 and stats["cache_miss"]["count"] == 2
+    assert any("Failed to insert key [" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("step_extra", "top_extra", "words"),
+    [
+        ("model_transaction_policy { decoupled: true }", ENABLED, "its step's model 'counter' is decoupled"),
+        ("", ENABLED + "\nmodel_transaction_policy { decoupled: true }", "model 'top' with 'decoupled'"),
+    ],
+)
+def test_a_cached_ensemble_that_is_decoupled_or_has_a_decoupled_step_is_refused(
+    tmp_path, step_extra, top_extra, words
+):
+    """Triton marks an ensemble decoupled when a step's model is; a decoupled model is not
+    cached: the ensemble fails to load with Triton's words (read before the step's model loads)."""
+    write(tmp_path, "counter", step_extra)
+    ensemble(tmp_path, extra=top_extra)
+    with threaded_server(
+        Settings(model_repository=tmp_path, telemetry=False, cache_config="local,size=4096")
+    ) as (
+        url,
+        _,
+    ):
+        index = {m["name"]: m for m in httpx.post(url + "/v2/repository/index", json={}).json()}
+        assert index["top"]["state"] == "UNAVAILABLE"
+        assert (
+            "Response Cache does not currently support model 'top' with 'decoupled'" in index["top"]["reason"]
+        )
+        assert words in index["top"]["reason"]
+
+
+def test_a_stateful_model_with_the_cache_is_refused_with_tritons_words(tmp_path):
+    model = write(tmp_path, "counter", ENABLED + "\nsequence_batching { }")
+    config = parse_config((model / "config.pbtxt").read_text())
+    with pytest.raises(ConfigError, match="Response Cache does not currently support model 'counter' with "
+                       "sequence batching scheduler"):  # fmt: skip
+        plan_config(model, Settings(cache_config="local,size=4096"), config, "config.pbtxt")
+
+
+def serve_flags(*flags: str) -> Settings:
+    from wattserve.server.cli import build_parser, settings_from_args
+
+    return settings_from_args(build_parser().parse_args(["serve", *flags]))
+
+
+def test_the_cache_flags_as_tritons_qa_gives_them(capsys):
+    """Triton's L0_response_cache flag checks: the deprecated --response-cache-byte-size makes
+    the local cache; --cache-config may repeat one setting at a time, but two caches are
+    refused; both flags together are refused, each in Triton's words."""
+    assert serve_flags("--response-cache-byte-size=8192").cache_bytes == 8192
+    assert serve_flags("--cache-config=local,size=8192").cache_bytes == 8192
+    assert (
+        serve_flags("--cache-config", "local,size=64", "--cache-config", "local,size=8192").cache_bytes
+        == 8192
+    )
+    assert serve_flags().cache_bytes is None
+    for flags, words in (
+        (["--cache-config=local,size=8192", "--cache-config=redis,key=value"], "found multiple cache configurations"),
+        (["--response-cache-byte-size=12345", "--cache-config=local,size=67890"],
+         "Incompatible flags --response-cache-byte-size and --cache-config both provided"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_:
+            serve_flags(*flags)
+        assert exit_.value.code == 2 and words in capsys.readouterr().err
+    assert parse_cache_config("local,size=1;local,size=2") == 2  # the variable's form of repeats

@@ -280,8 +280,10 @@ class PythonModelEngine:
         outputs: dict[str, np.ndarray] = {}
         for name in wanted:
             spec = self._outputs.get(name)
-            if name not in produced or spec is None:
-                return ModelFailed(f"model '{self.name}' did not produce requested output '{name}'")
+            if spec is None:
+                return ModelFailed(f"model '{self.name}' has no output '{name}'")
+            if name not in produced:  # as Triton's Python backend: the answer lacks it (an
+                continue  # ensemble's next step may take it as an absent optional input)
             value = np.asarray(produced[name])
             if spec.datatype == "BYTES":
                 value = pb_utils.as_bytes_array(value)

@@ -59,7 +59,8 @@ def stats_doc(runtime: ModelRuntime) -> dict[str, Any]:
 
 def statistics_doc(models: ModelSet, name: str | None, version: str | None) -> dict[str, Any]:
     """Triton's statistics document: every loaded model when ``name`` is empty, else that
-    one; Refused NOT_FOUND for an unknown model, INVALID_ARG for one not loaded."""
+    one: the version asked for, or (none asked) each of its loaded versions, oldest first,
+    as Triton's; Refused NOT_FOUND for an unknown model, INVALID_ARG for one not loaded."""
     if not name:
         return {"model_stats": [stats_doc(r) for r in models.runtimes()]}
     try:
@@ -68,7 +69,11 @@ def statistics_doc(models: ModelSet, name: str | None, version: str | None) -> d
         raise Refused(str(exc), Status.NOT_FOUND) from None
     if entry.runtime is None:
         raise Refused(f"model {name!r} is not available: {entry.reason}", Status.INVALID_ARG)
-    return {"model_stats": [stats_doc(entry.runtime)]}
+    if version:
+        return {"model_stats": [stats_doc(entry.runtime)]}
+    loaded = [e for e in models.entries() if e.name == name and e.runtime is not None]
+    loaded.sort(key=lambda e: int(e.version) if e.version.isdigit() else -1)
+    return {"model_stats": [stats_doc(e.runtime) for e in loaded if e.runtime is not None]}
 
 
 def triton_config(runtime: ModelRuntime) -> dict[str, Any]:

@@ -37,12 +37,14 @@ def request_from_arrays(
     unknown = sorted(set(inputs) - set(by_name))
     if unknown:
         raise BadRequest(f"unexpected input(s) {unknown} for model {runtime.name!r}")
-    missing = sorted(set(by_name) - set(inputs))
-    if missing:
+    missing = sorted(name for name, spec in by_name.items() if name not in inputs and not spec.optional)
+    if missing:  # an optional input may be left out (Triton's: an ensemble step's, a BLS request's)
         raise BadRequest(f"missing input(s) {missing} for model {runtime.name!r}")
     arrays: dict[str, np.ndarray] = {}
     batched = runtime.request_max_batch > 0
     for name, spec in by_name.items():
+        if name not in inputs:
+            continue
         value = np.asarray(inputs[name])
         if spec.datatype == "BYTES":
             if value.dtype != object:  # str/bytes numpy arrays -> object array of bytes
@@ -100,6 +102,7 @@ async def infer_in_process(
     names = request.outputs or [spec.name for spec in (admitted.engine.outputs if admitted.engine else ())]
     if not names:
         names = list(result.outputs)
+    names = [n for n in names if n in result.outputs]  # a Python model may leave one out
     if request.batched:
         return {n: result.outputs[n] for n in names}
     return {n: result.outputs[n][0] for n in names}

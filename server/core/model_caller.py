@@ -114,7 +114,8 @@ async def _streamed(
     if not decoupled:
         request = admitted.request
         wanted = request.outputs or list(admitted.result.outputs)
-        put((own_rows({n: admitted.result.outputs[n] for n in wanted}, request), None, True))
+        produced = admitted.result.outputs  # a Python model may leave a requested output out
+        put((own_rows({n: produced[n] for n in wanted if n in produced}, request), None, True))
 
 
 def model_caller(models: Callable[[], ModelSet], loop: asyncio.AbstractEventLoop) -> ModelCaller:

@@ -320,8 +320,9 @@ def output_arrays(
 ) -> list[tuple[str, str, np.ndarray]]:
     """(name, datatype, contiguous array) of each requested output: the request's own rows,
     with the batch axis when the request had one; an output asked for as classes is BYTES
-    (``server.extensions.classification``), labelled from ``labels``."""
-    names = request.outputs or [s.name for s in output_specs]
+    (``server.extensions.classification``), labelled from ``labels``. An output the model
+    did not produce (a Python model may leave one out, as in Triton) is not answered."""
+    names = [n for n in request.outputs or [s.name for s in output_specs] if n in outputs]
     datatypes = {s.name: s.datatype for s in output_specs}
     out = []
     for name in names:

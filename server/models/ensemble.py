@@ -14,6 +14,12 @@ Triton, a request for some outputs runs only the steps they need.
 Statistics as Triton's ensemble scheduler reports them: each ensemble request is one
 success (end to end) and one execution of its rows; its queue and compute phases are the
 sums of its steps' phases (the composing requests report into the ensemble's statistics too).
+
+With ``response_cache { enable: true }`` (and the server's cache), an ensemble's own
+requests are cached as Triton's top-level ensemble requests are: a hit answers without
+running any step (a cache hit, a success, no execution), a miss runs the graph and stores
+the answer. A step's model that is decoupled makes the ensemble decoupled, and a decoupled
+model's answers are not cached: such an ensemble fails to load with Triton's words.
 """
 
 from __future__ import annotations
@@ -37,8 +43,9 @@ from wattserve.server.models.ensemble_graph import ModelView, Step, check_agains
 from wattserve.server.models.metrics import ServingMetrics
 from wattserve.server.models.model_set import ModelSet, ModelState, UnknownModel
 from wattserve.server.models.plan import ModelPlan
-from wattserve.server.models.repository.config import ConfigError
+from wattserve.server.models.repository.config import ConfigError, read_config
 from wattserve.server.models.repository.plan import config_tensors
+from wattserve.server.models.response_cache import decoupled_cache_refusal
 from wattserve.server.models.runtime import ModelRuntime
 
 log = logging.getLogger("wattserve.ensemble")
@@ -120,6 +127,8 @@ class EnsembleRuntime(ModelRuntime):
         """Wait for every composing model to be ready (loading it first in explicit mode, as
         Triton does), then check the graph against their tensors; ConfigError names the step."""
         models = self._models()
+        if self.serving.response_cache:
+            self._check_cacheable(models)
         runtimes: dict[tuple[str, str | None], ModelRuntime] = {}
         for step in self.graph.steps:
             key = (step.model, step.version)
@@ -141,6 +150,25 @@ class EnsembleRuntime(ModelRuntime):
         self.metrics.ready.set(1)
         log.info("serving ensemble %s v%s: %d step(s) over %s", self.name, self.version,
                  len(self.graph.steps), ", ".join(m for m, _ in self.graph.models()))  # fmt: skip
+
+    def _check_cacheable(self, models: ModelSet) -> None:
+        """A cached ensemble with a decoupled step's model is refused (Triton's rule: the step
+        makes the ensemble decoupled), read from the repository before the model is loaded."""
+        root = getattr(models.source, "root", None)
+        for name, _ in self.graph.models():
+            try:
+                plan = models.lookup(name).plan
+            except UnknownModel:
+                plan = None
+            config = plan.config if plan is not None else None
+            if config is None and root is not None:
+                try:
+                    config = read_config(root / name)
+                except ConfigError:
+                    continue  # its own load says why
+            if config is not None and config.model_transaction_policy.decoupled:
+                why = f" (its step's model '{name}' is decoupled)"
+                raise ConfigError(decoupled_cache_refusal(self.name, f"ensemble '{self.name}'", why))
 
     async def _composing(self, models: ModelSet, step: Step) -> ModelRuntime:
         name, version = step.model, step.version
@@ -212,6 +240,8 @@ class EnsembleRuntime(ModelRuntime):
         """The request as it is (its steps' models check priority and timeout)."""
         item = EnsembleItem(inputs=request.inputs, request=request)
         item.rows = request.rows
+        if self.response_cache is not None:
+            item.cache_key = self._cache_key(request)
         return item
 
     def cancel(self, item: WorkItem) -> None:
@@ -225,6 +255,16 @@ class EnsembleRuntime(ModelRuntime):
         if not isinstance(gate, EnsembleGate) or not isinstance(item, EnsembleItem) or item.request is None:
             raise Draining(f"model {self.name!r} is unloading")
         started = monotonic()
+        cache, key = self.response_cache, item.cache_key
+        lookup_s = 0.0
+        if cache is not None and key is not None:
+            outputs = cache.get(key)
+            if outputs is not None:  # a hit: no step runs (Triton: a hit, a success, no execution)
+                hit = Result(outputs, 0.0, 0.0, 0)
+                self.metrics.statistics.record_cache_hit(monotonic() - started)
+                self.record_outcome("success", started, hit)
+                return hit
+            lookup_s = monotonic() - started
         gate.inflight += 1
         gate.idle.clear()
         outcome = "success"
@@ -232,6 +272,8 @@ class EnsembleRuntime(ModelRuntime):
         item.task = asyncio.ensure_future(self._run(item.request))
         try:
             result = await item.task
+            if cache is not None and key is not None:  # a miss: stored after success only
+                self._store(cache, key, lookup_s, result)
             return result
         except asyncio.CancelledError:
             outcome = "cancelled"
@@ -245,6 +287,8 @@ class EnsembleRuntime(ModelRuntime):
             outcome = "error"
             raise
         finally:
+            if result is None and cache is not None and key is not None:  # a miss that failed
+                self.metrics.statistics.record_cache_miss(lookup_s)
             self.record_outcome(outcome, started, result)
             if result is not None:  # an ensemble's own execution: its rows, its steps' times
                 self.metrics.statistics.record_batch(
@@ -260,14 +304,18 @@ class EnsembleRuntime(ModelRuntime):
         answer may make others ready. A failed step fails the request and stops the rest."""
         models = self._models()
         tensors: dict[str, np.ndarray] = dict(request.inputs)
+        # a tensor is settled once it exists or never will: an optional input the request left
+        # out, an output its step did not produce; a step runs once all it reads is settled,
+        # with the tensors that exist (Triton's: the absent ones feed optional model inputs)
+        settled = set(self.graph.inputs) | set(tensors)
         waiting = list(self.graph.plan(request.outputs))
         running: dict[asyncio.Task[tuple[dict[str, np.ndarray], Result]], Step] = {}
         queue_s = input_s = infer_s = output_s = 0.0
         try:
             while waiting or running:
-                for step in [s for s in waiting if all(t in tensors for t in s.input_map.values())]:
+                for step in [s for s in waiting if all(t in settled for t in s.input_map.values())]:
                     waiting.remove(step)
-                    inputs = {key: tensors[t] for key, t in step.input_map.items()}
+                    inputs = {key: tensors[t] for key, t in step.input_map.items() if t in tensors}
                     running[asyncio.ensure_future(self._step(models, step, inputs, request))] = step
                 if not running:  # cannot happen in a checked graph; never spin
                     raise StepFailed(f"in ensemble '{self.name}': steps {[s.index for s in waiting]} "
@@ -277,7 +325,9 @@ class EnsembleRuntime(ModelRuntime):
                     step = running.pop(task)
                     outputs, result = task.result()  # a failed step raises here
                     for key, tensor in step.output_map.items():
-                        tensors[tensor] = outputs[key]
+                        settled.add(tensor)
+                        if key in outputs:
+                            tensors[tensor] = outputs[key]
                     queue_s += result.queue_time_s
                     input_s += result.input_s
                     output_s += result.output_s
@@ -285,7 +335,7 @@ class EnsembleRuntime(ModelRuntime):
         finally:
             for task in running:  # a failure or a cancel: the other steps are not needed
                 task.cancel()
-        names = request.outputs or list(self.graph.outputs)
+        names = [n for n in request.outputs or self.graph.outputs if n in tensors]  # absent: not answered
         # a Result's outputs carry the batch axis (the front ends drop it for unbatched requests)
         outputs = {n: tensors[n] if request.batched else tensors[n][np.newaxis] for n in names}
         return Result(outputs, queue_s, infer_s + input_s + output_s, request.rows, input_s, output_s)
@@ -312,10 +362,10 @@ class EnsembleRuntime(ModelRuntime):
         except Refused as exc:
             raise StepFailed(f"in ensemble '{self.name}', {step.label}: {exc}", exc.status,
                              exc.retry_after) from None  # fmt: skip
-        outputs = done.result.outputs
+        outputs = done.result.outputs  # a Python model may leave a requested output out
         if done.request.batched:
-            return {k: outputs[k] for k in wanted}, done.result
-        return {k: outputs[k][0] for k in wanted}, done.result
+            return {k: outputs[k] for k in wanted if k in outputs}, done.result
+        return {k: outputs[k][0] for k in wanted if k in outputs}, done.result
 
     # ------------------------------------------------------------------ documents
     def triton_config_doc(self) -> dict[str, Any]:
@@ -336,6 +386,7 @@ class EnsembleRuntime(ModelRuntime):
             "input": tensors(self._inputs),
             "output": tensors(self._outputs),
             "ensemble_scheduling": {"step": steps},
+            **({"response_cache": {"enable": True}} if self.response_cache is not None else {}),
         }
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -243,7 +243,7 @@ def check_against_models(
                                       f"non-existing {what} {key} in model {view.name}")  # fmt: skip
                 define(tensor, by_name[key], view.max_batch > 0, f"model {view.name}", step)
         for spec in view.inputs:
-            if spec.name not in step.input_map:
+            if spec.name not in step.input_map and not spec.optional:  # an optional one may be left out
                 raise ConfigError(f"in ensemble {name}, {step.label}: input {spec.name} in model "
                                   f"{view.name} is not mapped to any ensemble tensors")  # fmt: skip
 
@@ -268,6 +268,8 @@ def ensemble_plans(config: Any, model_dir: Any, base: Any, source: str) -> list[
         raise ConfigError(f"{model_dir}: no version folder matches the version policy (found {versions})")
     update = {"model": graph.name, "max_batch_size": max(1, config.max_batch_size)}
     serving = ServingConfig.from_settings(base.model_copy(update=update), devices=["cpu"], steps=False)
+    if config.response_cache.enable:  # its own requests cached (a decoupled step: refused when it starts)
+        serving = replace(serving, response_cache=True)
 
     for warning in warnings:
         logging.getLogger("wattserve.repository").warning("%s", warning)

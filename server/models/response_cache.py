@@ -30,13 +30,26 @@ CACHE_KINDS = ("local",)  # Triton's other, redis, needs a Redis server: not imp
 ENTRY_OVERHEAD = 256
 
 
-def parse_cache_config(text: str) -> int:
-    """``local,size=BYTES`` (Triton's ``--cache-config``) -> the size in bytes (> 0).
+def decoupled_cache_refusal(name: str, source: str, why: str = "") -> str:
+    """Triton's words for a response cache on a decoupled model; an ensemble is decoupled when
+    one of its steps' models is (Triton marks it so when it checks the graph)."""
+    return (f"{source}: Response Cache does not currently support model '{name}' with 'decoupled' "
+            f"transaction policy{why}. Please disable the response cache.")  # fmt: skip
 
-    Raises ValueError naming what is wrong: another cache kind, a missing or bad size, or
-    an unknown key."""
-    kind, _, rest = text.strip().partition(",")
-    kind = kind.strip()
+
+def parse_cache_config(text: str) -> int:
+    """``local,size=BYTES`` (Triton's ``--cache-config``) -> the size in bytes (> 0). The flag
+    may be repeated, one setting each time, as Triton's (``redis,host=H`` then ``redis,port=P``):
+    the repeats arrive joined by ";" and merge when they name the same cache.
+
+    Raises ValueError naming what is wrong: two caches (Triton's "found multiple cache
+    configurations"), another cache kind, a missing or bad size, or an unknown key."""
+    entries = [e.strip().partition(",") for e in text.split(";") if e.strip()]
+    kinds = list(dict.fromkeys(kind.strip() for kind, _, _ in entries)) or [""]
+    if len(kinds) > 1:
+        raise ValueError(f"cache_config {text!r}: found multiple cache configurations ({', '.join(kinds)}), "
+                         "but only a single cache is currently supported")  # fmt: skip
+    kind, rest = kinds[0], ",".join(rest for _, _, rest in entries)
     if kind not in CACHE_KINDS:
         raise ValueError(f"cache_config {text!r}: cache {kind!r} is not implemented by wattserve "
                          f"(implemented: {', '.join(CACHE_KINDS)}; e.g. 'local,size=1048576')")  # fmt: skip

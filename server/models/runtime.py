@@ -424,9 +424,9 @@ class ModelRuntime:
         """Insert a computed answer; Triton's cache_miss time is the lookup plus the insert
         (the queue and compute between them are not cache time)."""
         t0 = monotonic()
-        if not cache.put(key, result.outputs):
-            log.warning("%s: an answer over %d bytes does not fit the response cache; not stored",
-                        self.name, cache.size)  # fmt: skip
+        if not cache.put(key, result.outputs):  # Triton's words, then why
+            log.error("Failed to insert key [%s] into response cache: %s: an answer over the cache's %d "
+                      "bytes is not stored", key.hex(), self.name, cache.size)  # fmt: skip
         self.metrics.statistics.record_cache_miss(lookup_s + monotonic() - t0)
 
     def record_outcome(

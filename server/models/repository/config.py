@@ -61,6 +61,7 @@ HONOURED_BY_KIND: dict[str, dict[str, set[str]]] = {
     "onnx": {"ModelInput": {"optional"}},  # not fed: the graph's default (an initializer)
     "ensemble": {  # server/models/ensemble_graph.py
         "ModelConfig": {"ensemble_scheduling"},
+        "ModelInput": {"optional"},  # left out: absent for the steps that read it (their inputs optional too)
         "ModelEnsembling": {"step"},
         "Step": {"model_name", "model_version", "input_map", "output_map"},
     },
@@ -90,9 +91,9 @@ for _kind, _parts in (
     for _part in _parts:
         for _message, _fields in _part.items():
             _own.setdefault(_message, set()).update(_fields)
-# Triton's response cache, for every kind with an engine (server/models/response_cache.py); an
-# ensemble's own requests are not cached (Triton's known limitation), its steps' may be
-for _kind in ("onnx", "torchscript", "tensorrt", "builtin", "python"):
+# Triton's response cache (server/models/response_cache.py), for every kind with an engine and
+# for an ensemble's own requests (a hit skips its steps; its steps' models may cache theirs)
+for _kind in ("onnx", "torchscript", "tensorrt", "builtin", "python", "ensemble"):
     _own = HONOURED_BY_KIND.setdefault(_kind, {})
     _own.setdefault("ModelConfig", set()).add("response_cache")
     _own["ModelResponseCache"] = {"enable"}
@@ -117,7 +118,7 @@ WHY = {
     "sequence_batching.state.use_same_buffer_for_input_output": "state buffers shared by input and output "
     "are not implemented",
     "sequence_batching.state.use_growable_memory": "growable state memory is not implemented",
-    "response_cache": "an ensemble's own requests are not cached (its steps' models may cache theirs)",
+    "response_cache": "the response cache is not used for iteration-level (language) models",
     "optimization": "Triton's backend optimization settings are not applied",
     "model_repository_agents": "repository agents are not implemented",
     "batch_input": RAGGED_KINDS,

@@ -54,6 +54,7 @@ from wattserve.server.models.repository.rate_limit_config import group_limits
 from wattserve.server.models.repository.sequence_config import SequenceModelSpec, sequence_spec
 from wattserve.server.models.repository.sequence_plan import sequence_factory, sequence_serving, with_hidden
 from wattserve.server.models.repository.warmup import warmed, warmup_samples
+from wattserve.server.models.response_cache import decoupled_cache_refusal
 from wattserve.server.models.serving_config import QueuePolicy, ServingConfig
 from wattserve.server.settings import MODEL_PARAMETERS, Settings
 
@@ -145,6 +146,12 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
     name = model_dir.name
     if not base.disable_auto_complete_config:
         auto_complete(config, model_dir, source)
+    if config.response_cache.enable:  # Triton's checks and words, before any backend is looked at
+        if config.model_transaction_policy.decoupled:
+            raise ConfigError(decoupled_cache_refusal(name, source))
+        if config.HasField("sequence_batching"):
+            raise ConfigError(f"{source}: Response Cache does not currently support model '{name}' with "
+                              "sequence batching scheduler. Please disable the response cache.")  # fmt: skip
     platform = config.platform or config.backend
     if not platform:
         raise ConfigError(f"{source}: neither 'platform' nor 'backend' is set, and auto-complete is "
@@ -185,10 +192,7 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
         serving = replace(serving, preserve_ordering=True)
     if any(limits):
         serving = replace(serving, rate_limits=tuple(limits))
-    if config.response_cache.enable:
-        if config.model_transaction_policy.decoupled:  # Triton's rule and words
-            raise ConfigError(f"{source}: Response Cache does not currently support model {name!r} with "
-                              "'decoupled' transaction policy")  # fmt: skip
+    if config.response_cache.enable:  # (decoupled and stateful models refused above)
         serving = replace(serving, response_cache=True)
     if config.dynamic_batching.priority_queue_policy:
         serving = replace(serving, queue=_level_policies(config, serving.queue, source))
@@ -213,7 +217,8 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
                                   "needs config.json, *.safetensors and tokenizer files there)")  # fmt: skip
         elif kind != "builtin" and not path.is_file():
             raise ConfigError(f"{path}: missing ({platform} needs {file_name} in each version folder)")
-        factory = warmed(_engine_factory(kind, path, name, config, batching, source, sequence), samples)
+        factory = warmed(_engine_factory(kind, path, name, config, batching, source, sequence), samples,
+                         config.model_transaction_policy.decoupled)  # fmt: skip
         plans.append(ModelPlan(name, str(version), serving, factory, batching=batching,
                                platform=platform, warnings=warnings, config=config))  # fmt: skip
     for warning in warnings:

@@ -11,20 +11,29 @@ built: a sample that fails leaves the model UNAVAILABLE with the reason.
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 from wattserve.engines.base import DATATYPE_TO_NUMPY, Engine, EngineUnavailable
 from wattserve.engines.config import EngineConfig
+from wattserve.engines.request_engines import RunsRequests
 from wattserve.server.core.bytes_tensors import BytesTensorError, deserialize_bytes
 from wattserve.server.models.plan import EngineFactory
 from wattserve.server.models.repository import model_config_pb2 as pb
 from wattserve.server.models.repository.config import ConfigError
 
 WARMUP_DIR = "warmup"  # Triton's: input_data_file is read from <model>/warmup/
+
+log = logging.getLogger("wattserve.warmup")
+# a decoupled model's sample is done at its final response (Triton waits for it without a
+# bound; a model that never sends one fails its load after this long instead of hanging it)
+DECOUPLED_FINAL_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -34,12 +43,18 @@ class WarmupSample:
     label: str  # model_warmup[i] ('name'), for messages
     inputs: Mapping[str, np.ndarray]
     count: int  # executions (Triton's count; 0 means once)
+    name: str = ""  # the sample's own name, as Triton's log lines and errors give it
 
 
 def warmup_samples(config: pb.ModelConfig, model_dir: Path, source: str) -> list[WarmupSample]:
     """The config's samples, checked and filled with their data."""
     batching = config.max_batch_size > 0
     declared = {t.name for t in config.input}
+    if config.WhichOneof("scheduling_choice") == "sequence_batching":
+        # a stateful model's control and state inputs are model inputs no client sends; a
+        # sample sets them (Triton's L0_warmup warms a sequence model with START and READY)
+        declared |= {c.name for c in config.sequence_batching.control_input}
+        declared |= {s.input_name for s in config.sequence_batching.state}
     rng = np.random.default_rng(0)
     samples = []
     for i, warm in enumerate(config.model_warmup):
@@ -60,7 +75,7 @@ def warmup_samples(config: pb.ModelConfig, model_dir: Path, source: str) -> list
                 raise ConfigError(f"{where}: not an input of the model ({', '.join(sorted(declared))})")
             one = _element(spec, model_dir, where, rng)
             inputs[name] = np.repeat(one[np.newaxis], rows, axis=0)  # every row the same element
-        samples.append(WarmupSample(label, inputs, max(1, warm.count)))
+        samples.append(WarmupSample(label, inputs, max(1, warm.count), warm.name))
     return samples
 
 
@@ -104,23 +119,59 @@ def _element(spec: pb.ModelWarmup.Input, model_dir: Path, where: str, rng: np.ra
     return np.frombuffer(data[:need], dtype=dtype).reshape(dims).copy()
 
 
-def warmed(factory: EngineFactory, samples: list[WarmupSample]) -> EngineFactory:
+def warmed(factory: EngineFactory, samples: list[WarmupSample], decoupled: bool = False) -> EngineFactory:
     """``factory`` whose every instance runs ``samples`` once built (on its own thread,
-    before the model is READY); a failing sample fails the instance's load, naming it."""
+    before the model is READY); a failing sample fails the instance's load, naming it.
+    Each run and each failure is logged in Triton's words (its ``--log-verbose=1`` lines:
+    "model 'M' instance I is running warmup sample 'S' for iteration N", "failed to run
+    warmup sample 'S': ERROR; "), which Triton's ``qa/L0_warmup`` looks for. A decoupled
+    model's sample is a request with a response sender: it is done at the final response,
+    zero or more responses before it (Triton's), and failed by any response's error."""
     if not samples:
         return factory
 
     def build(engine_config: EngineConfig) -> Engine:
         engine = factory(engine_config)
+        instance = f"on {getattr(engine, 'device', engine_config.device)}"
         for sample in samples:
-            for _ in range(sample.count):
+            for iteration in range(1, sample.count + 1):
+                log.debug("model '%s' instance %s is running warmup sample '%s' for iteration %d",
+                          engine_config.model, instance, sample.name, iteration)  # fmt: skip
                 try:
-                    engine.infer(dict(sample.inputs))
+                    if decoupled and isinstance(engine, RunsRequests):
+                        _run_decoupled(engine, sample)
+                    else:
+                        engine.infer(dict(sample.inputs))
                 except Exception as exc:
                     close = getattr(engine, "close", None)
                     if close is not None:
                         close()
-                    raise EngineUnavailable(f"{sample.label} failed: {exc}") from exc
+                    reason = f"{sample.label} failed: failed to run warmup sample '{sample.name}': {exc}; "
+                    log.error("model '%s' instance %s: %s", engine_config.model, instance, reason)
+                    raise EngineUnavailable(reason) from exc
         return engine
 
     return build
+
+
+def _run_decoupled(engine: RunsRequests, sample: WarmupSample) -> None:
+    """One sample through a decoupled model's response sender; raises with the responses'
+    errors (joined by "; ", as Triton joins them) or when no final response comes."""
+    final = threading.Event()
+    errors: list[str] = []
+
+    def sink(_outputs: object, error: BaseException | None, last: bool) -> None:
+        if error is not None:
+            errors.append(str(error))
+        if last:
+            final.set()
+
+    context = SimpleNamespace(id="", outputs=None, parameters=None, sequence=None, response_sink=sink,
+                              response_cancelled=None)  # fmt: skip
+    (answer,) = engine.run_requests([(dict(sample.inputs), context, bool)])
+    if isinstance(answer, BaseException):
+        raise answer
+    if not final.wait(DECOUPLED_FINAL_TIMEOUT_S):
+        raise TimeoutError(f"no final response within {DECOUPLED_FINAL_TIMEOUT_S:g} s")
+    if errors:
+        raise RuntimeError("; ".join(errors))

@@ -40,6 +40,10 @@ from .stats import RequestRecord
 
 CLOSED = "closed"
 PROBE_TIMEOUT_S = 5.0
+# A probe unanswered after this long: look at the server's queue gauges for it (see _probe).
+PROBE_QUEUE_CHECK_S = 0.25
+QUEUED = "queued"
+QUEUE_GAUGES = ("wattserve_queue_depth{", "nv_inference_pending_request_count{")
 # Timestamps come from perf_counter, not loop.time(): uvloop's loop clock is cached per loop
 # iteration at millisecond resolution, which is too coarse for sub-millisecond latencies.
 now = time.perf_counter
@@ -189,9 +193,10 @@ async def prepare_target(
     """Wait for readiness, read model metadata, build bodies, and check one request works.
 
     ``auto`` tries the binary tensor extension first and falls back to JSON when the server
-    refuses it. A probe that gets no answer within ``PROBE_TIMEOUT_S`` passed validation and
-    sits in the queue (a static batcher waiting for a full batch does that), so it counts as
-    accepted; only an error answer fails it. ``metrics_url``: "" for ``{url}/metrics``,
+    refuses it. A probe that gets no answer within ``PROBE_TIMEOUT_S``, or that the server's
+    queue gauge shows waiting before then, passed validation and sits in the queue (a static
+    batcher waiting for a full batch does that), so it counts as accepted; only an error
+    answer fails it. ``metrics_url``: "" for ``{url}/metrics``,
     None to read no server metrics. BYTES inputs get random strings of ``string_length`` (None: 128), or
     ``string_data`` in every element (perf_analyzer's ``--string-length``, ``--string-data``);
     ``fixed_values`` names one input's value and comes first. ``input_data``: perf_analyzer's
@@ -227,8 +232,8 @@ async def prepare_target(
             except payloads.UnencodableError as exc:  # e.g. non-UTF-8 strings in JSON
                 errors.append(f"{proto}: {exc}")
                 continue
-            out = await client.send(session, url, trial[0], keep_detail=True, timeout_s=PROBE_TIMEOUT_S)
-            if out.status in (stats.OK, "timeout"):
+            out = await _probe(session, url, trial[0], model, metrics_url)
+            if out.status in (stats.OK, "timeout", QUEUED):
                 chosen, reqs = proto, trial
                 break
             errors.append(f"{proto}: HTTP {out.status} {out.detail or ''}".strip())
@@ -238,14 +243,52 @@ async def prepare_target(
                 hint = " (random strings: a model that parses them needs --input-data or --string-data)"
             raise RuntimeError(f"probe request to {model} failed: {'; '.join(errors)}{hint}")
     if chosen == "image":
-        out = await client.send(session, url, reqs[0], keep_detail=True, timeout_s=PROBE_TIMEOUT_S)
-        if out.status not in (stats.OK, "timeout"):
+        out = await _probe(session, url, reqs[0], model, metrics_url)
+        if out.status not in (stats.OK, "timeout", QUEUED):
             raise RuntimeError(f"probe image request failed: HTTP {out.status} {out.detail or ''}")
     if metrics_url == "":  # default: the server's own /metrics (Triton serves it on :8002)
         metrics_url = f"{url}/metrics"
     if metrics_url and await client.get_text(session, metrics_url) is None:
         metrics_url = None
     return Target(url, model, chosen, reqs, metrics_url or None, metadata)
+
+
+async def _probe(
+    session: aiohttp.ClientSession, url: str, req: PreparedRequest, model: str, metrics_url: str | None
+) -> client.Outcome:
+    """The probe's answer; ``QUEUED`` as soon as the server's metrics show a request waiting in
+    the model's queue while the probe is unanswered (a static batcher holding it for a full
+    batch), instead of waiting out ``PROBE_TIMEOUT_S`` for the same verdict. The probe is then
+    cancelled, as on a timeout (the server drops a queued request whose client left)."""
+    send = asyncio.ensure_future(client.send(session, url, req, keep_detail=True, timeout_s=PROBE_TIMEOUT_S))
+    metrics = f"{url}/metrics" if metrics_url == "" else metrics_url
+    while metrics:
+        done, _ = await asyncio.wait({send}, timeout=PROBE_QUEUE_CHECK_S)
+        if done:
+            break
+        text = await client.get_text(session, metrics)
+        if text is None:
+            break
+        if _queued(text, model):
+            send.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await send
+            return client.Outcome(QUEUED)
+    return await send
+
+
+def _queued(metrics_text: str, model: str) -> bool:
+    """True when a Prometheus text shows at least one request waiting in ``model``'s queue
+    (wattserve's ``wattserve_queue_depth``, Triton's ``nv_inference_pending_request_count``)."""
+    label = f'model="{model}"'
+    for line in metrics_text.splitlines():
+        if line.startswith(QUEUE_GAUGES) and label in line:
+            try:
+                if float(line.rsplit(" ", 1)[1]) >= 1:
+                    return True
+            except (IndexError, ValueError):
+                continue
+    return False
 
 
 async def run_load(

@@ -20,7 +20,9 @@ from tests.prometheus_fixture import PrometheusServer, require_prometheus
 from tests.servers import server_process
 
 ADAPTER_VALUES = DEPLOY / "k8s" / "base" / "prometheus-adapter-values.yaml"
-DELAY_MS = 3000  # identity compute per batch: requests stay in flight long enough to scrape
+# identity compute per batch: requests stay in flight long enough to scrape (all three for
+# 1.5 s, some for 4.5 s: Prometheus scrapes every 0.5 s)
+DELAY_MS = 1500
 HELD = 3  # batch size 1: one computing, two queued
 NAMESPACE, POD = "wattserve-test", "wattserve-0"
 
@@ -98,7 +100,7 @@ def test_live_server_exports_the_series_and_the_adapter_query_sees_queue_pressur
         "WATTSERVE_IDENTITY_DELAY_MS": str(DELAY_MS),
         "WATTSERVE_MAX_BATCH_SIZE": "1",
         "WATTSERVE_TELEMETRY": "false",
-        # the third request waits two 3 s batches: over the default 3 s queue-time bound
+        # the third request waits two 1.5 s batches: the default 3 s queue-time bound
         "WATTSERVE_MAX_QUEUE_WAIT_S": "0",
     }
     prometheus = None

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy_support import DEPLOY, KUSTOMIZATIONS, by_kind, render
 from tests.prometheus_fixture import PrometheusServer, require_prometheus
-from tests.servers import server_process
+from tests.servers import free_port, wattserve_process
 
 ADAPTER_VALUES = DEPLOY / "k8s" / "base" / "prometheus-adapter-values.yaml"
 # identity compute per batch: requests stay in flight long enough to scrape (all three for
@@ -103,12 +103,14 @@ def test_live_server_exports_the_series_and_the_adapter_query_sees_queue_pressur
         # the third request waits two 1.5 s batches: the default 3 s queue-time bound
         "WATTSERVE_MAX_QUEUE_WAIT_S": "0",
     }
-    prometheus = None
-    with server_process(env) as server:
-        assert series in _scrape(server.url), f"wattserve does not export {series}"
-        prometheus = LabelledPrometheus(require_prometheus(), tmp_path, [f"127.0.0.1:{server.port}"])
-        prometheus.start()
-        try:
+    # Prometheus first, on the port the server will have: Prometheus 2.42 waits 5 s before its
+    # first scrape, and the server starts in that time instead of after it.
+    port = free_port()
+    prometheus = LabelledPrometheus(require_prometheus(), tmp_path, [f"127.0.0.1:{port}"])
+    prometheus.start()
+    try:
+        with wattserve_process(env, port=port) as server:
+            assert series in _scrape(server.url), f"wattserve does not export {series}"
             prometheus.wait_until(f'{series}{{pod="{POD}"}}')
             answers: list[int] = []
             threads = [
@@ -133,5 +135,5 @@ def test_live_server_exports_the_series_and_the_adapter_query_sees_queue_pressur
             for t in threads:
                 t.join(timeout=30)
             assert answers == [200] * HELD
-        finally:
-            prometheus.stop()
+    finally:
+        prometheus.stop()

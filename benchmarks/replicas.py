@@ -229,13 +229,18 @@ def failure_times(run: RunResult) -> list[float]:
 
 
 async def load_with(
-    session: aiohttp.ClientSession, target: Target, spec: LoadSpec, disruption
+    session: aiohttp.ClientSession, target: Target, spec: LoadSpec, disruption, tail_s: float
 ) -> tuple[RunResult, list[dict[str, Any]], float]:
-    """Run the load and, ``spec.warmup_s + 1`` s into it, the disruption; both to the end."""
+    """Run the load and, ``spec.warmup_s + 1`` s into it, the disruption; the window ends
+    ``tail_s`` after the disruption is over (steady load on the restored set), or at
+    ``spec.duration_s`` if that comes first: then the disruption was not inside the window."""
     t0 = time.monotonic()
-    load = asyncio.create_task(run_load(session, target, spec))
+    over = asyncio.Event()
+    load = asyncio.create_task(run_load(session, target, spec, end_window=over))
     await asyncio.sleep(spec.warmup_s + 1.0)
     events = await disruption(t0)
+    await asyncio.sleep(tail_s)
+    over.set()
     run = await load
     return run, events, time.monotonic() - t0
 
@@ -249,24 +254,24 @@ async def disruption_scenario(
     try:
         async with client.make_session(timeout_s=30) as session:
             target = await prepare_target(session, lb.url, MODEL, protocol="binary", metrics_url=None)
-            # The window covers the whole disruption: 3 restarts take ~3 x (drain + start).
+            # The window covers the whole disruption (3 restarts take ~3 x (drain + start)) and
+            # ends --tail-s after it: the window's length is only the most it may take.
             duration = args.rolling_window_s if name.startswith("rolling") else args.kill_window_s
             spec = LoadSpec(
                 arrival="poisson", rate=args.rate, warmup_s=2.0, duration_s=duration, seed=seed,
                 max_lag_ms=args.max_lag_ms, cooldown_s=10.0, label=name,
             )  # fmt: skip
-            if name.startswith("rolling"):
-                run, events, _ = await load_with(
-                    session, target, spec, lambda t0: rolling_restart(replicas, lb, t0)
-                )
-            else:
-                run, events, _ = await load_with(
-                    session, target, spec, lambda t0: kill_one(replicas, lb, t0, args.kill_down_s)
-                )
+
+            async def disruption(t0: float) -> list[dict[str, Any]]:
+                if name.startswith("rolling"):
+                    return await rolling_restart(replicas, lb, t0)
+                return await kill_one(replicas, lb, t0, args.kill_down_s)
+
+            run, events, _ = await load_with(session, target, spec, disruption, args.tail_s)
         counters = await lb.backend_counters()
     finally:
         await lb.stop()
-    window_end = spec.warmup_s + spec.duration_s
+    window_end = run.spec.warmup_s + run.spec.duration_s  # the window as it ran (load_with)
     s = run.summary
     return {
         "scenario": name,
@@ -435,8 +440,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--identity-elements", type=int, default=16, help="disruptions: FP32 elements per request (body size)"
     )
     p.add_argument("--rate", type=float, default=100.0, help="disruptions: Poisson rate (req/s)")
-    p.add_argument("--rolling-window-s", type=float, default=20.0, help="must hold the whole rolling restart")
-    p.add_argument("--kill-window-s", type=float, default=12.0)
+    p.add_argument("--rolling-window-s", type=float, default=20.0,
+                   help="the longest window: it must hold the whole rolling restart")  # fmt: skip
+    p.add_argument("--kill-window-s", type=float, default=12.0, help="the longest window (kill)")
+    p.add_argument("--tail-s", type=float, default=2.0,
+                   help="disruptions: the window ends this long after the disruption is over")  # fmt: skip
     p.add_argument("--kill-down-s", type=float, default=2.0, help="how long the killed replica stays dead")
     p.add_argument("--scale-model", default=MODEL, help="scale: model (identity, or e.g. mobilenet_v2)")
     p.add_argument(

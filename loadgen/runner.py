@@ -40,6 +40,10 @@ from .stats import RequestRecord
 
 CLOSED = "closed"
 PROBE_TIMEOUT_S = 5.0
+# A probe unanswered after this long: look at the server's queue gauges for it (see _probe).
+PROBE_QUEUE_CHECK_S = 0.25
+QUEUED = "queued"
+QUEUE_GAUGES = ("wattserve_queue_depth{", "nv_inference_pending_request_count{")
 # Timestamps come from perf_counter, not loop.time(): uvloop's loop clock is cached per loop
 # iteration at millisecond resolution, which is too coarse for sub-millisecond latencies.
 now = time.perf_counter
@@ -189,9 +193,10 @@ async def prepare_target(
     """Wait for readiness, read model metadata, build bodies, and check one request works.
 
     ``auto`` tries the binary tensor extension first and falls back to JSON when the server
-    refuses it. A probe that gets no answer within ``PROBE_TIMEOUT_S`` passed validation and
-    sits in the queue (a static batcher waiting for a full batch does that), so it counts as
-    accepted; only an error answer fails it. ``metrics_url``: "" for ``{url}/metrics``,
+    refuses it. A probe that gets no answer within ``PROBE_TIMEOUT_S``, or that the server's
+    queue gauge shows waiting before then, passed validation and sits in the queue (a static
+    batcher waiting for a full batch does that), so it counts as accepted; only an error
+    answer fails it. ``metrics_url``: "" for ``{url}/metrics``,
     None to read no server metrics. BYTES inputs get random strings of ``string_length`` (None: 128), or
     ``string_data`` in every element (perf_analyzer's ``--string-length``, ``--string-data``);
     ``fixed_values`` names one input's value and comes first. ``input_data``: perf_analyzer's
@@ -227,8 +232,8 @@ async def prepare_target(
             except payloads.UnencodableError as exc:  # e.g. non-UTF-8 strings in JSON
                 errors.append(f"{proto}: {exc}")
                 continue
-            out = await client.send(session, url, trial[0], keep_detail=True, timeout_s=PROBE_TIMEOUT_S)
-            if out.status in (stats.OK, "timeout"):
+            out = await _probe(session, url, trial[0], model, metrics_url)
+            if out.status in (stats.OK, "timeout", QUEUED):
                 chosen, reqs = proto, trial
                 break
             errors.append(f"{proto}: HTTP {out.status} {out.detail or ''}".strip())
@@ -238,8 +243,8 @@ async def prepare_target(
                 hint = " (random strings: a model that parses them needs --input-data or --string-data)"
             raise RuntimeError(f"probe request to {model} failed: {'; '.join(errors)}{hint}")
     if chosen == "image":
-        out = await client.send(session, url, reqs[0], keep_detail=True, timeout_s=PROBE_TIMEOUT_S)
-        if out.status not in (stats.OK, "timeout"):
+        out = await _probe(session, url, reqs[0], model, metrics_url)
+        if out.status not in (stats.OK, "timeout", QUEUED):
             raise RuntimeError(f"probe image request failed: HTTP {out.status} {out.detail or ''}")
     if metrics_url == "":  # default: the server's own /metrics (Triton serves it on :8002)
         metrics_url = f"{url}/metrics"
@@ -248,13 +253,61 @@ async def prepare_target(
     return Target(url, model, chosen, reqs, metrics_url or None, metadata)
 
 
+async def _probe(
+    session: aiohttp.ClientSession, url: str, req: PreparedRequest, model: str, metrics_url: str | None
+) -> client.Outcome:
+    """The probe's answer; ``QUEUED`` as soon as the server's metrics show a request waiting in
+    the model's queue while the probe is unanswered (a static batcher holding it for a full
+    batch), instead of waiting out ``PROBE_TIMEOUT_S`` for the same verdict. The probe is then
+    cancelled, as on a timeout (the server drops a queued request whose client left)."""
+    send = asyncio.ensure_future(client.send(session, url, req, keep_detail=True, timeout_s=PROBE_TIMEOUT_S))
+    metrics = f"{url}/metrics" if metrics_url == "" else metrics_url
+    while metrics:
+        done, _ = await asyncio.wait({send}, timeout=PROBE_QUEUE_CHECK_S)
+        if done:
+            break
+        text = await client.get_text(session, metrics)
+        if text is None:
+            break
+        if _queued(text, model):
+            send.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await send
+            return client.Outcome(QUEUED)
+    return await send
+
+
+def _queued(metrics_text: str, model: str) -> bool:
+    """True when a Prometheus text shows at least one request waiting in ``model``'s queue
+    (wattserve's ``wattserve_queue_depth``, Triton's ``nv_inference_pending_request_count``)."""
+    label = f'model="{model}"'
+    for line in metrics_text.splitlines():
+        if line.startswith(QUEUE_GAUGES) and label in line:
+            try:
+                if float(line.rsplit(" ", 1)[1]) >= 1:
+                    return True
+            except (IndexError, ValueError):
+                continue
+    return False
+
+
 async def run_load(
     session: aiohttp.ClientSession,
     target: Target,
     spec: LoadSpec,
     progress: ProgressSink | None = None,
+    end_window: asyncio.Event | None = None,
 ) -> RunResult:
-    """Run one configuration and summarise it (latencies, lag, validity, server window)."""
+    """Run one configuration and summarise it (latencies, lag, validity, server window).
+
+    ``end_window`` (open loop): set it to end the measurement window before ``spec.duration_s``
+    is up, for a window that must hold an event of unknown length (a rolling restart). The
+    window then ends when it is set (at the earliest one scrape interval after the warm-up),
+    the load goes on as after any window until every request due in it is answered, and the
+    result's ``spec`` has the window's real duration.
+    """
+    if end_window is not None and spec.closed:
+        raise ValueError("end_window ends an open-loop window; a closed loop has none to end")
     loop = asyncio.get_running_loop()
     schedule = None
     if not spec.closed:
@@ -272,19 +325,26 @@ async def run_load(
     if progress:
         progress.start(label, total_s)
     ticker = loop.create_task(_tick(progress, live, t0, total_s)) if progress else None
+    ender: asyncio.Task[float] | None = None
     try:
         if spec.closed:
             await _closed_loop(session, target, spec, t0, records, live)
         else:
             assert schedule is not None
-            await _open_loop(session, target, spec, schedule, t0, records, live)
+            open_loop = _OpenLoop(session, target, spec, t0, records, live)
+            if end_window is not None:
+                ender = loop.create_task(_end_window_on(end_window, t0, spec, open_loop, scraper))
+            await open_loop.run(schedule)
         await scrape_task
     finally:
-        for task in (ticker, scrape_task):
+        for task in (ticker, scrape_task, ender):
             if task and not task.done():
                 task.cancel()
         if progress:
             progress.stop()
+    if ender is not None and ender.done() and not ender.cancelled():
+        total_s = ender.result()
+        spec = dataclasses.replace(spec, duration_s=total_s - spec.warmup_s)
     records.sort(key=lambda r: r.index)
     scheduled = None if schedule is None else _count_in(schedule, spec.warmup_s, total_s)
     summary = summarize(records, spec, scheduled)
@@ -375,28 +435,29 @@ def lm_summary(
     }
 
 
-async def _open_loop(
-    session: aiohttp.ClientSession,
-    target: Target,
-    spec: LoadSpec,
-    schedule: np.ndarray,
-    t0: float,
-    records: list[RequestRecord],
-    live: LiveCounts,
-) -> None:
-    """Send on schedule; after the window, keep the arrivals coming until every request due
-    before the window's end has its answer, then cancel whatever is still out.
+async def _end_window_on(
+    event: asyncio.Event, t0: float, spec: LoadSpec, open_loop: _OpenLoop, scraper: _Scraper
+) -> float:
+    """When ``event`` is set, end the open loop's window and the scraper's (see run_load);
+    the window's new end, in seconds after ``t0``."""
+    await event.wait()
+    total = spec.warmup_s + spec.duration_s
+    end = min(max(now() - t0, spec.warmup_s + _scrape_step(spec)), total)
+    open_loop.window_end = t0 + end
+    scraper.end_at(end)
+    return end
+
+
+class _OpenLoop:
+    """One open-loop run: send on schedule; after the window, keep the arrivals coming until
+    every request due before the window's end has its answer, then cancel whatever is still
+    out. ``owed``: the requests due inside the window; ``extra``: those sent after it only to
+    keep the load on.
 
     Continuing the load past the window keeps the last measured requests in the same
     conditions as the others: a static batcher still gets the arrivals that fill their batch,
     a dynamic one the same queueing. The requests sent after the window are not measured.
     """
-    await _OpenLoop(session, target, spec, t0, records, live).run(schedule)
-
-
-class _OpenLoop:
-    """One open-loop run: the requests owed an answer (due inside the window) and those sent
-    after it only to keep the load on."""
 
     def __init__(
         self,
@@ -550,17 +611,28 @@ class _Scraper:
         self.texts: dict[float, str] = {}
         self.start: tuple[float, str] | None = None
         self.end: tuple[float, str] | None = None
+        self.w1 = spec.warmup_s + spec.duration_s  # the window's end, s after t0
+        self._moved = asyncio.Event()
+
+    def end_at(self, w1: float) -> None:
+        """The window ends at ``w1`` (not before the first sample after the warm-up): take the
+        end sample then and none after it."""
+        self.w1 = w1
+        self._moved.set()
 
     async def run(self) -> None:
         if self.url is None:
             return
-        w0, w1 = self.spec.warmup_s, self.spec.warmup_s + self.spec.duration_s
-        step = max(self.spec.scrape_interval_s, 0.05)
-        times = sorted({*np.arange(0.0, w1, step).round(6).tolist(), w0, w1})
-        for t in times:
+        w0 = self.spec.warmup_s
+        times = sorted({*np.arange(0.0, self.w1, _scrape_step(self.spec)).round(6).tolist(), w0, self.w1})
+        for planned in times:
+            t = min(planned, self.w1)
             if self.t0 + t > now():
+                with contextlib.suppress(TimeoutError):  # woken early if the window's end moves
+                    await asyncio.wait_for(self._moved.wait(), self.t0 + t - now())
+                t = min(t, self.w1)
                 await sleep_until(self.t0 + t)
-            elif t not in (w0, w1):
+            elif t not in (w0, self.w1):
                 continue  # behind schedule: skip periodic samples, never the window edges
             text = await client.get_text(self.session, self.url)
             if text is None:
@@ -569,8 +641,9 @@ class _Scraper:
             self.texts[at] = text
             if t == w0:
                 self.start = (at, text)
-            if t == w1:
+            if t == self.w1:
                 self.end = (at, text)
+                break
 
     def window(
         self, model: str, spec: LoadSpec
@@ -584,6 +657,10 @@ class _Scraper:
         server["window_s"] = self.end[0] - self.start[0]
         power = promwindow.gauge_series(series, promwindow.is_power)
         return server, power
+
+
+def _scrape_step(spec: LoadSpec) -> float:
+    return max(spec.scrape_interval_s, 0.05)
 
 
 async def _tick(progress: ProgressSink | None, live: LiveCounts, t0: float, total_s: float) -> None:

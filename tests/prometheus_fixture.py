@@ -1,7 +1,7 @@
 """A real Prometheus server on loopback for tests (the Debian ``prometheus`` binary).
 
 Use the ``prometheus_factory`` fixture: ``prom = prometheus_factory(["127.0.0.1:8000"])``
-starts Prometheus with a temporary config (scrape every 1 s) and storage folder on a free
+starts Prometheus with a temporary config (scrape every 0.5 s) and storage folder on a free
 loopback port, and stops it after the test. Where the binary is missing the test is skipped,
 except under ``CI=true``, where a missing Prometheus is a failure (CI must run these checks).
 
@@ -51,16 +51,21 @@ class PrometheusServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "prometheus.log"
 
+    # Every 0.5 s: the tests wait for scrapes (a series to appear, rate() to have two points,
+    # six scrapes for the dashboard's windows), so the interval is what they wait; a scrape
+    # that times out on a busy machine only makes them wait for the next one.
+    SCRAPE = "500ms"
+
     def config_text(self) -> str:
         targets = ", ".join(f'"{t}"' for t in self.targets)
         return (
             "global:\n"
-            "  scrape_interval: 1s\n"
-            "  evaluation_interval: 1s\n"
+            f"  scrape_interval: {self.SCRAPE}\n"
+            f"  evaluation_interval: {self.SCRAPE}\n"
             "scrape_configs:\n"
             f"  - job_name: {self.job}\n"
-            "    scrape_interval: 1s\n"
-            "    scrape_timeout: 1s\n"
+            f"    scrape_interval: {self.SCRAPE}\n"
+            f"    scrape_timeout: {self.SCRAPE}\n"
             f"    static_configs:\n      - targets: [{targets}]\n"
         )
 

@@ -25,7 +25,10 @@ from wattserve.server.app import create_app
 from wattserve.server.lifecycle import uvicorn_config
 from wattserve.server.settings import Settings
 
-__all__ = ["ROOT", "ServerProcess", "free_port", "server_process", "threaded_server", "wattserve_process"]
+__all__ = [
+    "ROOT", "ServerProcess", "free_port", "server_process", "server_processes", "threaded_server",
+    "wattserve_process",
+]  # fmt: skip
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,3 +93,18 @@ def server_process(env: dict[str, str]) -> Iterator[ServerProcess]:
     """``python -m wattserve serve`` with these WATTSERVE_* variables, ready for the block."""
     with running_wattserve(env, ready_timeout_s=180) as proc:
         yield proc
+
+
+@contextlib.contextmanager
+def server_processes(*envs: dict[str, str]) -> Iterator[list[ServerProcess]]:
+    """One ``server_process`` per env, all started before any is waited for (their starts
+    overlap: ready in about the time of the slowest), every one stopped after the block."""
+    with contextlib.ExitStack() as stack:
+        procs = []
+        for env in envs:
+            proc = wattserve_process(env)
+            stack.callback(proc.stop)
+            procs.append(proc.start())
+        for proc in procs:
+            proc.wait_ready(180)
+        yield procs

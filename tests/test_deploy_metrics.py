@@ -17,10 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy_support import DEPLOY, KUSTOMIZATIONS, by_kind, render
 from tests.prometheus_fixture import PrometheusServer, require_prometheus
-from tests.servers import server_process
+from tests.servers import free_port, wattserve_process
 
 ADAPTER_VALUES = DEPLOY / "k8s" / "base" / "prometheus-adapter-values.yaml"
-DELAY_MS = 3000  # identity compute per batch: requests stay in flight long enough to scrape
+# identity compute per batch: requests stay in flight long enough to scrape (all three for
+# 1.5 s, some for 4.5 s: Prometheus scrapes every 0.5 s)
+DELAY_MS = 1500
 HELD = 3  # batch size 1: one computing, two queued
 NAMESPACE, POD = "wattserve-test", "wattserve-0"
 
@@ -98,15 +100,17 @@ def test_live_server_exports_the_series_and_the_adapter_query_sees_queue_pressur
         "WATTSERVE_IDENTITY_DELAY_MS": str(DELAY_MS),
         "WATTSERVE_MAX_BATCH_SIZE": "1",
         "WATTSERVE_TELEMETRY": "false",
-        # the third request waits two 3 s batches: over the default 3 s queue-time bound
+        # the third request waits two 1.5 s batches: the default 3 s queue-time bound
         "WATTSERVE_MAX_QUEUE_WAIT_S": "0",
     }
-    prometheus = None
-    with server_process(env) as server:
-        assert series in _scrape(server.url), f"wattserve does not export {series}"
-        prometheus = LabelledPrometheus(require_prometheus(), tmp_path, [f"127.0.0.1:{server.port}"])
-        prometheus.start()
-        try:
+    # Prometheus first, on the port the server will have: Prometheus 2.42 waits 5 s before its
+    # first scrape, and the server starts in that time instead of after it.
+    port = free_port()
+    prometheus = LabelledPrometheus(require_prometheus(), tmp_path, [f"127.0.0.1:{port}"])
+    prometheus.start()
+    try:
+        with wattserve_process(env, port=port) as server:
+            assert series in _scrape(server.url), f"wattserve does not export {series}"
             prometheus.wait_until(f'{series}{{pod="{POD}"}}')
             answers: list[int] = []
             threads = [
@@ -131,5 +135,5 @@ def test_live_server_exports_the_series_and_the_adapter_query_sees_queue_pressur
             for t in threads:
                 t.join(timeout=30)
             assert answers == [200] * HELD
-        finally:
-            prometheus.stop()
+    finally:
+        prometheus.stop()

@@ -18,7 +18,7 @@ from wattserve.loadgen.payloads import (
     json_body,
     tensor_requests,
 )
-from wattserve.loadgen.runner import prepare_target
+from wattserve.loadgen.runner import _queued, prepare_target
 
 META = {
     "name": "m",
@@ -98,3 +98,17 @@ async def test_images_are_uploaded_as_multipart_file_field(tmp_path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no images"):
         image_requests("identity", tmp_path / "empty")
+
+
+def test_a_probe_counts_as_queued_when_its_models_queue_gauge_holds_a_request() -> None:
+    """prepare_target stops waiting for a probe that a static batcher holds once the server's
+    queue gauge shows it (instead of waiting PROBE_TIMEOUT_S): wattserve's or Triton's gauge,
+    for that model only, at least one request."""
+    text = (
+        'wattserve_queue_depth{batcher="static",model="identity"} 1.0\n'
+        'wattserve_queue_depth{batcher="static",model="other"} 0.0\n'
+    )
+    assert _queued(text, "identity") and not _queued(text, "other") and not _queued(text, "identity2")
+    assert _queued('nv_inference_pending_request_count{model="m",version="1"} 2\n', "m")
+    assert not _queued('wattserve_inflight_requests{batcher="static",model="m"} 3.0\n', "m")
+    assert not _queued("", "m")

@@ -154,20 +154,62 @@ GPU_CHECK = ROOT / "scripts" / "gpu_check.sh"
 ENGINES_CHECK = ROOT / "scripts" / "gpu_engines_check.py"
 
 
-def run_gpu_check(tmp_path, engines: str) -> subprocess.CompletedProcess:
+ABSENT_ENGINE, NO_GPU = "torch,tensorrt", "torch,cuda-graphs"  # GPU_ENGINES of the two runs
+
+
+def skip_reason(engines: str) -> str | None:
+    """Why the test of the run with these GPU_ENGINES does not apply here (None: it does)."""
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed"
+    if engines == ABSENT_ENGINE and importlib.util.find_spec("tensorrt") is not None:
+        return "tensorrt is importable here"  # pragma: no cover - a TensorRT machine
+    if engines == NO_GPU:
+        import torch
+
+        if torch.cuda.is_available():  # pragma: no cover - only on a GPU machine
+            return "this machine has CUDA"
+    return None
+
+
+@pytest.fixture(scope="module")
+def gpu_check_runs(tmp_path_factory):
+    """Each scripts/gpu_check.sh run the tests below read, started at once where its test
+    applies: a run is a few python processes importing torch one after another (~1 core),
+    so the two side by side take about the time of one. ``runs[engines]()`` waits for one
+    and returns (its folder, its CompletedProcess)."""
+    procs = {}
+    for engines in (ABSENT_ENGINE, NO_GPU):
+        if skip_reason(engines) is None:
+            tmp = tmp_path_factory.mktemp("gpu_check")
+            procs[engines] = (tmp, start_gpu_check(tmp, engines))
+
+    def result(engines: str) -> tuple[Path, subprocess.CompletedProcess]:
+        tmp, proc = procs[engines]
+        proc.wait(300)
+        out, err = ((tmp / name).read_text(errors="replace") for name in ("stdout", "stderr"))
+        return tmp, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    yield {engines: (lambda e=engines: result(e)) for engines in procs}
+    for _, proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def start_gpu_check(tmp_path: Path, engines: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out"), "GPU_ENGINES": engines,
            "GPU_RESULTS": str(tmp_path / "results"), "GPU_STUDY": "0"}  # fmt: skip
-    return subprocess.run(["bash", str(GPU_CHECK)], capture_output=True, text=True, timeout=300, env=env)
+    with (tmp_path / "stdout").open("w") as out, (tmp_path / "stderr").open("w") as err:
+        return subprocess.Popen(["bash", str(GPU_CHECK)], stdout=out, stderr=err, text=True, env=env)
 
 
 @pytest.mark.slow
-def test_gpu_check_fails_when_a_requested_engine_is_absent(tmp_path):
+def test_gpu_check_fails_when_a_requested_engine_is_absent(gpu_check_runs):
     """TensorRT and pycuda cannot be installed here: asked for, they are NOT CHECKED, and the
     script exits 3 (not 0, and not merely 2 for the missing GPU: preflight runs first)."""
-    pytest.importorskip("torch")
-    if importlib.util.find_spec("tensorrt") is not None:  # pragma: no cover - a TensorRT machine
-        pytest.skip("tensorrt is importable here")
-    done = run_gpu_check(tmp_path, "torch,tensorrt")
+    if reason := skip_reason(ABSENT_ENGINE):
+        pytest.skip(reason)
+    tmp_path, done = gpu_check_runs[ABSENT_ENGINE]()
     log = done.stdout + done.stderr
     assert done.returncode == 3, log
     assert "NOT CHECKED: tensorrt" in log
@@ -180,11 +222,10 @@ def test_gpu_check_fails_when_a_requested_engine_is_absent(tmp_path):
 
 
 @pytest.mark.slow
-def test_gpu_check_without_missing_engines_still_fails_without_a_gpu(tmp_path):
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():  # pragma: no cover - only on a GPU machine
-        pytest.skip("this machine has CUDA")
-    done = run_gpu_check(tmp_path, "torch,cuda-graphs")
+def test_gpu_check_without_missing_engines_still_fails_without_a_gpu(gpu_check_runs):
+    if reason := skip_reason(NO_GPU):
+        pytest.skip(reason)
+    _, done = gpu_check_runs[NO_GPU]()
     log = done.stdout + done.stderr
     assert done.returncode == 2, log  # nothing to check without CUDA: never a pass
     assert "NOT CHECKED" not in log and "preflight exit status: 0" in log

@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from wattserve.server.split import channel
+from wattserve.server.split.core_client import CoreClient, _Pending
 from wattserve.server.split.slab import ALIGN, RingAllocator, Slab, pack
 
 
@@ -152,3 +153,32 @@ def test_a_large_frame_in_many_reads_is_parsed_once_when_whole():
         assert not got and protocol._needed == len(frame)  # waits for the whole frame
     protocol.data_received(frame[at + chunk :])
     assert got == [((channel.ANSWER, 1, True, None), raw)]
+
+
+async def test_answer_blocks_are_freed_only_after_every_waiter_of_the_read_has_run():
+    """A read's answers are views of their slab blocks, encoded by each waiter when it wakes:
+    no block of the read may go back to the ring (and be handed to a new request) before
+    the last of those waiters has run."""
+    client = CoreClient("/nonexistent", 1 << 20)
+    loop = asyncio.get_running_loop()
+    blocks = [client.ring.allocate(256) for _ in range(3)]
+    futures = [loop.create_future() for _ in blocks]
+    for i, (block, future) in enumerate(zip(blocks, futures, strict=True)):
+        client._pending[i] = _Pending(future, block)
+    held: list[bool] = []
+
+    async def waiter(i: int) -> None:
+        await futures[i]
+        held.append(blocks[i] in client.ring._blocks)  # still its own while it encodes
+
+    tasks = [loop.create_task(waiter(i)) for i in range(3)]
+    await asyncio.sleep(0)
+    for i, block in enumerate(blocks):
+        payload = ([("OUTPUT0", "<f4", (1, 4), block, 16)], (0.0, 0.0, 1, 0.0, 0.0))
+        client._on_frame((channel.ANSWER, i, True, payload), channel.EMPTY)
+    client._on_read()
+    await asyncio.gather(*tasks)
+    assert held == [True, True, True]
+    await asyncio.sleep(0)
+    assert client.ring.used == 0  # and every one of them freed after
+    client.slab.close()

@@ -84,6 +84,7 @@ class CoreClient:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._idle: asyncio.Future[None] | None = None
+        self._answered_blocks: list[int] = []  # freed together once their answers are encoded
         self.draining = False  # SIGTERM: new inferences are refused (503), those in flight answered
 
     @property
@@ -142,7 +143,7 @@ class CoreClient:
             sock.close()
             raise OSError(f"handshake: {exc}") from exc
         self._lost = asyncio.Event()
-        protocol = channel.FrameProtocol(self._on_frame, self._on_lost)
+        protocol = channel.FrameProtocol(self._on_frame, self._on_lost, self._on_read)
         await loop.create_unix_connection(lambda: protocol, sock=sock)
         self.protocol = protocol
         self._catalog.clear()  # a new core: every model described again
@@ -204,8 +205,19 @@ class CoreClient:
             # The answer's tensors are views of the block, read by the encoder in the step this
             # wakes (the awaiting task resumes, encodes and copies into the response body with
             # no await between: HTTP's infer route and gRPC's ModelInfer both); the block is
-            # reused only after that step (call_soon runs after the wake-up set_result queued).
-            asyncio.get_running_loop().call_soon(self.ring.free, block)
+            # reused only after that step: the blocks answered in one read are freed by one
+            # call_soon queued after the read (_on_read), so after every wake-up it queued.
+            self._answered_blocks.append(block)
+
+    def _on_read(self) -> None:
+        if self._answered_blocks:
+            blocks, self._answered_blocks = self._answered_blocks, []
+            asyncio.get_running_loop().call_soon(self._free_blocks, blocks)
+
+    def _free_blocks(self, blocks: list[int]) -> None:
+        free = self.ring.free
+        for block in blocks:
+            free(block)
 
     def _answer(self, payload: Any, raw: memoryview) -> Result:
         """The answer's tensors as views (no copy): of the slab block, or of the frame's raw

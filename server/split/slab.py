@@ -119,13 +119,17 @@ class RingAllocator:
 
     def free(self, start: int) -> None:
         """Give a block back; the tail advances over every freed block at the front."""
-        self._freed.add(start)
         order = self._order
-        while self._first < len(order) and order[self._first] in self._freed:
-            oldest = order[self._first]
-            self._freed.discard(oldest)
-            self.used -= self._blocks.pop(oldest)
+        if not self._freed and self._first < len(order) and order[self._first] == start:  # the oldest
+            self.used -= self._blocks.pop(start)  # (nothing freed ahead: answers mostly come in order)
             self._first += 1
+        else:
+            self._freed.add(start)
+            while self._first < len(order) and order[self._first] in self._freed:
+                oldest = order[self._first]
+                self._freed.discard(oldest)
+                self.used -= self._blocks.pop(oldest)
+                self._first += 1
         if self._first > 1024 and self._first * 2 > len(order):  # compact now and then
             del order[: self._first]
             self._first = 0

@@ -15,6 +15,10 @@ from itertools import repeat
 
 from prometheus_client import Histogram
 
+# Below this many, observe_many observes one by one: counting buckets costs ~1.5 us up front,
+# each observe ~0.6 us (measured: 1 value 1.8 vs 0.6 us, 4: 2.8 vs 2.5, 16: 4.4 vs 9.2).
+FEW = 5
+
 
 class BisectHistogram(Histogram):
     """Drop-in ``prometheus_client.Histogram``; label children are of this class too."""
@@ -31,8 +35,8 @@ class BisectHistogram(Histogram):
     def observe_many(self, amounts: list[float]) -> None:
         """``observe`` each of ``amounts``: one add for the sum and one per bucket touched."""
         total = sum(amounts)
-        if total != total or (self._labelnames and not self._labelvalues):  # a NaN (or inf - inf)
-            for amount in amounts:
+        if len(amounts) < FEW or total != total or (self._labelnames and not self._labelvalues):
+            for amount in amounts:  # a few (cheaper one by one), a NaN (or inf - inf), a parent
                 self.observe(amount)
             return
         if not amounts:

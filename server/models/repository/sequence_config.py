@@ -99,6 +99,17 @@ class SequenceModelSpec:
     def hidden_outputs(self) -> list[TensorSpec]:
         return [TensorSpec(s.output_name, s.spec.shape, s.spec.datatype) for s in self.states]
 
+    def not_ready(self) -> dict[str, np.ndarray]:
+        """Each control input's one row for a null request in an idle slot (Triton's
+        ``notready_input_overrides``): START, END and READY false, CORRID 0 (a string one empty)."""
+        rows = {}
+        for control in self.controls:
+            dtype = DATATYPE_TO_NUMPY[control.datatype]
+            corrid = b"" if np.dtype(dtype) == object else 0
+            value = corrid if control.kind == "corrid" else control.values[0]
+            rows[control.name] = np.full((1, 1), value, dtype=dtype)
+        return rows
+
     def admit(
         self, tag: SequenceTag | None, rows: int, inputs: Mapping[str, np.ndarray]
     ) -> dict[str, np.ndarray]:

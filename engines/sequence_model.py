@@ -21,7 +21,7 @@ rows a batch ran, for the statistics (Triton counts a batch with its null rows).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +47,9 @@ class SequenceModel:
         hidden_inputs: Sequence[TensorSpec],
         states: Sequence[StateTensors],
         not_ready: Mapping[str, np.ndarray] | None = None,
+        shown: Collection[str] = (),
     ) -> None:
+        """``shown``: state outputs the config also lists as outputs, which clients get."""
         self.inner = inner
         self._not_ready = dict(not_ready or {})  # control input -> its one not-ready row
         hidden = {s.name for s in hidden_inputs}
@@ -57,7 +59,7 @@ class SequenceModel:
             raise EngineUnavailable(f"{inner.name}: the model has no tensor {missing} that its "
                                     "sequence_batching names (control_input, state)")  # fmt: skip
         self.inputs = [s for s in inner.inputs if s.name not in hidden]
-        self._state_outputs = {s.output_name for s in states}
+        self._state_outputs = {s.output_name for s in states} - set(shown)  # hidden from clients
         self.outputs = [s for s in inner.outputs if s.name not in self._state_outputs]
         self._model_inputs = list(inner.inputs)
         self._states = list(states)

@@ -683,3 +683,35 @@ def test_the_delay_hook_and_slot_rows_over_http_and_grpc(tmp_path, monkeypatch, 
     sizes = {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
     assert sizes == {3: 2, 2: 1, 1: 1}  # Triton's counts: null rows in the batch size...
     assert stats["inference_count"] == 6 and stats["execution_count"] == 4  # ...not in inferences
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_state_output_the_config_lists_is_answered_and_one_it_does_not_is_refused(tmp_path, protocol):
+    """Triton's L0_implicit_state: a client may ask for a state output only when the config
+    also lists it among the outputs (then it gets the next state); else Triton's words."""
+    for folder in (onnx_accumulator(tmp_path, "acc_out"), torchscript_accumulator(tmp_path, "ts_out")):
+        config = folder / "config.pbtxt"
+        config.write_text(
+            config.read_text() + 'output [ { name: "SUM_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        )
+    onnx_accumulator(tmp_path)
+    port = free_port()
+    with threaded_server(Settings(model_repository=tmp_path, telemetry=False, grpc_port=port)) as (url, _):
+        module = thttp if protocol == "http" else tgrpc
+        client = module.InferenceServerClient(
+            url.removeprefix("http://") if protocol == "http" else f"127.0.0.1:{port}"
+        )
+        wanted = [module.InferRequestedOutput("SUM_OUT"), module.InferRequestedOutput("OUTPUT")]
+        for model in ("acc_out", "ts_out"):
+            for k, value in enumerate((3, 4)):
+                result = client.infer(model, [one_input(module, value)], outputs=wanted, sequence_id=7,
+                                      sequence_start=k == 0, sequence_end=k == 1)  # fmt: skip
+                assert (
+                    int(result.as_numpy("SUM_OUT")[0, 0]) == int(result.as_numpy("OUTPUT")[0, 0]) == 3 + 4 * k
+                )
+        with pytest.raises(
+            InferenceServerException, match="unexpected inference output 'SUM_OUT' for model 'acc_onnx'"
+        ):
+            client.infer(
+                "acc_onnx", [one_input(module, 1)], outputs=wanted, sequence_id=8, sequence_start=True
+            )

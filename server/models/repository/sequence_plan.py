@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, replace
 
 from wattserve.batchers.sequence import DelayHook, SequenceBatchingSpec
@@ -73,8 +73,12 @@ def with_hidden(
     out_inner: list[TensorSpec],
 ) -> tuple[list[TensorSpec], list[TensorSpec], list[TensorSpec], list[TensorSpec]]:
     """The config's tensors with the control and state ones the model file also has (when
-    the config declares tensors at all: else the file's own are taken)."""
-    hidden_in, hidden_out = sequence.hidden_inputs(), sequence.hidden_outputs()
+    the config declares tensors at all: else the file's own are taken). A state output the
+    config also lists among its outputs is there once (clients may ask for it, as Triton
+    lets them)."""
+    hidden_in = sequence.hidden_inputs()
+    declared = {s.name for s in out_outer}
+    hidden_out = [s for s in sequence.hidden_outputs() if s.name not in declared]
     if in_inner:
         in_outer, in_inner = in_outer + hidden_in, in_inner + hidden_in
     if out_inner:
@@ -82,13 +86,16 @@ def with_hidden(
     return in_outer, in_inner, out_outer, out_inner
 
 
-def sequence_factory(build: EngineFactory, sequence: SequenceModelSpec) -> EngineFactory:
-    """Each instance built by ``build``, wrapped as its clients see it (``SequenceModel``)."""
+def sequence_factory(
+    build: EngineFactory, sequence: SequenceModelSpec, declared_outputs: Collection[str] = ()
+) -> EngineFactory:
+    """Each instance built by ``build``, wrapped as its clients see it (``SequenceModel``):
+    the state outputs hidden but those the config lists among its outputs."""
     states = [StateTensors(s.input_name, s.output_name, s.initial) for s in sequence.states]
     hidden = sequence.hidden_inputs()
     not_ready = sequence.not_ready()
 
     def built(config: EngineConfig) -> Engine:
-        return SequenceModel(build(config), hidden, states, not_ready)
+        return SequenceModel(build(config), hidden, states, not_ready, shown=declared_outputs)
 
     return built

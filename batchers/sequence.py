@@ -185,6 +185,21 @@ class SequenceBatcher(RequestBatcher):
         finally:
             self.sequences.answered(seq, mine, None)
 
+    def take(self, rows: int) -> list[WorkItem]:
+        """The base's, and with slot rows each request learns the batch's width: up to the
+        highest slot with a request ready, taken or not (one of another shape waits, and
+        Triton's batch holds a null request at its row)."""
+        if not self._slot_rows:
+            return super().take(rows)
+        with self.queue.lock:
+            slots = [item.sequence.slot for item in self.queue if item.sequence is not None]
+            width = max((s for s in slots if s is not None), default=-1) + 1
+            batch = super().take(rows)
+        for item in batch:
+            if item.sequence is not None:
+                item.sequence.width = width
+        return batch
+
     def close(self) -> None:
         """The base's (engine threads, engines), and no idle timer outlives the model."""
         self.sequences.forget()

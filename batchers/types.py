@@ -36,6 +36,7 @@ class SequenceTag:
     end: bool = False
     state: dict | None = None
     slot: int | None = None  # its batch row (Triton's direct: the sequence's slot); None: any row
+    width: int = 0  # rows of its batch at least (the highest slot with a request ready, + 1)
 
     @property
     def flags(self) -> int:

@@ -12,7 +12,8 @@ never run at once (batchers/sequence.py), so a state is read and written by one 
 a time. The state is kept as host arrays (not on the engine's device).
 
 When the direct sequence batcher gives each request its slot's row (``SequenceTag.slot``, one
-instance), the model runs as many rows as the highest slot needs, Triton's way: a request at
+instance), the model runs as many rows as the highest slot with a request ready needs (the
+batch's, or one the batcher left for another shape: ``SequenceTag.width``), Triton's way: a request at
 its slot's row, and in every idle slot's row below a null request: the first request's inputs
 and state with the control inputs not ready (``not_ready``: READY, START and END false,
 CORRID 0), whose outputs nobody reads and whose state is not kept. ``rows_for`` says how many
@@ -105,7 +106,7 @@ class SequenceModel:
         rows = [slot for slot in slots if slot is not None]
         if not rows or len(rows) != len(slots) or len(set(rows)) != len(rows):
             return None
-        size = max(rows) + 1
+        size = max(max(rows) + 1, *(getattr(tag, "width", 0) for tag in tags))
         if size == len(rows) and rows == list(range(size)):
             return None  # no idle slot below the highest: the plain stack is the same batch
         return (size, rows) if size <= max(1, self.inner.max_batch_size) else None

@@ -715,3 +715,42 @@ def test_a_state_output_the_config_lists_is_answered_and_one_it_does_not_is_refu
             client.infer(
                 "acc_onnx", [one_input(module, 1)], outputs=wanted, sequence_id=8, sequence_start=True
             )
+
+
+def test_requests_run_at_their_slots_rows_with_not_ready_null_requests_in_the_others(tmp_path):
+    """The engine alone (Triton's direct batch): requests at slots 1 and 3 run as rows 1 and
+    3 of four; rows 0 and 2 are null requests (the first request's input and state, READY,
+    START 0, CORRID 0) whose outputs nobody gets and whose state nobody keeps; a batch's
+    width (a slot the batcher left for another shape) adds rows past its own highest slot."""
+    (plan,) = plan_model(onnx_accumulator(tmp_path), Settings(telemetry=False))
+    engine = plan.engine_factory(plan.serving.engine)
+    sequence = plan.serving.sequence
+    seen: list[dict] = []
+    inner = engine.inner
+    engine.inner = SimpleNamespace(max_batch_size=inner.max_batch_size,
+                                   infer=lambda batch: seen.append(batch) or inner.infer(batch))  # fmt: skip
+    states: dict = {1: {}, 2: {}}
+
+    def request(cid, value, slot, start=False, width=0):
+        tag = SequenceTag(cid, start=start, state=states[cid], slot=slot, width=width)
+        inputs = sequence.admit(tag, 1, {"INPUT": np.array([[value]], np.int32)})
+        return inputs, SimpleNamespace(sequence=tag), lambda: False
+
+    try:
+        first = [request(1, 5, 1, start=True), request(2, 7, 3, start=True)]
+        assert engine.rows_for(first) == 4
+        assert [int(a["OUTPUT"][0, 0]) for a in engine.run_requests(first)] == [5, 7]
+        batch = seen[-1]
+        assert batch["READY"][:, 0].tolist() == [0, 1, 0, 1] and batch["START"][:, 0].tolist() == [0, 1, 0, 1]
+        assert batch["CORRID"][:, 0].tolist() == [0, 1, 0, 2] and batch["INPUT"][:, 0].tolist() == [
+            5,
+            5,
+            5,
+            7,
+        ]
+        second = [request(1, 1, 1, width=4)]  # slot 3 has a request of another shape waiting
+        assert engine.rows_for(second) == 4
+        assert int(engine.run_requests(second)[0]["OUTPUT"][0, 0]) == 6
+        assert int(engine.run_requests([request(2, 1, 3)])[0]["OUTPUT"][0, 0]) == 8  # its own state
+    finally:
+        inner.close()

@@ -186,18 +186,27 @@ class SequenceBatcher(RequestBatcher):
             self.sequences.answered(seq, mine, None)
 
     def take(self, rows: int) -> list[WorkItem]:
-        """The base's, and with slot rows each request learns the batch's width: up to the
-        highest slot with a request ready, taken or not (one of another shape waits, and
-        Triton's batch holds a null request at its row)."""
-        if not self._slot_rows:
-            return super().take(rows)
-        with self.queue.lock:
-            slots = [item.sequence.slot for item in self.queue if item.sequence is not None]
-            width = max((s for s in slots if s is not None), default=-1) + 1
-            batch = super().take(rows)
-        for item in batch:
-            if item.sequence is not None:
-                item.sequence.width = width
+        """Triton's direct batch: the head request and every other ready one of its shape, in
+        queue order, up to ``rows`` (a request of another shape waits for a later batch,
+        whatever its place in the queue). With slot rows each request also learns the batch's
+        width: up to the highest slot with a request ready, taken or not (Triton's batch holds
+        a null request at the row of one that waits)."""
+        queue = self.queue
+        with queue.lock:
+            if queue.regular:  # one shape, one row each: the head's run is the batch
+                batch = super().take(rows)
+                queued: list[WorkItem] = batch
+            else:
+                queued = list(queue)
+                key = queued[0].shape_key if queued else None
+                chosen = [item for item in queued if item.shape_key == key][: max(1, rows)]
+                batch = self._started([item for item in chosen if queue.remove(item)])
+            if self._slot_rows:
+                slots = [item.sequence.slot for item in [*queue, *queued] if item.sequence is not None]
+                width = max((s for s in slots if s is not None), default=-1) + 1
+                for item in batch:
+                    if item.sequence is not None:
+                        item.sequence.width = width
         return batch
 
     def close(self) -> None:

@@ -754,3 +754,21 @@ def test_requests_run_at_their_slots_rows_with_not_ready_null_requests_in_the_ot
         assert int(engine.run_requests([request(2, 1, 3)])[0]["OUTPUT"][0, 0]) == 8  # its own state
     finally:
         inner.close()
+
+
+async def test_a_direct_batch_takes_every_ready_request_of_the_heads_shape_wherever_it_is_queued():
+    """Triton's direct batcher: the first slot's request sets the batch's shape and every
+    other slot's ready request of that shape joins it; one of another shape waits (here the
+    queue is a, b, c with b of another shape: the batches are [a, c] then [b])."""
+    engine = GatedEngine(max_batch_size=4)
+    batcher = SequenceBatcher([engine], SequenceConfig(max_batch_size=4, delay=DelayHook(3)))
+    runner = asyncio.create_task(batcher.run())
+    items = [sequence_item(v, cid, start=True, end=True) for v, cid in ((1, "a"), (2, "b"), (3, "c"))]
+    for item, key in zip(items, ((2,), (1,), (2,)), strict=True):
+        item.shape_key = key  # as a variable-dims model's requests of those shapes have
+    await asyncio.gather(*(batcher.submit(item) for item in items))
+    assert engine.batches == [[1, 3], [2]]
+    # slots 0..2 were ready for the first batch; then only slot 1 (b's): two rows
+    assert [item.sequence.width for item in items] == [3, 2, 3]
+    await batcher.drain()
+    await runner

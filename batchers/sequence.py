@@ -189,8 +189,9 @@ class SequenceBatcher(RequestBatcher):
         """Triton's direct batch: the head request and every other ready one of its shape, in
         queue order, up to ``rows`` (a request of another shape waits for a later batch,
         whatever its place in the queue). With slot rows each request also learns the batch's
-        width: up to the highest slot with a request ready, taken or not (Triton's batch holds
-        a null request at the row of one that waits)."""
+        width: up to the highest slot with a request pending, taken or not (queued, or waiting
+        behind its sequence's running one: in Triton's slot queue either way; its batch holds
+        a null request at the row of each that is not in it)."""
         queue = self.queue
         with queue.lock:
             if queue.regular:  # one shape, one row each: the head's run is the batch
@@ -201,9 +202,10 @@ class SequenceBatcher(RequestBatcher):
                 key = queued[0].shape_key if queued else None
                 chosen = [item for item in queued if item.shape_key == key][: max(1, rows)]
                 batch = self._started([item for item in chosen if queue.remove(item)])
-            if self._slot_rows:
+            if self._slot_rows:  # slots with a request queued, taken, or waiting its turn
                 slots = [item.sequence.slot for item in [*queue, *queued] if item.sequence is not None]
-                width = max((s for s in slots if s is not None), default=-1) + 1
+                highest = max((s for s in slots if s is not None), default=-1)
+                width = max(highest, self.sequences.highest_waiting()) + 1
                 for item in batch:
                     if item.sequence is not None:
                         item.sequence.width = width

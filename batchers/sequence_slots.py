@@ -65,6 +65,7 @@ class Sequences:
         # sequence holds a slot (Triton: in the slot's queue) or waits for one (its backlog)
         self.waiting_in_slots = 0
         self.waiting_for_slot = 0
+        self.waiting_at = [0] * self.slots  # per slot number: its sequence's requests waiting their turn
 
     def join(self, tag: SequenceTag, loop: asyncio.AbstractEventLoop) -> LiveSequence:
         """The live sequence ``tag`` belongs to (a new one for a START), or
@@ -127,6 +128,7 @@ class Sequences:
         seq.waiting += 1
         if _holds_slot(seq):
             self.waiting_in_slots += 1
+            self._at(seq, 1)
         else:
             self.waiting_for_slot += 1
 
@@ -135,8 +137,22 @@ class Sequences:
         seq.waiting -= 1
         if _holds_slot(seq):
             self.waiting_in_slots -= 1
+            self._at(seq, -1)
         else:
             self.waiting_for_slot -= 1
+
+    def highest_waiting(self) -> int:
+        """The highest slot number whose sequence has a request waiting its turn; -1: none.
+        Read from any thread (a list of ints the loop updates)."""
+        at = self.waiting_at
+        for index in range(len(at) - 1, -1, -1):
+            if at[index] > 0:
+                return index
+        return -1
+
+    def _at(self, seq: LiveSequence, change: int) -> None:
+        if seq.index is not None:
+            self.waiting_at[seq.index] += change
 
     def release(self, seq: LiveSequence) -> None:
         """Give ``seq``'s slot to the oldest waiting sequence, or back to the free ones."""
@@ -160,6 +176,7 @@ class Sequences:
                 waiting.slot.set_result(None)
                 self.waiting_for_slot -= waiting.waiting  # its requests now wait in the slot
                 self.waiting_in_slots += waiting.waiting
+                self._at(waiting, waiting.waiting)
                 return
         self.free += 1
         if seq.index is not None:

@@ -645,8 +645,23 @@ def test_a_slot_goes_to_the_lowest_free_number_and_passes_to_the_backlog():
         a, b = (sequences.join(SequenceTag(cid, start=True), loop) for cid in ("a", "b"))
         c = sequences.join(SequenceTag("c", start=True), loop)
         assert (a.index, b.index, c.index) == (0, 1, None)
+        sequences.waits(b)
+        sequences.waits(c)  # a request of c waits in the backlog: no slot, no row
+        assert (sequences.highest_waiting(), sequences.waiting_in_slots, sequences.waiting_for_slot) == (
+            1,
+            1,
+            1,
+        )
+        sequences.waited(b)
         sequences.release(a)
         assert c.index == 0  # the backlog's first sequence takes the slot, and its row
+        assert (sequences.highest_waiting(), sequences.waiting_in_slots, sequences.waiting_for_slot) == (
+            0,
+            1,
+            0,
+        )
+        sequences.waited(c)
+        assert sequences.highest_waiting() == -1
         sequences.release(b)
         d = sequences.join(SequenceTag("d", start=True), loop)
         assert d.index == 1

@@ -94,7 +94,9 @@ class SequenceConfig(BatcherConfig):
 
 class SequenceBatcher(RequestBatcher):
     name = "sequence"
-    slot_rows = True  # direct: a request runs at its slot's batch row (one instance)
+    # direct: a batch is every ready request of the head's shape, each at its slot's batch row (one
+    # instance); oldest batches as its dynamic batcher does
+    slot_rows = True
     summary = (
         "Triton's sequence batcher (direct): a slot per live sequence, its requests one at a time, in order"
     )
@@ -193,6 +195,8 @@ class SequenceBatcher(RequestBatcher):
         behind its sequence's running one: in Triton's slot queue either way; its batch holds
         a null request at the row of each that is not in it)."""
         queue = self.queue
+        if not self.slot_rows:  # oldest: its dynamic batcher's run at the head
+            return super().take(rows)
         with queue.lock:
             if queue.regular:  # one shape, one row each: the head's run is the batch
                 batch = super().take(rows)

@@ -32,7 +32,8 @@ class OldestConfig(SequenceConfig, DynamicConfig):
 
 class OldestSequenceBatcher(SequenceBatcher, DynamicBatcher):
     name = "sequence_oldest"
-    slot_rows = False  # Triton's oldest batches through its dynamic batcher: no slot rows
+    slot_rows = False  # Triton's oldest batches through its dynamic batcher: no slot rows, and
+    # a batch is the run of one shape at the head (not direct's every request of that shape)
     summary = (
         "Triton's sequence batcher (oldest): candidate sequences' oldest requests, batched as dynamic does"
     )

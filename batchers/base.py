@@ -390,8 +390,9 @@ class RequestBatcher(Batcher[Engine]):
         report, the policy's learning. Their trouble costs no request its answer (the
         results are computed already)."""
         self.last_batch_at = outcome.finished
-        report = BatchReport(outcome.rows, outcome.started, outcome.finished, outcome.energy, outcome.padded,
-                             input_s=outcome.input_s, output_s=outcome.output_s)  # fmt: skip
+        report = BatchReport(outcome.rows + outcome.null_rows, outcome.started, outcome.finished,
+                             outcome.energy, outcome.padded, input_s=outcome.input_s,
+                             output_s=outcome.output_s, null_rows=outcome.null_rows)  # fmt: skip
         try:
             self.observer.on_batch(report)
             self.batch_finished(outcome)

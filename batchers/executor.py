@@ -27,7 +27,7 @@ from wattserve.batchers.clock import REAL_CLOCK
 from wattserve.batchers.observers import BatchObserver
 from wattserve.batchers.types import BatchFailed, ItemState, RequestError, Result, WorkItem
 from wattserve.engines.base import Engine, StacksItems, StepEngine
-from wattserve.engines.request_engines import RunsRequests
+from wattserve.engines.request_engines import PadsRows, RunsRequests
 
 log = logging.getLogger("wattserve.batcher")
 
@@ -46,6 +46,7 @@ class BatchOutcome:
     rows: int = 0  # rows of the computed items (the batch size)
     input_s: float = 0.0  # gathering the items' inputs into the batch
     output_s: float = 0.0  # slicing the batch's outputs back into items
+    null_rows: int = 0  # rows the model ran beyond the items' (PadsRows: idle slots' null requests)
 
 
 def padded_size(n: int, batch_sizes: Sequence[int] | None) -> int:
@@ -185,11 +186,16 @@ def run_batch(
     per_item: Sequence[dict[str, np.ndarray] | BaseException]
     energy = None
     input_s = output_s = 0.0
+    rows = sum(item.rows for item in items)
+    null_rows = 0
     try:
         try:
             if runs_requests:  # each request whole; its own answer or error, no retry
                 runner = cast(RunsRequests, engine)
-                per_item = runner.run_requests([(it.inputs, it.context, it.is_cancelled) for it in items])
+                requests = [(it.inputs, it.context, it.is_cancelled) for it in items]
+                per_item = runner.run_requests(requests)
+                if isinstance(runner, PadsRows):  # its null rows count in the batch's size
+                    null_rows = runner.rows_for(requests) - rows
             else:
                 batch = _stack(engine, items, stacks)
                 gathered = now()
@@ -206,9 +212,10 @@ def run_batch(
     finally:  # keep the meter's busy/idle books balanced whatever happened
         energy = observer.on_batch_end(mark)
     finished = now()
-    rows = sum(item.rows for item in items)
     padded = padded_size(rows, engine.batch_sizes) - rows
-    return BatchOutcome(list(items), per_item, started, finished, energy, padded, rows, input_s, output_s)
+    return BatchOutcome(
+        list(items), per_item, started, finished, energy, padded, rows, input_s, output_s, null_rows
+    )
 
 
 def answer(outcome: BatchOutcome) -> None:

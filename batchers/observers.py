@@ -29,6 +29,9 @@ class BatchReport:
     finished: float
     energy: Any = None  # what on_batch_end returned for it
     padded: int = 0  # slots the engine added to reach one of its batch sizes
+    # rows of ``size`` that were no request's: a stateful model's null requests in idle slots
+    # (Triton counts them in the batch's size, not in its inferences)
+    null_rows: int = 0
     # Iteration-level only: arrival -> result of each request this iteration finished (a
     # request-level batch's requests all finish with it: None).
     time_to_result: tuple[float, ...] | None = None

@@ -6,6 +6,10 @@ in start order); each has at most one request queued or running, as with ``direc
 sequence, and batches are formed from it exactly as the dynamic batcher forms them
 (``batchers.dynamic``): a preferred size at once, else what is there after
 ``max_queue_delay``, oldest first.
+
+Triton's ``TRITONSERVER_DELAY_SCHEDULER`` hook holds this strategy where Triton's does, in
+its dynamic batcher: until the queue (the candidate sequences' oldest requests) holds that
+many; the backlog's count (``TRITONSERVER_BACKLOG_DELAY_SCHEDULER``) is not read.
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from typing import Any
 
 from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.dynamic import DynamicBatcher, DynamicConfig
-from wattserve.batchers.policy import Decision, QueueView
-from wattserve.batchers.sequence import SequenceBatcher, SequenceConfig
+from wattserve.batchers.policy import Decision, QueueView, Wait
+from wattserve.batchers.sequence import HELD, SequenceBatcher, SequenceConfig
 from wattserve.engines.base import Engine
 
 
@@ -28,6 +32,8 @@ class OldestConfig(SequenceConfig, DynamicConfig):
 
 class OldestSequenceBatcher(SequenceBatcher, DynamicBatcher):
     name = "sequence_oldest"
+    slot_rows = False  # Triton's oldest batches through its dynamic batcher: no slot rows, and
+    # a batch is the run of one shape at the head (not direct's every request of that shape)
     summary = (
         "Triton's sequence batcher (oldest): candidate sequences' oldest requests, batched as dynamic does"
     )
@@ -44,4 +50,10 @@ class OldestSequenceBatcher(SequenceBatcher, DynamicBatcher):
 
     def decide(self, view: QueueView, now: float) -> Decision:
         """The dynamic batcher's decision over the candidate sequences' oldest requests."""
+        if self._holding and self.held(view):
+            return Wait(None, note=HELD)
         return DynamicBatcher.decide(self, view, now)
+
+    def held(self, view: QueueView) -> bool:
+        """The delay hook holds until the queue holds its count (Triton's dynamic batcher)."""
+        return not view.closing and len(view.queue) < self.config.delay.queued

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ class LiveSequence:
     timer: asyncio.TimerHandle | None = None
     state: dict = field(default_factory=dict)
     released: bool = False
+    waiting: int = 0  # its requests waiting for their turn (outside the batcher's queue)
+    index: int | None = None  # its slot's number once it has one (0 first): its batch row
 
 
 class Sequences:
@@ -54,9 +57,15 @@ class Sequences:
         self.idle_s = idle_s
         self.model = model
         self.free = self.slots
+        self._free_indexes = list(range(self.slots))  # a heap: the lowest free slot goes first (Triton's)
         self.live: dict[int | str, LiveSequence] = {}
         self.backlog: deque[LiveSequence] = deque()  # started, waiting for a slot, in start order
         self.reaped = 0  # sequences released for being idle (tests and logs)
+        # requests waiting for their turn outside the batcher's queue, by whether their
+        # sequence holds a slot (Triton: in the slot's queue) or waits for one (its backlog)
+        self.waiting_in_slots = 0
+        self.waiting_for_slot = 0
+        self.waiting_at = [0] * self.slots  # per slot number: its sequence's requests waiting their turn
 
     def join(self, tag: SequenceTag, loop: asyncio.AbstractEventLoop) -> LiveSequence:
         """The live sequence ``tag`` belongs to (a new one for a START), or
@@ -114,6 +123,37 @@ class Sequences:
         else:
             previous.add_done_callback(done)
 
+    def waits(self, seq: LiveSequence) -> None:
+        """A request of ``seq`` begins to wait for its turn."""
+        seq.waiting += 1
+        if _holds_slot(seq):
+            self.waiting_in_slots += 1
+            self._at(seq, 1)
+        else:
+            self.waiting_for_slot += 1
+
+    def waited(self, seq: LiveSequence) -> None:
+        """A request of ``seq`` stops waiting (its turn came, or it is gone)."""
+        seq.waiting -= 1
+        if _holds_slot(seq):
+            self.waiting_in_slots -= 1
+            self._at(seq, -1)
+        else:
+            self.waiting_for_slot -= 1
+
+    def highest_waiting(self) -> int:
+        """The highest slot number whose sequence has a request waiting its turn; -1: none.
+        Read from any thread (a list of ints the loop updates)."""
+        at = self.waiting_at
+        for index in range(len(at) - 1, -1, -1):
+            if at[index] > 0:
+                return index
+        return -1
+
+    def _at(self, seq: LiveSequence, change: int) -> None:
+        if seq.index is not None:
+            self.waiting_at[seq.index] += change
+
     def release(self, seq: LiveSequence) -> None:
         """Give ``seq``'s slot to the oldest waiting sequence, or back to the free ones."""
         if seq.released:
@@ -132,9 +172,15 @@ class Sequences:
         while self.backlog:
             waiting = self.backlog.popleft()
             if not waiting.slot.done():
+                waiting.index = seq.index  # the slot, and its row, pass on
                 waiting.slot.set_result(None)
+                self.waiting_for_slot -= waiting.waiting  # its requests now wait in the slot
+                self.waiting_in_slots += waiting.waiting
+                self._at(waiting, waiting.waiting)
                 return
         self.free += 1
+        if seq.index is not None:
+            heapq.heappush(self._free_indexes, seq.index)
 
     def forget(self) -> None:
         """The model is unloading: no sequence is live any more, no idle timer left armed."""
@@ -147,6 +193,7 @@ class Sequences:
     def _grant_or_wait(self, seq: LiveSequence) -> None:
         if self.free:
             self.free -= 1
+            seq.index = heapq.heappop(self._free_indexes)
             seq.slot.set_result(None)
         else:
             self.backlog.append(seq)
@@ -164,3 +211,7 @@ class Sequences:
         )
         if seq.tail is None or seq.tail.done():
             self.release(seq)
+
+
+def _holds_slot(seq: LiveSequence) -> bool:
+    return seq.slot.done() and not seq.slot.cancelled()

@@ -39,12 +39,16 @@ class SequenceTag:
     """Which sequence a request of a stateful model belongs to (Triton's correlation ID and
     START/END flags, from the request's ``sequence_*`` parameters). ``state``: the
     sequence's implicit state, one dict shared by all its requests, set by the sequence
-    batcher and read and written only by the engine (its requests never run at once)."""
+    batcher and read and written only by the engine (its requests never run at once).
+    ``slot``: the row of the batch the request runs at, set by the direct sequence batcher
+    when its slots are one instance's batch rows, as Triton's are."""
 
     correlation_id: int | str
     start: bool = False
     end: bool = False
     state: dict | None = None
+    slot: int | None = None  # its batch row (Triton's direct: the sequence's slot); None: any row
+    width: int = 0  # rows of its batch at least (the highest slot with a request ready, + 1)
 
     @property
     def flags(self) -> int:

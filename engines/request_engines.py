@@ -38,6 +38,15 @@ class RunsRequests(Protocol):
 
 
 @runtime_checkable
+class PadsRows(Protocol):
+    """A ``RunsRequests`` engine whose model call may hold more rows than its requests (a
+    stateful model's null requests in idle slots, Triton's direct sequence batcher): how
+    many it runs for ``requests``, the batch size statistics count."""
+
+    def rows_for(self, requests: Sequence[RequestInput]) -> int: ...
+
+
+@runtime_checkable
 class CallsModels(Protocol):
     """Takes the door to the server's other models (``ModelCaller``), once built."""
 

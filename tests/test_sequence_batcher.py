@@ -26,12 +26,13 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 from wattserve.batchers.config import BatchingSpec
-from wattserve.batchers.sequence import SequenceBatcher, SequenceConfig
-from wattserve.batchers.sequence_slots import SequenceNotStarted
+from wattserve.batchers.sequence import DelayHook, SequenceBatcher, SequenceConfig
+from wattserve.batchers.sequence_slots import SequenceNotStarted, Sequences
 from wattserve.batchers.types import ClientGone, SequenceTag, WorkItem
 from wattserve.server.models.repository.config import ConfigError, parse_config
 from wattserve.server.models.repository.plan import plan_model
 from wattserve.server.models.repository.sequence_config import sequence_spec
+from wattserve.server.models.repository.sequence_plan import BACKLOG_VARIABLE, DELAY_VARIABLE, delay_hook
 from wattserve.server.settings import Settings
 
 from support.sequence_models import (
@@ -40,6 +41,7 @@ from support.sequence_models import (
     python_accumulator,
     torchscript_accumulator,
 )
+from tests.fake_clock import settle
 from tests.gated_engine import GatedEngine, item_input
 from tests.servers import free_port, threaded_server
 
@@ -530,3 +532,258 @@ def test_an_auto_completed_sequence_model_takes_no_control_input_from_clients(tm
         assert sorted(s.name for s in engine.outputs) == ["CORRID_OUT", "OUTPUT"]
     finally:
         engine.close()
+
+
+# ---------------------------------------------------------------- Triton's delay hook, slot rows
+
+
+@pytest.mark.parametrize(
+    ("hook", "queued", "backlogged", "holds"),
+    [
+        (DelayHook(), 0, 0, False),  # unset: never holds
+        (DelayHook(0, 3), 0, 0, False),  # the backlog count alone holds nothing (Triton's)
+        (DelayHook(4), 3, 9, True),
+        (DelayHook(4), 4, 0, False),
+        (DelayHook(4, 2), 4, 1, True),  # both counts must be reached
+        (DelayHook(4, 2), 5, 2, False),
+    ],
+)
+def test_the_delay_hook_holds_until_both_counts_are_reached(hook, queued, backlogged, holds):
+    assert hook.holds(queued, backlogged) is holds
+
+
+def test_the_delay_hook_is_read_from_the_environment_as_triton_reads_it():
+    assert delay_hook({}) == DelayHook()
+    assert delay_hook({DELAY_VARIABLE: "12", BACKLOG_VARIABLE: "2"}) == DelayHook(12, 2)
+    assert delay_hook({DELAY_VARIABLE: " 8 requests", BACKLOG_VARIABLE: "x"}) == DelayHook(8, 0)  # atoi
+    assert delay_hook({DELAY_VARIABLE: "-3"}) == DelayHook()
+
+
+def test_a_sequence_model_takes_the_delay_hook_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(DELAY_VARIABLE, "10")
+    monkeypatch.setenv(BACKLOG_VARIABLE, "3")
+    (plan,) = plan_model(onnx_accumulator(tmp_path), Settings(telemetry=False))
+    config = SequenceBatcher.config_from(plan.serving.batching, GatedEngine())
+    assert config.delay == DelayHook(10, 3)
+
+
+async def test_the_delay_hook_counts_requests_waiting_their_turn_then_lets_go_for_good():
+    """Triton's TRITONSERVER_DELAY_SCHEDULER=5: no batch until five requests wait in the slots,
+    those behind the one before them in their sequence included; then batches form as
+    without the hook, also for requests that come later."""
+    engine = GatedEngine(max_batch_size=4)
+    batcher = SequenceBatcher([engine], SequenceConfig(max_batch_size=4, delay=DelayHook(5)))
+    runner = asyncio.create_task(batcher.run())
+    sent = [sequence_item(1, "a", start=True), sequence_item(2, "a", end=True), sequence_item(11, "b", start=True),
+            sequence_item(12, "b"), sequence_item(21, "c", start=True, end=True)]  # fmt: skip
+    tasks = [asyncio.create_task(batcher.submit(item)) for item in sent[:4]]
+    await settle()
+    assert engine.batches == [] and len(batcher.queue) == 2 and batcher.sequences.waiting_in_slots == 2
+    tasks.append(asyncio.create_task(batcher.submit(sent[4])))
+    await asyncio.gather(*tasks)
+    assert engine.batches[0] == [1, 11, 21]  # all three slots' first requests, in one batch
+    assert sorted(engine.seen) == [1, 2, 11, 12, 21]
+    await batcher.submit(sequence_item(13, "b", end=True))  # the hold is over: at once
+    await batcher.drain()
+    await runner
+
+
+async def test_the_backlog_delay_hook_waits_for_sequences_without_a_slot_too():
+    """With TRITONSERVER_BACKLOG_DELAY_SCHEDULER the hold also waits until that many requests
+    wait in the backlog (sequences that have no slot yet)."""
+    engine = GatedEngine(max_batch_size=2)
+    batcher = SequenceBatcher([engine], SequenceConfig(max_batch_size=2, delay=DelayHook(2, 2)))
+    runner = asyncio.create_task(batcher.run())
+    tasks = [asyncio.create_task(batcher.submit(sequence_item(v, cid, start=True, end=True)))
+             for v, cid in ((1, "a"), (2, "b"), (3, "c"))]  # fmt: skip
+    await settle()
+    assert engine.batches == [] and batcher.sequences.waiting_for_slot == 1  # "c" has no slot
+    tasks.append(asyncio.create_task(batcher.submit(sequence_item(4, "d", start=True, end=True))))
+    await asyncio.gather(*tasks)
+    assert engine.batches == [[1, 2], [3, 4]]
+    await batcher.drain()
+    await runner
+
+
+async def test_a_drain_ends_the_delay_hooks_hold():
+    engine = GatedEngine(max_batch_size=4)
+    batcher = SequenceBatcher([engine], SequenceConfig(max_batch_size=4, delay=DelayHook(8)))
+    runner = asyncio.create_task(batcher.run())
+    task = asyncio.create_task(batcher.submit(sequence_item(1, "a", start=True, end=True)))
+    await settle()
+    assert engine.batches == []
+    await batcher.drain()
+    await task
+    await runner
+    assert engine.seen == [1]
+
+
+async def test_oldest_holds_until_its_queue_holds_the_count():
+    """The oldest strategy holds where Triton's does, in its dynamic batcher: the queue (each
+    candidate sequence's oldest request) must hold the count."""
+    from wattserve.batchers.sequence_oldest import OldestConfig, OldestSequenceBatcher
+
+    engine = GatedEngine(max_batch_size=4)
+    config = OldestConfig(max_batch_size=4, slots=4, max_queue_delay_s=0.0, delay=DelayHook(2))
+    batcher = OldestSequenceBatcher([engine], config)
+    runner = asyncio.create_task(batcher.run())
+    tasks = [asyncio.create_task(batcher.submit(sequence_item(v, "a", start=v == 1, end=v == 3)))
+             for v in (1, 2, 3)]  # fmt: skip
+    await settle()
+    assert engine.batches == []  # three requests, but one of them queued
+    tasks.append(asyncio.create_task(batcher.submit(sequence_item(11, "b", start=True, end=True))))
+    await asyncio.gather(*tasks)
+    assert engine.batches[0] == [1, 11]
+    await batcher.drain()
+    await runner
+
+
+def test_a_slot_goes_to_the_lowest_free_number_and_passes_to_the_backlog():
+    loop = asyncio.new_event_loop()
+    try:
+        sequences = Sequences(2, 0.0)
+        a, b = (sequences.join(SequenceTag(cid, start=True), loop) for cid in ("a", "b"))
+        c = sequences.join(SequenceTag("c", start=True), loop)
+        assert (a.index, b.index, c.index) == (0, 1, None)
+        sequences.waits(b)
+        sequences.waits(c)  # a request of c waits in the backlog: no slot, no row
+        assert (sequences.highest_waiting(), sequences.waiting_in_slots, sequences.waiting_for_slot) == (
+            1,
+            1,
+            1,
+        )
+        sequences.waited(b)
+        sequences.release(a)
+        assert c.index == 0  # the backlog's first sequence takes the slot, and its row
+        assert (sequences.highest_waiting(), sequences.waiting_in_slots, sequences.waiting_for_slot) == (
+            0,
+            1,
+            0,
+        )
+        sequences.waited(c)
+        assert sequences.highest_waiting() == -1
+        sequences.release(b)
+        d = sequences.join(SequenceTag("d", start=True), loop)
+        assert d.index == 1
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_delay_hook_and_slot_rows_over_http_and_grpc(tmp_path, monkeypatch, protocol):
+    """Triton's direct batcher, through the server: TRITONSERVER_DELAY_SCHEDULER=3 holds three
+    sequences' first requests into one batch; later a lone request runs at its slot's row
+    with null requests (READY 0) in the idle slots below it, which the statistics count in
+    the batch's size but not as inferences, and which touch no sequence's state."""
+    monkeypatch.setenv(DELAY_VARIABLE, "3")
+    onnx_accumulator(tmp_path)
+    port = free_port()
+    settings = Settings(model_repository=tmp_path, telemetry=False, grpc_port=port)
+    with threaded_server(settings) as (url, _):
+        address = url.removeprefix("http://") if protocol == "http" else f"127.0.0.1:{port}"
+        cids = (101, 102, 103)
+        with ThreadPoolExecutor(3) as pool:
+            first = [pool.submit(step, protocol, address, "acc_onnx", 10 * k, cid, True, False)
+                     for k, cid in enumerate(cids[:2], 1)]  # fmt: skip
+            time.sleep(0.3)
+            assert not any(f.done() for f in first)  # held: two of three requests
+            first.append(pool.submit(step, protocol, address, "acc_onnx", 30, cids[2], True, False))
+            assert [int(f.result(timeout=30)["OUTPUT"]) for f in first] == [10, 20, 30]
+        # the last sequence to start has slot 2: its lone request runs as row 2 of 3; the other
+        # two have slots 0 and 1 (in whichever order they arrived): batches of 1 and 2 rows
+        assert int(step(protocol, address, "acc_onnx", 5, cids[2], False, True)["OUTPUT"]) == 35
+        assert int(step(protocol, address, "acc_onnx", 1, cids[0], False, True)["OUTPUT"]) == 11
+        assert int(step(protocol, address, "acc_onnx", 2, cids[1], False, True)["OUTPUT"]) == 22
+        stats = httpx.get(f"{url}/v2/models/acc_onnx/stats").json()["model_stats"][0]
+    sizes = {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+    assert sizes == {3: 2, 2: 1, 1: 1}  # Triton's counts: null rows in the batch size...
+    assert stats["inference_count"] == 6 and stats["execution_count"] == 4  # ...not in inferences
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_state_output_the_config_lists_is_answered_and_one_it_does_not_is_refused(tmp_path, protocol):
+    """Triton's L0_implicit_state: a client may ask for a state output only when the config
+    also lists it among the outputs (then it gets the next state); else Triton's words."""
+    for folder in (onnx_accumulator(tmp_path, "acc_out"), torchscript_accumulator(tmp_path, "ts_out")):
+        config = folder / "config.pbtxt"
+        config.write_text(
+            config.read_text() + 'output [ { name: "SUM_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        )
+    onnx_accumulator(tmp_path)
+    port = free_port()
+    with threaded_server(Settings(model_repository=tmp_path, telemetry=False, grpc_port=port)) as (url, _):
+        module = thttp if protocol == "http" else tgrpc
+        client = module.InferenceServerClient(
+            url.removeprefix("http://") if protocol == "http" else f"127.0.0.1:{port}"
+        )
+        wanted = [module.InferRequestedOutput("SUM_OUT"), module.InferRequestedOutput("OUTPUT")]
+        for model in ("acc_out", "ts_out"):
+            for k, value in enumerate((3, 4)):
+                result = client.infer(model, [one_input(module, value)], outputs=wanted, sequence_id=7,
+                                      sequence_start=k == 0, sequence_end=k == 1)  # fmt: skip
+                assert (
+                    int(result.as_numpy("SUM_OUT")[0, 0]) == int(result.as_numpy("OUTPUT")[0, 0]) == 3 + 4 * k
+                )
+        with pytest.raises(
+            InferenceServerException, match="unexpected inference output 'SUM_OUT' for model 'acc_onnx'"
+        ):
+            client.infer(
+                "acc_onnx", [one_input(module, 1)], outputs=wanted, sequence_id=8, sequence_start=True
+            )
+
+
+def test_requests_run_at_their_slots_rows_with_not_ready_null_requests_in_the_others(tmp_path):
+    """The engine alone (Triton's direct batch): requests at slots 1 and 3 run as rows 1 and
+    3 of four; rows 0 and 2 are null requests (the first request's input and state, READY,
+    START 0, CORRID 0) whose outputs nobody gets and whose state nobody keeps; a batch's
+    width (a slot the batcher left for another shape) adds rows past its own highest slot."""
+    (plan,) = plan_model(onnx_accumulator(tmp_path), Settings(telemetry=False))
+    engine = plan.engine_factory(plan.serving.engine)
+    sequence = plan.serving.sequence
+    seen: list[dict] = []
+    inner = engine.inner
+    engine.inner = SimpleNamespace(max_batch_size=inner.max_batch_size,
+                                   infer=lambda batch: seen.append(batch) or inner.infer(batch))  # fmt: skip
+    states: dict = {1: {}, 2: {}}
+
+    def request(cid, value, slot, start=False, width=0):
+        tag = SequenceTag(cid, start=start, state=states[cid], slot=slot, width=width)
+        inputs = sequence.admit(tag, 1, {"INPUT": np.array([[value]], np.int32)})
+        return inputs, SimpleNamespace(sequence=tag), lambda: False
+
+    try:
+        first = [request(1, 5, 1, start=True), request(2, 7, 3, start=True)]
+        assert engine.rows_for(first) == 4
+        assert [int(a["OUTPUT"][0, 0]) for a in engine.run_requests(first)] == [5, 7]
+        batch = seen[-1]
+        assert batch["READY"][:, 0].tolist() == [0, 1, 0, 1] and batch["START"][:, 0].tolist() == [0, 1, 0, 1]
+        assert batch["CORRID"][:, 0].tolist() == [0, 1, 0, 2] and batch["INPUT"][:, 0].tolist() == [
+            5,
+            5,
+            5,
+            7,
+        ]
+        second = [request(1, 1, 1, width=4)]  # slot 3 has a request of another shape waiting
+        assert engine.rows_for(second) == 4
+        assert int(engine.run_requests(second)[0]["OUTPUT"][0, 0]) == 6
+        assert int(engine.run_requests([request(2, 1, 3)])[0]["OUTPUT"][0, 0]) == 8  # its own state
+    finally:
+        inner.close()
+
+
+async def test_a_direct_batch_takes_every_ready_request_of_the_heads_shape_wherever_it_is_queued():
+    """Triton's direct batcher: the first slot's request sets the batch's shape and every
+    other slot's ready request of that shape joins it; one of another shape waits (here the
+    queue is a, b, c with b of another shape: the batches are [a, c] then [b])."""
+    engine = GatedEngine(max_batch_size=4)
+    batcher = SequenceBatcher([engine], SequenceConfig(max_batch_size=4, delay=DelayHook(3)))
+    runner = asyncio.create_task(batcher.run())
+    items = [sequence_item(v, cid, start=True, end=True) for v, cid in ((1, "a"), (2, "b"), (3, "c"))]
+    for item, key in zip(items, ((2,), (1,), (2,)), strict=True):
+        item.shape_key = key  # as a variable-dims model's requests of those shapes have
+    await asyncio.gather(*(batcher.submit(item) for item in items))
+    assert engine.batches == [[1, 3], [2]]
+    # slots 0..2 were ready for the first batch; then only slot 1 (b's): two rows
+    assert [item.sequence.width for item in items] == [3, 2, 3]
+    await batcher.drain()
+    await runner

@@ -90,7 +90,7 @@ EXPECTED_WORDS = {
     "bad header length": "body has",
     "priority out of range": "priority",
     "negative timeout": "timeout",
-    "unknown output": "unknown output",
+    "unknown output": "unexpected inference output 'nope' for model",
     "too large": "limit",
     "too deep": "JSON nesting depth exceeds maximum allowed limit (100)",
     "too deep with nan": "JSON nesting depth exceeds maximum allowed limit (100)",

@@ -18,7 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from wattserve.batchers.status import Status
 from wattserve.engines.base import Engine, TensorSpec
 from wattserve.server.core.admission import Refused
-from wattserve.server.core.request import BadRequest, InferRequest
+from wattserve.server.core.request import BadRequest, InferRequest, UnknownOutput
 from wattserve.server.extensions.shared_memory import SharedMemoryRegistry
 from wattserve.server.models.runtime import ModelRuntime
 
@@ -109,5 +109,7 @@ class InferenceDecoder(Generic[P]):
             if size > OFFLOAD_DECODE_BYTES:
                 return await asyncio.to_thread(self.parse, *args), engine
             return self.parse(*args), engine
+        except UnknownOutput as unknown:  # Triton's words, which name the model
+            raise unknown.for_model(runtime.name) from None
         finally:
             self.budget.release(held)

@@ -29,6 +29,18 @@ class BadRequest(ValueError):
         self.status = status
 
 
+class UnknownOutput(BadRequest):
+    """A requested output the model does not have; the decoder, which knows the model, says
+    so in Triton's words (``for_model``)."""
+
+    def __init__(self, name: object, known: Sequence[str]) -> None:
+        super().__init__(f"unknown output {name!r}; model has {sorted(known)}")
+        self.name = name
+
+    def for_model(self, model: str) -> BadRequest:
+        return BadRequest(f"unexpected inference output '{self.name}' for model '{model}'")
+
+
 @dataclass
 class InferRequest:
     """A validated request: its whole input tensors, scheduling parameters, output choices.
@@ -280,7 +292,7 @@ def _read_outputs(outputs: Any, specs: Sequence[TensorSpec], request: InferReque
     for out in outputs:
         name = out.get("name") if isinstance(out, dict) else None
         if not isinstance(name, str) or name not in known:
-            raise BadRequest(f"unknown output {name!r}; model has {sorted(known)}")
+            raise UnknownOutput(name, sorted(known))
         if name in names:  # Triton's words
             raise BadRequest(f"output '{name}' already exists in request")
         names.append(name)

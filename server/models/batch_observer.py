@@ -65,7 +65,8 @@ class ServingObserver:
     def on_batch(self, report: BatchReport) -> None:
         m = self.metrics
         if report.time_to_result is None:  # a request-level batch: its requests end with it
-            m.observe_batch(report.size, report.compute_s, report.padded, report.input_s, report.output_s)
+            m.observe_batch(report.size, report.compute_s, report.padded, report.input_s, report.output_s,
+                            report.null_rows)  # fmt: skip
         else:  # one iteration: a model call; requests are counted as they finish
             m.batch_size.observe(report.size)
             m.compute_time.observe(report.compute_s)

@@ -158,13 +158,19 @@ class ServingMetrics:
         self.inflight.set_function(lambda: 0)
 
     def observe_batch(
-        self, size: int, compute_s: float, padded: int = 0, input_s: float = 0.0, output_s: float = 0.0
+        self,
+        size: int,
+        compute_s: float,
+        padded: int = 0,
+        input_s: float = 0.0,
+        output_s: float = 0.0,
+        null_rows: int = 0,
     ) -> None:
-        """Called once per executed batch (``size`` rows)."""
+        """Called once per executed batch (``size`` rows, ``null_rows`` of them no request's)."""
         self.batch_size.observe(size)
         self.compute_time.observe(compute_s)
-        self.statistics.record_batch(size, compute_s, input_s=input_s, output_s=output_s)
-        self.inferences.inc(size)
+        self.statistics.record_batch(size, compute_s, size - null_rows, input_s=input_s, output_s=output_s)
+        self.inferences.inc(size - null_rows)
         self.executions.inc()
         if padded:
             self.padded_slots.inc(padded)

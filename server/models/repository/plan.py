@@ -496,7 +496,8 @@ def _engine_factory(
         return ragged_factory(KIND_ENGINES[kind], model_file, in_outer, out_outer, ragged, source)
     if sequence is not None:
         return sequence_factory(_tensor_factory(kind, path, name, batching, source, *with_hidden(
-            sequence, in_outer, in_inner, out_outer, out_inner)), sequence)  # fmt: skip
+            sequence, in_outer, in_inner, out_outer, out_inner)), sequence,
+            {s.name for s in out_outer})  # fmt: skip
     return _tensor_factory(kind, path, name, batching, source, in_outer, in_inner, out_outer, out_inner)
 
 

@@ -67,10 +67,13 @@ class ImplicitState:
     initial_data: bytes | None = None  # row-major bytes (initial_state.data_file); None: zeros
 
     def initial(self) -> np.ndarray:
+        """One row; a variable dimension is 1 in it (Triton's first request), the state taking
+        the shape of the model's state output from then on."""
+        shape = (1, *(1 if d < 0 else d for d in self.spec.shape))
         if self.initial_data is None and self.spec.datatype == "BYTES":  # zeros of a string: empty
-            return np.full((1, *self.spec.shape), b"", dtype=object)
+            return np.full(shape, b"", dtype=object)
         if self.initial_data is None:
-            return np.zeros((1, *self.spec.shape), dtype=self.spec.dtype)
+            return np.zeros(shape, dtype=self.spec.dtype)
         return np.frombuffer(self.initial_data, self.spec.dtype).reshape((1, *self.spec.shape)).copy()
 
 
@@ -98,6 +101,17 @@ class SequenceModelSpec:
 
     def hidden_outputs(self) -> list[TensorSpec]:
         return [TensorSpec(s.output_name, s.spec.shape, s.spec.datatype) for s in self.states]
+
+    def not_ready(self) -> dict[str, np.ndarray]:
+        """Each control input's one row for a null request in an idle slot (Triton's
+        ``notready_input_overrides``): START, END and READY false, CORRID 0 (a string one empty)."""
+        rows = {}
+        for control in self.controls:
+            dtype = DATATYPE_TO_NUMPY[control.datatype]
+            corrid = b"" if np.dtype(dtype) == object else 0
+            value = corrid if control.kind == "corrid" else control.values[0]
+            rows[control.name] = np.full((1, 1), value, dtype=dtype)
+        return rows
 
     def admit(
         self, tag: SequenceTag | None, rows: int, inputs: Mapping[str, np.ndarray]
@@ -199,9 +213,6 @@ def _state(state: Any, where: str, model_dir: Path) -> ImplicitState:
     if not state.input_name or not state.output_name:
         raise ConfigError(f"{where} needs input_name and output_name")
     dims = tuple(int(d) for d in state.dims)
-    if any(d < 0 for d in dims):
-        raise ConfigError(f"{where} ({state.input_name}): dims {list(dims)}: a state with variable dims is "
-                          "not supported by wattserve")  # fmt: skip
     datatype = _datatype(state.data_type)
     if datatype not in DATATYPE_TO_NUMPY:
         got = pb.DataType.Name(state.data_type)
@@ -220,6 +231,9 @@ def _state(state: Any, where: str, model_dir: Path) -> ImplicitState:
         if choice == "data_file" and datatype == "BYTES":
             raise ConfigError(f"{where}.initial_state[0]: data_file for a TYPE_STRING state is not "
                               "supported by wattserve (zero_data is: empty strings)")  # fmt: skip
+        if choice == "data_file" and any(d < 0 for d in dims):
+            raise ConfigError(f"{where}.initial_state[0]: data_file for a state with variable dims "
+                              f"{list(dims)} is not supported by wattserve (zero_data is)")  # fmt: skip
         if choice == "data_file":
             data = _initial_data(
                 model_dir / "initial_state" / initial.data_file, spec, f"{where}.initial_state[0]"

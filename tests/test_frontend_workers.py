@@ -326,3 +326,33 @@ def test_model_control_and_shared_memory_are_the_core_s_whatever_front_end_asks(
             shm.destroy_shared_memory_region(handle)
             shm.destroy_shared_memory_region(out_handle)
         assert re.search(r"wattserve_requests_total\{", get(url + "/metrics")[1])
+
+
+def send(url: str, path: str, data: bytes) -> tuple[int, str]:
+    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_a_forwarded_body_over_the_limit_is_refused_as_one_process_refuses_it(tmp_path):
+    """A request a front end forwards is judged by the core's own route, body limit included:
+    the same status and message at one front end and at two (Triton's L0_http load and
+    generate tests read the message), not a refusal of the front end's own wording."""
+    (tmp_path / "identity").mkdir()
+    (tmp_path / "identity" / "config.pbtxt").write_text(IDENTITY)
+    limit = 64 * 1024
+    load = json.dumps({"parameters": {"file:1/model.onnx": "A" * limit}}).encode()
+    generate = json.dumps({"INPUT0": [0.0] * limit}).encode()
+    answers = {}
+    for workers in ("1", "2"):
+        with split_server(model_repository=str(tmp_path), model_control_mode="explicit", load_model="identity",
+                          max_body_bytes=str(limit), frontend_workers=workers) as proc:  # fmt: skip
+            answers[workers] = [
+                send(proc.url, "/v2/repository/models/identity/load", load),
+                send(proc.url, "/v2/models/identity/generate", generate),
+            ]
+    assert [status for status, _ in answers["1"]] == [413, 413]
+    assert answers["2"] == answers["1"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import aiohttp
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from wattserve.server.http.routes.common import error_response
 
@@ -25,9 +25,8 @@ HOP_BY_HOP = frozenset(
 class CoreHttp:
     """The core's HTTP server, reached over its Unix socket."""
 
-    def __init__(self, path: str, max_body_bytes: int, retry_after_s: int) -> None:
+    def __init__(self, path: str, retry_after_s: int) -> None:
         self.path = path
-        self.max_body_bytes = max_body_bytes
         self.retry_after_s = retry_after_s
         self._session: aiohttp.ClientSession | None = None
 
@@ -47,20 +46,24 @@ class CoreHttp:
         return error_response("the engine core is not available; retry", 503, self.retry_after_s)
 
     async def forward(self, request: Request, body: bytes | None = None) -> Response:
-        """Send ``request`` (its body given when already read) to the core; stream its answer."""
-        if body is None:
-            declared = request.headers.get("content-length")
-            if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-                return error_response(f"request body of {declared} bytes is over the limit of "
-                                      f"{self.max_body_bytes}", 413)  # fmt: skip
-            body = await request.body()
+        """Send ``request`` to the core, its body given when already read, else streamed as
+        it arrives (the front end holds none of it, and the core's route judges it: a body
+        over its limit is refused in that route's words and status, as by one process);
+        stream the core's answer back."""
         headers = [(k, v) for k, v in request.headers.items() if k not in HOP_BY_HOP]
+        if body is not None:  # read already: its length is the one sent
+            headers = [(k, v) for k, v in headers if k != "content-length"]
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        data: bytes | AsyncIterator[bytes] | None = body
+        if body is None and (
+            request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers
+        ):
+            data = _relayed(request)
         try:
             upstream = await self.session().request(
-                request.method, f"http://core{target}", headers=headers, data=body, allow_redirects=False
+                request.method, f"http://core{target}", headers=headers, data=data, allow_redirects=False
             )
-        except (aiohttp.ClientConnectionError, OSError):
+        except (aiohttp.ClientConnectionError, OSError, ClientDisconnect):
             return self.unavailable()
         answer_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
 
@@ -72,3 +75,10 @@ class CoreHttp:
                 upstream.release()
 
         return StreamingResponse(stream(), upstream.status, answer_headers)
+
+
+async def _relayed(request: Request) -> AsyncIterator[bytes]:
+    """The request's body chunk by chunk, as the client sends it."""
+    async for chunk in request.stream():
+        if chunk:
+            yield chunk

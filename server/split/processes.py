@@ -104,7 +104,7 @@ def run_frontend(settings: Settings, sockets: CoreSockets) -> None:
     client = CoreClient(sockets.channel, settings.frontend_slab_mib << 20, index)
     runtimes = FrontEndRuntimes(client)
     budget = BodyBudget(settings.max_inflight_body_bytes)  # HTTP and gRPC together, as in one process
-    core_http = CoreHttp(sockets.http, settings.max_body_bytes, settings.retry_after_s)
+    core_http = CoreHttp(sockets.http, settings.retry_after_s)
     relay = None
     if settings.grpc_port:
         host = settings.grpc_host or settings.host

@@ -128,18 +128,19 @@ class ServingMetrics:
     @property
     def outcome(self) -> dict[str, Any]:
         """Request counters by outcome, for the protocol of the request being handled."""
-        return self._outcomes[request_protocol.get()]
+        return self.outcomes(request_protocol.get())
 
     @property
     def request_latency(self) -> Any:
         """The latency histogram of the protocol of the request being handled."""
-        return self._latency[request_protocol.get()]
+        return self.latency(request_protocol.get())
 
     def outcomes(self, protocol: str) -> dict[str, Any]:
         """Request counters by outcome for ``protocol`` (a caller outside the request's context)."""
         return self._outcomes[protocol]
 
     def latency(self, protocol: str) -> Any:
+        """The latency histogram for ``protocol``."""
         return self._latency[protocol]
 
     def count(self, outcome: str) -> int:

@@ -113,7 +113,10 @@ def one_round(root: Path, preset_name: str, args: argparse.Namespace) -> dict:
         env = {**os.environ, "WATTSERVE_SPLIT_DIR": folder,
                "WATTSERVE_SPLIT_SETTINGS": json.dumps(core_settings(preset, args.concurrency)),
                "PYTHONPATH": str(root)}  # fmt: skip
-        core = subprocess.Popen([sys.executable, "-m", "wattserve.server.split", "core"], cwd=root, env=env)
+        profile = ["-m", "cProfile", "-o", args.profile] if args.profile else []
+        core = subprocess.Popen(
+            [sys.executable, *profile, "-m", "wattserve.server.split", "core"], cwd=root, env=env
+        )
         try:
             channel = os.path.join(folder, "core.sock")
             for _ in range(600):
@@ -151,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--preset", default="resnet50-h200", choices=sorted(PRESETS))
     ap.add_argument("--before", type=Path, help="an older checkout, run in alternating rounds")
+    ap.add_argument("--profile", metavar="FILE", help="run the core under cProfile, its stats to FILE")
     ap.add_argument("--drive", nargs=2, metavar=("CHANNEL", "CORE_PID"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 

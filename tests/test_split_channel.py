@@ -115,6 +115,60 @@ async def test_frames_arrive_whole_and_in_order_in_any_split():
     right.close()
 
 
+async def test_a_turns_frames_without_raw_bytes_travel_as_one_frame_in_order():
+    """Headers queued in one turn leave as one MANY frame between the frames that carry raw
+    bytes, and arrive one by one in the order they were queued."""
+    got: list[tuple[object, bytes]] = []
+    reader = channel.FrameProtocol(lambda header, raw: got.append((header, bytes(raw))), lambda exc: None)
+    left, right = socket.socketpair()
+    writer = channel.FrameProtocol(lambda h, r: None, lambda exc: None)
+    await asyncio.get_running_loop().create_unix_connection(lambda: writer, sock=left)
+    frames = [((channel.ANSWER, i, True, ("m", [i] * (i % 3))), b"raw%d" % i if i % 5 == 4 else b"")
+              for i in range(12)]  # fmt: skip
+    for header, raw in frames:
+        writer.send(header, [raw] if raw else [])
+    await asyncio.sleep(0.05)  # the turn's one write leaves
+    data = right.recv(1 << 20)
+    prefixes = []
+    at = 0
+    while at < len(data):  # the frames on the wire: 0-3 plain, 4 raw, 5-8, 9 raw, 10-11
+        header_length, raw_length = channel.PREFIX.unpack_from(data, at)
+        header = pickle.loads(data[at + 8 : at + 8 + header_length])
+        prefixes.append(header[0] if header[0] == channel.MANY else header[1])
+        at += 8 + header_length + raw_length
+    assert prefixes == [channel.MANY, 4, channel.MANY, 9, channel.MANY]
+    reader.data_received(data)
+    assert got == frames
+    writer.close()
+    right.close()
+
+
+def test_a_frame_that_cannot_be_encoded_costs_only_itself(caplog):
+    """One header pickle refuses (a caller's bug) is dropped and logged; the turn's other
+    frames still leave."""
+    sent: list[bytes] = []
+
+    class Transport:
+        def writelines(self, parts):
+            sent.append(b"".join(bytes(p) for p in parts))
+
+    writer = channel.FrameProtocol(lambda h, r: None, lambda exc: None)
+    writer.transport = Transport()  # type: ignore[assignment]
+    writer._loop = asyncio.new_event_loop()
+    try:
+        writer.send((channel.ANSWER, 1, True, None))
+        writer.send((channel.ANSWER, 2, True, lambda: None))  # a lambda does not pickle
+        writer.send((channel.ANSWER, 3, True, None))
+        writer._flush()
+    finally:
+        writer._loop.close()
+    got: list[object] = []
+    reader = channel.FrameProtocol(lambda header, raw: got.append(header), lambda exc: None)
+    reader.data_received(sent[0])
+    assert [h[1] for h in got] == [1, 3]
+    assert "unencodable" in caplog.text
+
+
 def test_a_corrupt_length_fails_the_connection():
     protocol = channel.FrameProtocol(lambda h, r: None, lambda exc: None)
     with pytest.raises(ValueError, match="frame header"):

@@ -5,16 +5,21 @@ numbers and tensor offsets: both ends are this package's own processes, on a soc
 0700 directory), then raw bytes (tensors that did not fit the slab, never pickled). Frames
 written in one turn of the event loop leave in one ``writelines``, so a burst of requests
 or answers costs one system call, not one each (vLLM's front end batches its ZMQ sends the
-same way).
+same way); and the headers of a turn's frames without raw bytes travel as one ``MANY``
+frame, one pickle for the lot (its memo writes a model's name once), so a request or an
+answer costs neither side a frame of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import pickle
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
+
+log = logging.getLogger("wattserve.channel")
 
 PREFIX = struct.Struct("!II")
 MAX_HEADER = 64 * 2**20  # a corrupt length fails the connection instead of allocating it
@@ -25,6 +30,7 @@ CANCEL = 2  # front end -> core: (CANCEL, id)
 COUNT = 3  # front end -> core: (COUNT, name, version, protocol, outcome): a refusal it answered
 DESCRIBE = 4  # front end -> core: (DESCRIBE, id, name, version) -> (ANSWER, id, True, info)
 ANSWER = 5  # core -> front end: (ANSWER, id, ok, payload)
+MANY = 6  # either way: (MANY, [header, ...]): consecutive frames without raw bytes, in order
 
 OnFrame = Callable[[Any, memoryview], None]
 EMPTY = memoryview(b"")
@@ -46,6 +52,7 @@ class FrameProtocol(asyncio.Protocol):
         self._buffer = bytearray()
         self._needed = PREFIX.size  # bytes the pending partial frame needs before it parses
         self._pending: list[bytes | memoryview] = []
+        self._headers: list[Any] = []  # this turn's frames without raw bytes, not yet encoded
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
@@ -80,8 +87,13 @@ class FrameProtocol(asyncio.Protocol):
                 break
             start = at + PREFIX.size
             header = pickle.loads(buf[start : start + header_length])
-            raw = memoryview(buf)[start + header_length : at + total] if raw_length else EMPTY
-            self.on_frame(header, raw)
+            if header[0] == MANY:
+                on_frame = self.on_frame
+                for one in header[1]:
+                    on_frame(one, EMPTY)
+            else:
+                raw = memoryview(buf)[start + header_length : at + total] if raw_length else EMPTY
+                self.on_frame(header, raw)
             at += total
         self._buffer = bytearray(buf[at:]) if at < end else bytearray()
         if self.on_read is not None:
@@ -93,22 +105,47 @@ class FrameProtocol(asyncio.Protocol):
 
     # ------------------------------------------------------------------ writing
     def send(self, header: Any, raw: Sequence[bytes | memoryview] = ()) -> None:
-        """Queue one frame; every frame queued in this loop turn leaves in one write."""
+        """Queue one frame; every frame queued in this loop turn leaves in one write, in the
+        order queued."""
         if self.closed or self.transport is None:
             return
-        encoded = pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL)
-        raw_length = sum(len(part) for part in raw) if raw else 0
-        self._pending.append(PREFIX.pack(len(encoded), raw_length))
-        self._pending.append(encoded)
         if raw:
+            self._encode_headers()  # the frames queued before this one go first
+            encoded = pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL)
+            self._pending.append(PREFIX.pack(len(encoded), sum(len(part) for part in raw)))
+            self._pending.append(encoded)
             self._pending.extend(raw)
+        else:
+            self._headers.append(header)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             assert self._loop is not None
             self._loop.call_soon(self._flush)
 
+    def _encode_headers(self) -> None:
+        """The queued headers as one frame (``MANY`` when more than one)."""
+        headers = self._headers
+        if not headers:
+            return
+        self._headers = []
+        message = headers[0] if len(headers) == 1 else (MANY, headers)
+        try:
+            encoded = [pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)]
+        except Exception:  # headers are plain data by construction; still, one bad header
+            log.exception("a frame could not be encoded; sending the others one by one")
+            encoded = []  # must not take the turn's other frames with it
+            for header in headers:
+                try:
+                    encoded.append(pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL))
+                except Exception:
+                    log.error("dropped an unencodable frame of kind %r", header[0])
+        for one in encoded:
+            self._pending.append(PREFIX.pack(len(one), 0))
+            self._pending.append(one)
+
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._encode_headers()
         pending, self._pending = self._pending, []
         if pending and not self.closed and self.transport is not None:
             self.transport.writelines(pending)

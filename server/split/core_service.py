@@ -345,7 +345,7 @@ class FrontEndLink:
             return
         assert result is not None
         out_offset, out_size = block
-        outputs = {name: np.ascontiguousarray(value) for name, value in result.outputs.items()}
+        outputs = result.outputs  # any layout: the slab write (or inline's copy) orders C
         refs, end = pack(outputs, out_offset)
         raw: list[memoryview] = []
         if out_size >= 0 and end - out_offset <= out_size:

@@ -185,6 +185,11 @@ class PriorityFifo:
         out: list[WorkItem] = []
         with self.lock:
             before = self.rows
+            if not self._multi_row and not self._keys:  # all one-row, unkeyed: books in bulk
+                self._pop_simple(n, out)
+                if out:
+                    self.drain.taken(before - self.rows, self.rows, self._now())
+                return out
             for lane, level in enumerate(self._levels):
                 while level and len(out) < n:
                     item = level.popleft()
@@ -202,6 +207,26 @@ class PriorityFifo:
             if out:
                 self.drain.taken(before - self.rows, self.rows, self._now())
         return out
+
+    def _pop_simple(self, n: int, out: list[WorkItem]) -> None:
+        """``pop`` when every queued item is one row with no shape key: each lane's run is
+        taken in one slice and counted once (a batch of 256 is one step, not 256)."""
+        queued = ItemState.QUEUED
+        for lane, level in enumerate(self._levels):
+            while level and len(out) < n:
+                want = n - len(out)
+                if want >= len(level):
+                    taken = list(level)
+                    level.clear()
+                else:
+                    taken = [level.popleft() for _ in range(want)]
+                if lane & 1:
+                    self.delayed -= len(taken)
+                self._count -= len(taken)
+                self.rows -= len(taken)
+                out += [item for item in taken if item.state is queued]  # defensive, as in pop
+            if len(out) == n:
+                return
 
     def pop_batch(self, limit: int) -> list[WorkItem]:
         """The run ``head(limit)`` describes: the head item whatever its rows, then each

@@ -85,3 +85,35 @@ def test_delay_oldest_moves_a_prefix_of_each_level_and_says_what_is_ahead():
     assert q.delay_oldest(count) == 4 and q.delayed == 4
     assert asked == [(0, [1, 2, 3]), (3, [8, 9])]
     assert values(q) == [3, 1, 2, 8, 9] and len(q) == 5 and q.rows == 5
+
+
+def test_pop_of_one_row_items_in_bulk_takes_what_the_walk_order_gives():
+    """``pop`` takes one-row, unkeyed items a lane's run at a time: the same items in the same
+    order as one by one (level 1 on time, its delayed lane, level 2, ...), answered items
+    skipped without counting toward ``n``, and the books (items, rows, delayed) right."""
+    from wattserve.batchers.types import ItemState
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        q = PriorityFifo(3)
+        items = [item(float(k), priority=int(rng.integers(1, 4)), arrival=float(k)) for k in range(30)]
+        for i in items:
+            q.push(i)
+        for i in items:
+            if rng.random() < 0.3:
+                q.delay(i)
+        walk = list(q)  # the walk order, before anything is answered
+        for i in items:
+            if rng.random() < 0.1:
+                i.state = ItemState.DONE  # answered while queued (defensive path): skipped
+        expected = [i for i in walk if i.state is ItemState.QUEUED]
+        got = []
+        while len(q):
+            n = int(rng.integers(1, 9))
+            taken = q.pop(n)
+            assert len(taken) <= n
+            got += taken
+            left = list(q)
+            assert len(q) == len(left) and q.rows == len(left)
+            assert q.delayed == sum(1 for lane in q._delayed for _ in lane)
+        assert values(got) == values(expected)

@@ -152,6 +152,7 @@ class LMEngine:
         self.model = PagedCausalLM(load_causal_lm(path, self._device, torch_dtype), kv_blocks, block_size)
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.eos_ids = _eos_ids(path, self.model.model.config, self.tokenizer, GenerationConfig)
+        self._decode = _decoder(self.tokenizer)
         self.blocks = BlockAllocator(kv_blocks, block_size)
         self.token_budget = token_budget
         self.chunked_prefill = chunked_prefill
@@ -284,18 +285,22 @@ class LMEngine:
         reason = None
         if (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
             reason = "stop"
-        text = str(self.tokenizer.decode(s.output, skip_special_tokens=True))
-        for stop in p.stop:
-            at = text.find(stop)
-            if at >= 0:
-                text, reason = text[:at], "stop"
-        s.text = text
         if reason is None and (len(s.output) >= p.max_tokens or s.total >= self.max_context):
             reason = "length"
+        sink = getattr(s.context, "token_sink", None)
+        # The text is read by stop strings, the stream and the answer: a generation with
+        # neither stop strings nor a sink decodes once, when it ends (a re-decode of the
+        # whole output per token grows with its length).
+        if p.stop or sink is not None or reason is not None:
+            text = self._decode(s.output)
+            for stop in p.stop:
+                at = text.find(stop)
+                if at >= 0:
+                    text, reason = text[:at], "stop"
+            s.text = text
         if reason is not None:
             s.finish_reason = reason
             self.release(s)
-        sink = getattr(s.context, "token_sink", None)
         if sink is not None:
             self._stream(s, sink)
 
@@ -378,6 +383,19 @@ class LMEngine:
         self.model = None  # type: ignore[assignment]  # the pool and weights go with it
         if self._device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _decoder(tokenizer: Any) -> Any:
+    """``tokenizer.decode(ids, skip_special_tokens=True)`` for a list of ints, minus its wrapper.
+
+    Why: ``decode`` first walks every id to check it is a number (``to_py_obj``), which cost
+    more than the Rust decode itself, per token of every running generation; for a list of
+    ints it then calls ``_decode``, which is what this calls (the public method where a
+    tokenizer has no ``_decode``)."""
+    inner = getattr(tokenizer, "_decode", None)
+    if inner is None:
+        return lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True))
+    return lambda ids: str(inner(token_ids=ids, skip_special_tokens=True))
 
 
 def _eos_ids(path: Path, config: Any, tokenizer: Any, generation_config: Any) -> frozenset[int]:

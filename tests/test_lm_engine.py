@@ -81,6 +81,35 @@ def test_seeded_sampling_is_the_same_alone_and_batched(folders, kind):
     assert mine.output == alone.output
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_text_equals_hf_decode_whether_decoded_per_token_or_once_at_the_end(folders, kind):
+    # A generation without stop strings or a sink decodes its text once, when it ends; one
+    # with a sink per token. Both must be Hugging Face's text for generate()'s tokens, and
+    # the streamed pieces must add up to it.
+    from types import SimpleNamespace
+
+    folder = folders[kind]
+    want_ids, want_text = greedy_with_text(folder, PROMPTS[3], 20)
+    eng = engine(folder)
+    quiet = eng.start(request(PROMPTS[3], 20))
+    pieces: list[str] = []
+    streamed = eng.start(request(PROMPTS[3], 20))
+    streamed.context = SimpleNamespace(token_sink=lambda delta, *_: pieces.append(delta))
+    texts = []
+    while not (eng.finished(quiet) and eng.finished(streamed)):
+        eng.step([s for s in (quiet, streamed) if not eng.finished(s)])
+        if not eng.finished(quiet):
+            assert quiet.text == ""  # not decoded while nothing reads it
+        texts.append((len(streamed.output), streamed.text))
+    for state in (quiet, streamed):
+        assert state.output == want_ids
+        assert state.text == want_text
+        assert eng.result(state)["text_output"][0].decode() == want_text
+    assert "".join(pieces) == want_text and len(pieces) == 20
+    for n, text in texts:  # every intermediate text is the decode of the tokens so far
+        assert text == eng.tokenizer.decode(want_ids[:n], skip_special_tokens=True)
+
+
 def test_request_level_infer_matches_step_level(folders):
     folder = folders["llama"]
     eng = engine(folder)

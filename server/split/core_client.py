@@ -268,9 +268,10 @@ class CoreClient:
         self, info: ModelInfo, request: InferRequest, protocol: str
     ) -> tuple[int, asyncio.Future[Result]]:
         """Write the request's tensors into the slab and send it; its id and answer future."""
-        inputs = request.inputs
-        arrays = {name: np.ascontiguousarray(value) for name, value in inputs.items()}
-        in_bytes = sum(a.nbytes + 64 for a in arrays.values())
+        arrays = request.inputs  # any layout: the slab write (or inline's copy) orders C
+        in_bytes = 0
+        for value in arrays.values():
+            in_bytes += value.nbytes + 64
         out_bytes = -1
         if info.out_bytes_per_row is not None:
             out_bytes = info.out_bytes_per_row * request.rows + 64 * len(info.outputs)

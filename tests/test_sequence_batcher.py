@@ -46,7 +46,8 @@ from tests.fake_clock import FakeClock, settle
 from tests.gated_engine import GatedEngine, item_input
 from tests.servers import free_port, threaded_server
 
-MODELS = ("acc_onnx", "acc_python", "acc_oldest", "acc_torchscript", "acc_two")
+MODELS = ("acc_onnx", "acc_python", "acc_oldest", "acc_torchscript", "acc_two", "acc_py_two")
+PYTHON_MODELS = ("acc_python", "acc_idle", "acc_py_two")  # string correlation IDs, flags seen
 OLDEST = (
     "oldest { max_candidate_sequences: 8 preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 2000 }"
 )
@@ -62,10 +63,12 @@ def served(tmp_path_factory):
     onnx_accumulator(root, "acc_oldest", strategy=OLDEST)
     torchscript_accumulator(root)
     ensemble_over(root, "acc_onnx")
-    two = onnx_accumulator(root, "acc_two")  # two instances: a sequence's state goes with it
-    (two / "config.pbtxt").write_text(
-        (two / "config.pbtxt").read_text().replace("count: 1 kind", "count: 2 kind")
-    )
+    # two instances: a sequence is pinned to its slot's instance, where its state lives (a
+    # Python model's in the instance itself: a request run elsewhere would start from 0)
+    for two in (onnx_accumulator(root, "acc_two"), python_accumulator(root, "acc_py_two")):
+        (two / "config.pbtxt").write_text(
+            (two / "config.pbtxt").read_text().replace("count: 1 kind", "count: 2 kind")
+        )
     port = free_port()
     with threaded_server(Settings(model_repository=root, telemetry=False, grpc_port=port)) as (url, app):
         yield url.removeprefix("http://"), f"127.0.0.1:{port}", app
@@ -91,7 +94,7 @@ def step(protocol: str, address: str, model: str, value: int, cid, start: bool, 
     client = module.InferenceServerClient(address)
     result = client.infer(model, [one_input(module, value)], sequence_id=cid, sequence_start=start,
                           sequence_end=end)  # fmt: skip
-    onnx = model != "acc_python" and model != "acc_idle"
+    onnx = model not in PYTHON_MODELS
     names = ["OUTPUT", "CORRID_OUT"] if onnx else ["OUTPUT", "FLAGS", "START_SEEN", "CORRID_SEEN"]
     return {name: result.as_numpy(name)[0, 0] for name in names}
 
@@ -99,7 +102,7 @@ def step(protocol: str, address: str, model: str, value: int, cid, start: bool, 
 def correlation_id(model: str, i: int):
     """uint64 IDs (some past 2^32) for the ONNX and TorchScript models (their CORRID is
     TYPE_UINT64, TYPE_INT64), strings for the Python model's TYPE_STRING CORRID."""
-    return f"seq-{i}" if model == "acc_python" else (i + 1) * 1_000_003_007
+    return f"seq-{i}" if model in PYTHON_MODELS else (i + 1) * 1_000_003_007
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -123,7 +126,7 @@ def test_interleaved_sequences_from_concurrent_clients_over_http_and_grpc(served
         results = list(pool.map(client, range(sequences)))
     for i, answers in enumerate(results):
         assert [int(a["OUTPUT"]) for a in answers] == np.cumsum(values[i]).tolist(), i
-        if model == "acc_python":  # the flags and control tensors the model saw
+        if model in PYTHON_MODELS:  # the flags and control tensors the model saw
             assert [int(a["FLAGS"]) for a in answers] == [1, 0, 0, 0, 2]
             assert [int(a["START_SEEN"]) for a in answers] == [1, 0, 0, 0, 0]
             assert {a["CORRID_SEEN"] for a in answers} == {correlation_id(model, i).encode()}
@@ -380,14 +383,6 @@ def test_what_is_not_implemented_is_refused_at_load_by_name(tmp_path, change, re
         plan_model(folder, Settings(telemetry=False))
 
 
-def test_a_python_model_with_two_instances_is_refused(tmp_path):
-    folder = python_accumulator(tmp_path)
-    config = folder / "config.pbtxt"
-    config.write_text(config.read_text().replace("count: 1 kind", "count: 2 kind"))
-    with pytest.raises(ConfigError, match="with 2 instances of a Python model is not supported"):
-        plan_model(folder, Settings(telemetry=False))
-
-
 def test_implicit_state_is_refused_for_a_python_model(tmp_path):
     folder = python_accumulator(tmp_path)
     config = folder / "config.pbtxt"
@@ -435,6 +430,38 @@ async def test_oldest_holds_at_most_its_candidate_sequences():
     assert engine.seen == [1, 2, 4, 3]
     await batcher.drain()
     await runner
+
+
+async def test_oldest_has_candidate_sequences_per_instance_each_pinned_to_its_own():
+    """Triton's oldest strategy over two instances: ``max_candidate_sequences`` (here 1) per
+    instance, each instance batching its own sequences' requests; a third sequence waits
+    for a slot and gets the one that frees, on that slot's instance."""
+    from wattserve.batchers.sequence_oldest import OldestConfig, OldestSequenceBatcher
+
+    clock = FakeClock()
+    engines = [GatedEngine(max_batch_size=4), GatedEngine(max_batch_size=4)]
+    config = OldestConfig(max_batch_size=4, slots=1, max_queue_delay_s=0.0)
+    batcher = OldestSequenceBatcher(engines, config, clock=clock)
+    runner = asyncio.create_task(batcher.run())
+
+    def item(value: float, cid: str, start: bool = False, end: bool = False) -> WorkItem:
+        return WorkItem(
+            item_input(value), arrival=clock.now(), sequence=SequenceTag(cid, start=start, end=end)
+        )
+
+    await batcher.submit(item(1, "a", start=True))
+    await batcher.submit(item(11, "b", start=True))
+    third = asyncio.create_task(batcher.submit(item(21, "c", start=True)))
+    await settle()
+    assert not third.done() and batcher.sequences.free == 0  # one candidate per instance, both taken
+    await batcher.submit(item(12, "b", end=True))  # b ends: its instance's slot goes to c
+    await third
+    await batcher.submit(item(2, "a", end=True))
+    await batcher.submit(item(22, "c", end=True))
+    assert engines[0].seen == [1, 2] and engines[1].seen == [11, 12, 21, 22]
+    await batcher.drain()
+    await runner
+    batcher.close()
 
 
 def test_implicit_state_starts_from_a_data_file_and_carries_over(tmp_path):

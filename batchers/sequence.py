@@ -1,31 +1,34 @@
 """sequence: Triton's sequence batcher for stateful models, the ``direct`` strategy.
 
-Each live sequence holds one batch slot (``max_batch_size`` slots per model instance;
-sequences that start while all are taken wait for one, in start order) and has at most one
-request queued or running: a request waits outside the queue until the one before it in
-its sequence is answered (``batchers.sequence_slots``). So the queue holds exactly the slots' next requests,
+As Triton's ``SequenceBatchScheduler``, the batcher is one batch per model instance (a
+``SequenceLane``: its own queue, loop and engine thread, Triton's ``DirectSequenceBatch``)
+under one bookkeeping of the sequences (``batchers.sequence_slots``): each instance has
+``max_batch_size`` slots, a live sequence holds one slot of one instance for its whole life
+(sequences that start while all are taken wait for one, in start order), and its requests
+run only on that instance. Each sequence has at most one request queued or running: a
+request waits outside the queues until the one before it in its sequence is answered, then
+joins its instance's queue. So an instance's queue holds exactly its slots' next requests,
 and a batch is some of them: requests of one sequence never run together or out of order.
 
-The decision is the same pure ``decide(view, now)`` as every policy's (``batchers.policy``):
-a batch goes once ``minimum_slot_utilization`` of the slots have a request ready (at least
-one), else when the oldest ready request has waited ``max_queue_delay`` (Triton's defaults,
-0 and 0: at once). With one model instance, as Triton's direct batcher does, each request
-runs at its sequence's slot's row of the batch (``SequenceTag.slot``: the lowest free slot
-when the sequence got one) and the engine fills the idle slots' rows below the highest one
-with READY=0 rows (``engines/sequence_model.py``). With more instances a batch is the ready
-requests in queue order (docs/triton.md): a sequence is not pinned to an instance, any
-instance may run its next request (its implicit state travels with it; a Python model,
-which keeps state in its instance, is refused more than one at load).
+The decision is the same pure ``decide(view, now)`` as every policy's (``batchers.policy``),
+asked by each instance over its own queue: a batch goes once ``minimum_slot_utilization`` of
+the instance's slots have a request ready (at least one), else when the oldest ready request
+has waited ``max_queue_delay`` (Triton's defaults, 0 and 0: at once). As Triton's direct
+batcher does, each request runs at its slot's row of its instance's batch
+(``SequenceTag.slot``) and the engine fills the idle slots' rows below the highest one with
+READY=0 rows (``engines/sequence_model.py``).
 
-A request without a sequence (``WorkItem.sequence`` None) is queued as it is: the runtime
-refuses those for a sequence model before they get here, with Triton's message.
+A request without a sequence (``WorkItem.sequence`` None) is queued as it is (on the first
+instance): the runtime refuses those for a sequence model before they get here, with
+Triton's message.
 
 Triton's debug hooks, which its QA (``qa/L0_sequence_batcher``) sets so that requests pile
 up before the first batch forms (``DelayHook``): ``TRITONSERVER_DELAY_SCHEDULER=N`` holds
-every batch until N requests wait in the slots (queued, or waiting for their turn behind
-the one before them), and with it ``TRITONSERVER_BACKLOG_DELAY_SCHEDULER=M`` until M more
-wait in the backlog for a slot; once both are reached the hold is over for good (Triton's
-``SequenceBatchScheduler::DelayScheduler``). The server reads the variables at load
+every batch until N requests wait in the slots of all instances together (queued, or
+waiting for their turn behind the one before them), and with it
+``TRITONSERVER_BACKLOG_DELAY_SCHEDULER=M`` until M more wait in the backlog for a slot; once
+both are reached the hold is over for good (Triton's ``SequenceBatchScheduler::
+DelayScheduler``). The server reads the variables at load
 (``server/models/repository/sequence_plan.py``); the policy gets the numbers.
 """
 
@@ -34,12 +37,17 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from wattserve.batchers.base import BatcherConfig, RequestBatcher, common_config
+from wattserve.batchers.clock import Clock
 from wattserve.batchers.config import BatchingSpec
+from wattserve.batchers.executor import BatchOutcome
+from wattserve.batchers.observers import BatchObserver
 from wattserve.batchers.policy import Decision, Dispatch, QueueView, Wait
+from wattserve.batchers.rate_limiter import Claim, RateLimiter
 from wattserve.batchers.sequence_slots import Sequences
 from wattserve.batchers.types import ClientGone, QueueFull, Result, WorkItem
 from wattserve.engines.base import Engine
@@ -93,9 +101,14 @@ class SequenceConfig(BatcherConfig):
 
 
 class SequenceBatcher(RequestBatcher):
+    """The sequences' slots over every instance, the policy each instance's batch is decided
+    by, and the instances' batches (``lanes``, one per model instance). Requests queue in
+    their instance's lane, not in this batcher's own queue (the base's, which stays empty):
+    ``queue_depth`` sums the lanes'."""
+
     name = "sequence"
-    # direct: a batch is every ready request of the head's shape, each at its slot's batch row (one
-    # instance); oldest batches as its dynamic batcher does
+    # direct: a batch is every ready request of the head's shape, each at its slot's batch row;
+    # oldest batches as its dynamic batcher does
     slot_rows = True
     summary = (
         "Triton's sequence batcher (direct): a slot per live sequence, its requests one at a time, in order"
@@ -104,14 +117,16 @@ class SequenceBatcher(RequestBatcher):
 
     def __init__(self, engines: Sequence[Engine], config: SequenceConfig, **hooks: Any) -> None:
         super().__init__(engines, config, **hooks)
-        # Triton's slots: max_batch_size (oldest: max_candidate_sequences) per model instance
-        slots = (config.slots or config.max_batch_size) * len(self.instances)
-        self.sequences = Sequences(slots, config.idle_s, self.engine.name)
-        # a batch goes at once when this many slots have a request ready
+        # Triton's slots: max_batch_size (oldest: max_candidate_sequences) in each model instance
+        self.sequences = Sequences(
+            config.slots or config.max_batch_size, config.idle_s, self.engine.name, len(self.instances)
+        )
+        # a batch goes at once when this many of an instance's slots have a request ready
         self._enough = max(1, math.ceil(config.min_slot_utilization * config.max_batch_size - 1e-9))
         self._holding = config.delay.active  # Triton's delay hook: until it lets go, once
-        # the slots are one instance's batch rows: each request runs at its slot's row
-        self._slot_rows = self.slot_rows and len(self.instances) == 1
+        observer = hooks.get("observer")
+        self.lanes = [SequenceLane(self, i, inst.engine, inst.executor, observer, self.clock)
+                      for i, inst in enumerate(self.instances)]  # fmt: skip
 
     @classmethod
     def config_from(cls, spec: BatchingSpec, engine: Engine) -> SequenceConfig:
@@ -128,6 +143,7 @@ class SequenceBatcher(RequestBatcher):
 
     # ------------------------------------------------------------------ the policy
     def decide(self, view: QueueView, now: float) -> Decision:
+        """One instance's decision over its queue (``view``: its lane)."""
         if self._holding and self.held(view):
             return Wait(None, note=HELD)
         queue = view.queue
@@ -142,10 +158,11 @@ class SequenceBatcher(RequestBatcher):
         return Wait(left, self._enough)
 
     def held(self, view: QueueView) -> bool:
-        """Triton's delay hook holds every batch: requests in the slots (queued, or waiting
-        for the one before them) and in the backlog below its counts (never in a drain)."""
+        """Triton's delay hook holds every batch: requests in all instances' slots (queued,
+        or waiting for the one before them) and in the backlog below its counts (never in a
+        drain)."""
         sequences = self.sequences
-        queued = len(view.queue) + sequences.waiting_in_slots
+        queued = self.queue_depth + sequences.waiting_in_slots
         return not view.closing and self.config.delay.holds(queued, sequences.waiting_for_slot)
 
     def observe(self, decision: Decision, now: float) -> None:
@@ -156,18 +173,18 @@ class SequenceBatcher(RequestBatcher):
     # ------------------------------------------------------------------ a request's turn
     async def submit(self, item: WorkItem) -> Result:
         """A request of a sequence waits for its turn (the request before it answered, a
-        slot), then is queued as any request is."""
+        slot), then is queued on its slot's instance as any request is."""
         tag = item.sequence
         if tag is None:
-            return await super().submit(item)
+            return await self._queued(self.lanes[0], item)
         self.check_admission()
         loop = self._loop or asyncio.get_running_loop()
         sequences = self.sequences
         seq = sequences.join(tag, loop)
         previous, mine = sequences.next_turn(seq, loop)
         sequences.waits(seq)
-        if self._holding:  # the delay hook counts requests waiting outside the queue too
-            self._queue_changed()
+        if self._holding:  # the delay hook counts requests waiting outside the queues too
+            self._wake_lanes()
         try:
             if previous is not None and not previous.done():
                 await asyncio.shield(previous)
@@ -180,22 +197,107 @@ class SequenceBatcher(RequestBatcher):
             sequences.answered(seq, mine, previous)
             raise
         sequences.waited(seq)
-        if self._slot_rows:
+        assert seq.instance is not None  # it holds a slot
+        tag.instance = seq.instance
+        if self.slot_rows:
             tag.slot = seq.index
         try:
-            return await super().submit(item)
+            return await self._queued(self.lanes[seq.instance], item)
         finally:
             self.sequences.answered(seq, mine, None)
+
+    async def _queued(self, lane: SequenceLane, item: WorkItem) -> Result:
+        """``item`` through ``lane``'s queue, counted in flight meanwhile."""
+        self.inflight += 1
+        try:
+            return await lane.submit(item)
+        finally:
+            self.inflight -= 1
+
+    def _wake_lanes(self) -> None:
+        for lane in self.lanes:
+            lane._queue_changed()
+
+    # ------------------------------------------------------------------ the lanes together
+    async def run(self) -> None:
+        """Every instance's loop (each forms its own batches), until a drain ends them."""
+        self._loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
+        try:
+            await asyncio.gather(*(lane.run() for lane in self.lanes))
+        finally:
+            self._stopped.set()
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Accept no more; every instance finishes what it has accepted."""
+        self.closing = True
+        await asyncio.gather(*(lane.drain(timeout) for lane in self.lanes))
+
+    def cancel(self, item: WorkItem) -> None:
+        """The client went away: its instance answers it (never computed if still queued);
+        one still waiting for its turn is answered now and never queued."""
+        tag = item.sequence
+        self.lanes[tag.instance if tag is not None and tag.instance is not None else 0].cancel(item)
+
+    def use_rate_limiter(self, limiter: RateLimiter, claims: Sequence[Claim | None]) -> None:
+        """Each instance's batches wait for that instance's claim."""
+        if len(claims) != len(self.lanes):
+            raise ValueError(f"{len(claims)} rate limiter claims for {len(self.lanes)} instances")
+        for lane, claim in zip(self.lanes, claims, strict=True):
+            lane.use_rate_limiter(limiter, [claim])
+
+    @property
+    def queue_depth(self) -> int:
+        return sum(len(lane.queue) for lane in self.lanes)
+
+    def close(self) -> None:
+        """The lanes' (engine threads, engines), and no idle timer outlives the model."""
+        self.sequences.forget()
+        for lane in self.lanes:
+            lane.close()
+
+    def check_admission(self, rows: int = 1) -> None:
+        """The base's checks; requests queued on any instance, and those waiting for their
+        turn, count against the queue's bound."""
+        super().check_admission(rows)
+        waiting = self.sequences.waiting_in_slots + self.sequences.waiting_for_slot
+        if self.queue_depth + waiting + 1 > self.config.max_queue_size:
+            raise QueueFull(f"queue full ({self.config.max_queue_size} requests waiting)")
+
+
+class SequenceLane(RequestBatcher):
+    """One model instance's batches (Triton's ``DirectSequenceBatch``, or the dynamic batcher
+    of its ``OldestSequenceBatch``): the requests of the sequences whose slots are this
+    instance's, in its own queue, formed into batches for its one engine by its own loop, as
+    its owner's policy decides."""
+
+    def __init__(self, owner: SequenceBatcher, index: int, engine: Engine, thread: ThreadPoolExecutor,
+                 observer: BatchObserver | None, clock: Clock) -> None:  # fmt: skip
+        super().__init__([engine], owner.config, observer=observer, threads=[thread], clock=clock)
+        self.owner = owner
+        self.index = index  # the model instance: its slots are Sequences' slots of this instance
+
+    def decide(self, view: QueueView, now: float) -> Decision:
+        return self.owner.decide(view, now)
+
+    def observe(self, decision: Decision, now: float) -> None:
+        self.owner.observe(decision, now)
+
+    def batch_finished(self, outcome: BatchOutcome) -> None:
+        """The owner's books: when its last batch ended (the idle trimmer reads it)."""
+        self.owner.last_batch_at = outcome.finished
+        self.owner.batch_finished(outcome)
 
     def take(self, rows: int) -> list[WorkItem]:
         """Triton's direct batch: the head request and every other ready one of its shape, in
         queue order, up to ``rows`` (a request of another shape waits for a later batch,
-        whatever its place in the queue). With slot rows each request also learns the batch's
-        width: up to the highest slot with a request pending, taken or not (queued, or waiting
+        whatever its place in the queue). Each request also learns the batch's width: up to
+        this instance's highest slot with a request pending, taken or not (queued, or waiting
         behind its sequence's running one: in Triton's slot queue either way; its batch holds
-        a null request at the row of each that is not in it)."""
+        a null request at the row of each that is not in it). The oldest strategy takes the
+        run at the head, as its dynamic batcher does."""
         queue = self.queue
-        if not self.slot_rows:  # oldest: its dynamic batcher's run at the head
+        if not self.owner.slot_rows:
             return super().take(rows)
         with queue.lock:
             if queue.regular:  # one shape, one row each: the head's run is the batch
@@ -206,23 +308,11 @@ class SequenceBatcher(RequestBatcher):
                 key = queued[0].shape_key if queued else None
                 chosen = [item for item in queued if item.shape_key == key][: max(1, rows)]
                 batch = self._started([item for item in chosen if queue.remove(item)])
-            if self._slot_rows:  # slots with a request queued, taken, or waiting its turn
-                slots = [item.sequence.slot for item in [*queue, *queued] if item.sequence is not None]
-                highest = max((s for s in slots if s is not None), default=-1)
-                width = max(highest, self.sequences.highest_waiting()) + 1
-                for item in batch:
-                    if item.sequence is not None:
-                        item.sequence.width = width
+            # this instance's slots with a request queued, taken, or waiting its turn
+            slots = [item.sequence.slot for item in [*queue, *queued] if item.sequence is not None]
+            highest = max((s for s in slots if s is not None), default=-1)
+            width = max(highest, self.owner.sequences.highest_waiting(self.index)) + 1
+            for item in batch:
+                if item.sequence is not None:
+                    item.sequence.width = width
         return batch
-
-    def close(self) -> None:
-        """The base's (engine threads, engines), and no idle timer outlives the model."""
-        self.sequences.forget()
-        super().close()
-
-    def check_admission(self, rows: int = 1) -> None:
-        """The base's checks; requests waiting for their turn count against the queue's bound."""
-        super().check_admission(rows)
-        waiting = self.sequences.waiting_in_slots + self.sequences.waiting_for_slot
-        if waiting and len(self.queue) + waiting + 1 > self.config.max_queue_size:
-            raise QueueFull(f"queue full ({self.config.max_queue_size} requests waiting)")

@@ -1,15 +1,17 @@
 """sequence_oldest: Triton's sequence batcher, the ``oldest`` strategy.
 
-Up to ``max_candidate_sequences`` sequences are live at once (the others wait for one to end,
-in start order); each has at most one request queued or running, as with ``direct``
-(``batchers.sequence``). The queue therefore holds the oldest request of each candidate
-sequence, and batches are formed from it exactly as the dynamic batcher forms them
-(``batchers.dynamic``): a preferred size at once, else what is there after
-``max_queue_delay``, oldest first.
+Up to ``max_candidate_sequences`` sequences per model instance are live at once (the others
+wait for one to end, in start order), each pinned to its slot's instance; each has at most
+one request queued or running, as with ``direct`` (``batchers.sequence``, whose lanes this
+strategy shares). An instance's queue therefore holds the oldest request of each of its
+candidate sequences, and its batches are formed from it exactly as the dynamic batcher forms
+them (``batchers.dynamic``; Triton's ``OldestSequenceBatch`` has a dynamic batcher per
+instance): a preferred size at once, else what is there after ``max_queue_delay``, oldest
+first.
 
 Triton's ``TRITONSERVER_DELAY_SCHEDULER`` hook holds this strategy where Triton's does, in
-its dynamic batcher: until the queue (the candidate sequences' oldest requests) holds that
-many; the backlog's count (``TRITONSERVER_BACKLOG_DELAY_SCHEDULER``) is not read.
+its dynamic batcher: until an instance's queue (its candidate sequences' oldest requests)
+holds that many; the backlog's count (``TRITONSERVER_BACKLOG_DELAY_SCHEDULER``) is not read.
 """
 
 from __future__ import annotations
@@ -55,5 +57,6 @@ class OldestSequenceBatcher(SequenceBatcher, DynamicBatcher):
         return DynamicBatcher.decide(self, view, now)
 
     def held(self, view: QueueView) -> bool:
-        """The delay hook holds until the queue holds its count (Triton's dynamic batcher)."""
+        """The delay hook holds until the instance's queue holds its count (Triton's dynamic
+        batcher, one per instance)."""
         return not view.closing and len(view.queue) < self.config.delay.queued

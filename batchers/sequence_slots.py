@@ -7,6 +7,14 @@ of it (without START) is refused with Triton's words. A live sequence holds a sl
 moment one is free until its last request is answered; sequences that start while every
 slot is taken wait for one in start order (Triton's backlog).
 
+As Triton's ``SequenceBatchScheduler``, each model instance has its own slots (numbered
+from 0 in each), and a sequence keeps the instance and slot it got for its whole life: its
+requests run only on that instance, at that slot's batch row. A starting sequence gets the
+lowest free slot number of any instance (Triton's ready slots are a heap ordered by slot
+number; wattserve breaks its ties by the lowest instance), so sequences spread across the
+instances before any instance's batch grows; a slot that frees passes, with its instance,
+to the backlog's first sequence.
+
 Each request of a sequence waits for its turn: the answer of the request before it (its
 ``tail``), and the sequence's slot. So at most one request of a sequence is ever queued or
 running, and they run in arrival order, whatever the batch policy does with the queue.
@@ -46,18 +54,26 @@ class LiveSequence:
     state: dict = field(default_factory=dict)
     released: bool = False
     waiting: int = 0  # its requests waiting for their turn (outside the batcher's queue)
-    index: int | None = None  # its slot's number once it has one (0 first): its batch row
+    index: int | None = None  # its slot's number in its instance once it has one (0 first): its batch row
+    instance: int | None = None  # the model instance its slot belongs to: its requests run only there
 
 
 class Sequences:
-    """The live sequences of one model, its ``slots`` batch slots and the backlog for them."""
+    """The live sequences of one model: ``slots`` batch slots in each of its ``instances``
+    model instances, and the backlog for them."""
 
-    def __init__(self, slots: int, idle_s: float, model: str = "") -> None:
-        self.slots = max(1, slots)
+    def __init__(self, slots: int, idle_s: float, model: str = "", instances: int = 1) -> None:
+        self.per_instance = max(1, slots)
+        self.instances = max(1, instances)
+        self.slots = self.per_instance * self.instances  # all instances' together
         self.idle_s = idle_s
         self.model = model
         self.free = self.slots
-        self._free_indexes = list(range(self.slots))  # a heap: the lowest free slot goes first (Triton's)
+        # a heap of (slot number, instance): the lowest free slot number goes first (Triton's)
+        self._free_slots = [
+            (index, inst) for index in range(self.per_instance) for inst in range(self.instances)
+        ]
+        heapq.heapify(self._free_slots)
         self.live: dict[int | str, LiveSequence] = {}
         self.backlog: deque[LiveSequence] = deque()  # started, waiting for a slot, in start order
         self.reaped = 0  # sequences released for being idle (tests and logs)
@@ -65,7 +81,8 @@ class Sequences:
         # sequence holds a slot (Triton: in the slot's queue) or waits for one (its backlog)
         self.waiting_in_slots = 0
         self.waiting_for_slot = 0
-        self.waiting_at = [0] * self.slots  # per slot number: its sequence's requests waiting their turn
+        # per instance, per slot number: its sequence's requests waiting their turn
+        self.waiting_at = [[0] * self.per_instance for _ in range(self.instances)]
 
     def join(self, tag: SequenceTag, loop: asyncio.AbstractEventLoop) -> LiveSequence:
         """The live sequence ``tag`` belongs to (a new one for a START), or
@@ -141,18 +158,18 @@ class Sequences:
         else:
             self.waiting_for_slot -= 1
 
-    def highest_waiting(self) -> int:
-        """The highest slot number whose sequence has a request waiting its turn; -1: none.
-        Read from any thread (a list of ints the loop updates)."""
-        at = self.waiting_at
+    def highest_waiting(self, instance: int = 0) -> int:
+        """The highest slot number of ``instance`` whose sequence has a request waiting its
+        turn; -1: none. Read from any thread (lists of ints the loop updates)."""
+        at = self.waiting_at[instance]
         for index in range(len(at) - 1, -1, -1):
             if at[index] > 0:
                 return index
         return -1
 
     def _at(self, seq: LiveSequence, change: int) -> None:
-        if seq.index is not None:
-            self.waiting_at[seq.index] += change
+        if seq.index is not None and seq.instance is not None:
+            self.waiting_at[seq.instance][seq.index] += change
 
     def release(self, seq: LiveSequence) -> None:
         """Give ``seq``'s slot to the oldest waiting sequence, or back to the free ones."""
@@ -172,15 +189,18 @@ class Sequences:
         while self.backlog:
             waiting = self.backlog.popleft()
             if not waiting.slot.done():
-                waiting.index = seq.index  # the slot, and its row, pass on
+                waiting.index, waiting.instance = (
+                    seq.index,
+                    seq.instance,
+                )  # the slot, its row and instance pass on
                 waiting.slot.set_result(None)
                 self.waiting_for_slot -= waiting.waiting  # its requests now wait in the slot
                 self.waiting_in_slots += waiting.waiting
                 self._at(waiting, waiting.waiting)
                 return
         self.free += 1
-        if seq.index is not None:
-            heapq.heappush(self._free_indexes, seq.index)
+        if seq.index is not None and seq.instance is not None:
+            heapq.heappush(self._free_slots, (seq.index, seq.instance))
 
     def forget(self) -> None:
         """The model is unloading: no sequence is live any more, no idle timer left armed."""
@@ -193,7 +213,7 @@ class Sequences:
     def _grant_or_wait(self, seq: LiveSequence) -> None:
         if self.free:
             self.free -= 1
-            seq.index = heapq.heappop(self._free_indexes)
+            seq.index, seq.instance = heapq.heappop(self._free_slots)
             seq.slot.set_result(None)
         else:
             self.backlog.append(seq)

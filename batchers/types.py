@@ -41,13 +41,15 @@ class SequenceTag:
     sequence's implicit state, one dict shared by all its requests, set by the sequence
     batcher and read and written only by the engine (its requests never run at once).
     ``slot``: the row of the batch the request runs at, set by the direct sequence batcher
-    when its slots are one instance's batch rows, as Triton's are."""
+    (its slot's number in its instance: the slots are that instance's batch rows, as
+    Triton's are); ``instance``: the model instance the sequence's slot belongs to."""
 
     correlation_id: int | str
     start: bool = False
     end: bool = False
     state: dict | None = None
     slot: int | None = None  # its batch row (Triton's direct: the sequence's slot); None: any row
+    instance: int | None = None  # the model instance its sequence is pinned to (its slot's)
     width: int = 0  # rows of its batch at least (the highest slot with a request ready, + 1)
 
     @property

@@ -11,9 +11,10 @@ any), runs the model once and keeps each sequence's next state. Requests of one 
 never run at once (batchers/sequence.py), so a state is read and written by one request at
 a time. The state is kept as host arrays (not on the engine's device).
 
-When the direct sequence batcher gives each request its slot's row (``SequenceTag.slot``, one
-instance), the model runs as many rows as the highest slot with a request ready needs (the
-batch's, or one the batcher left for another shape: ``SequenceTag.width``), Triton's way: a request at
+When the direct sequence batcher gives each request its slot's row (``SequenceTag.slot``: its
+sequence's slot in this instance, whose batches are formed from its own slots), the model
+runs as many rows as the highest slot with a request ready needs (the batch's, or one the
+batcher left for another shape: ``SequenceTag.width``), Triton's way: a request at
 its slot's row, and in every idle slot's row below a null request: the first request's inputs
 and state with the control inputs not ready (``not_ready``: READY, START and END false,
 CORRID 0), whose outputs nobody reads and whose state is not kept. ``rows_for`` says how many

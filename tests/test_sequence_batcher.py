@@ -17,6 +17,7 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from types import SimpleNamespace
 
 import httpx
@@ -41,11 +42,12 @@ from support.sequence_models import (
     python_accumulator,
     torchscript_accumulator,
 )
-from tests.fake_clock import settle
+from tests.fake_clock import FakeClock, settle
 from tests.gated_engine import GatedEngine, item_input
 from tests.servers import free_port, threaded_server
 
-MODELS = ("acc_onnx", "acc_python", "acc_oldest", "acc_torchscript", "acc_two")
+MODELS = ("acc_onnx", "acc_python", "acc_oldest", "acc_torchscript", "acc_two", "acc_py_two")
+PYTHON_MODELS = ("acc_python", "acc_idle", "acc_py_two")  # string correlation IDs, flags seen
 OLDEST = (
     "oldest { max_candidate_sequences: 8 preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 2000 }"
 )
@@ -61,10 +63,12 @@ def served(tmp_path_factory):
     onnx_accumulator(root, "acc_oldest", strategy=OLDEST)
     torchscript_accumulator(root)
     ensemble_over(root, "acc_onnx")
-    two = onnx_accumulator(root, "acc_two")  # two instances: a sequence's state goes with it
-    (two / "config.pbtxt").write_text(
-        (two / "config.pbtxt").read_text().replace("count: 1 kind", "count: 2 kind")
-    )
+    # two instances: a sequence is pinned to its slot's instance, where its state lives (a
+    # Python model's in the instance itself: a request run elsewhere would start from 0)
+    for two in (onnx_accumulator(root, "acc_two"), python_accumulator(root, "acc_py_two")):
+        (two / "config.pbtxt").write_text(
+            (two / "config.pbtxt").read_text().replace("count: 1 kind", "count: 2 kind")
+        )
     port = free_port()
     with threaded_server(Settings(model_repository=root, telemetry=False, grpc_port=port)) as (url, app):
         yield url.removeprefix("http://"), f"127.0.0.1:{port}", app
@@ -90,7 +94,7 @@ def step(protocol: str, address: str, model: str, value: int, cid, start: bool, 
     client = module.InferenceServerClient(address)
     result = client.infer(model, [one_input(module, value)], sequence_id=cid, sequence_start=start,
                           sequence_end=end)  # fmt: skip
-    onnx = model != "acc_python" and model != "acc_idle"
+    onnx = model not in PYTHON_MODELS
     names = ["OUTPUT", "CORRID_OUT"] if onnx else ["OUTPUT", "FLAGS", "START_SEEN", "CORRID_SEEN"]
     return {name: result.as_numpy(name)[0, 0] for name in names}
 
@@ -98,7 +102,7 @@ def step(protocol: str, address: str, model: str, value: int, cid, start: bool, 
 def correlation_id(model: str, i: int):
     """uint64 IDs (some past 2^32) for the ONNX and TorchScript models (their CORRID is
     TYPE_UINT64, TYPE_INT64), strings for the Python model's TYPE_STRING CORRID."""
-    return f"seq-{i}" if model == "acc_python" else (i + 1) * 1_000_003_007
+    return f"seq-{i}" if model in PYTHON_MODELS else (i + 1) * 1_000_003_007
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -122,7 +126,7 @@ def test_interleaved_sequences_from_concurrent_clients_over_http_and_grpc(served
         results = list(pool.map(client, range(sequences)))
     for i, answers in enumerate(results):
         assert [int(a["OUTPUT"]) for a in answers] == np.cumsum(values[i]).tolist(), i
-        if model == "acc_python":  # the flags and control tensors the model saw
+        if model in PYTHON_MODELS:  # the flags and control tensors the model saw
             assert [int(a["FLAGS"]) for a in answers] == [1, 0, 0, 0, 2]
             assert [int(a["START_SEEN"]) for a in answers] == [1, 0, 0, 0, 0]
             assert {a["CORRID_SEEN"] for a in answers} == {correlation_id(model, i).encode()}
@@ -379,14 +383,6 @@ def test_what_is_not_implemented_is_refused_at_load_by_name(tmp_path, change, re
         plan_model(folder, Settings(telemetry=False))
 
 
-def test_a_python_model_with_two_instances_is_refused(tmp_path):
-    folder = python_accumulator(tmp_path)
-    config = folder / "config.pbtxt"
-    config.write_text(config.read_text().replace("count: 1 kind", "count: 2 kind"))
-    with pytest.raises(ConfigError, match="with 2 instances of a Python model is not supported"):
-        plan_model(folder, Settings(telemetry=False))
-
-
 def test_implicit_state_is_refused_for_a_python_model(tmp_path):
     folder = python_accumulator(tmp_path)
     config = folder / "config.pbtxt"
@@ -434,6 +430,38 @@ async def test_oldest_holds_at_most_its_candidate_sequences():
     assert engine.seen == [1, 2, 4, 3]
     await batcher.drain()
     await runner
+
+
+async def test_oldest_has_candidate_sequences_per_instance_each_pinned_to_its_own():
+    """Triton's oldest strategy over two instances: ``max_candidate_sequences`` (here 1) per
+    instance, each instance batching its own sequences' requests; a third sequence waits
+    for a slot and gets the one that frees, on that slot's instance."""
+    from wattserve.batchers.sequence_oldest import OldestConfig, OldestSequenceBatcher
+
+    clock = FakeClock()
+    engines = [GatedEngine(max_batch_size=4), GatedEngine(max_batch_size=4)]
+    config = OldestConfig(max_batch_size=4, slots=1, max_queue_delay_s=0.0)
+    batcher = OldestSequenceBatcher(engines, config, clock=clock)
+    runner = asyncio.create_task(batcher.run())
+
+    def item(value: float, cid: str, start: bool = False, end: bool = False) -> WorkItem:
+        return WorkItem(
+            item_input(value), arrival=clock.now(), sequence=SequenceTag(cid, start=start, end=end)
+        )
+
+    await batcher.submit(item(1, "a", start=True))
+    await batcher.submit(item(11, "b", start=True))
+    third = asyncio.create_task(batcher.submit(item(21, "c", start=True)))
+    await settle()
+    assert not third.done() and batcher.sequences.free == 0  # one candidate per instance, both taken
+    await batcher.submit(item(12, "b", end=True))  # b ends: its instance's slot goes to c
+    await third
+    await batcher.submit(item(2, "a", end=True))
+    await batcher.submit(item(22, "c", end=True))
+    assert engines[0].seen == [1, 2] and engines[1].seen == [11, 12, 21, 22]
+    await batcher.drain()
+    await runner
+    batcher.close()
 
 
 def test_implicit_state_starts_from_a_data_file_and_carries_over(tmp_path):
@@ -578,7 +606,7 @@ async def test_the_delay_hook_counts_requests_waiting_their_turn_then_lets_go_fo
             sequence_item(12, "b"), sequence_item(21, "c", start=True, end=True)]  # fmt: skip
     tasks = [asyncio.create_task(batcher.submit(item)) for item in sent[:4]]
     await settle()
-    assert engine.batches == [] and len(batcher.queue) == 2 and batcher.sequences.waiting_in_slots == 2
+    assert engine.batches == [] and batcher.queue_depth == 2 and batcher.sequences.waiting_in_slots == 2
     tasks.append(asyncio.create_task(batcher.submit(sent[4])))
     await asyncio.gather(*tasks)
     assert engine.batches[0] == [1, 11, 21]  # all three slots' first requests, in one batch
@@ -667,6 +695,103 @@ def test_a_slot_goes_to_the_lowest_free_number_and_passes_to_the_backlog():
         assert d.index == 1
     finally:
         loop.close()
+
+
+async def test_each_instance_has_its_own_slots_and_a_sequence_runs_only_on_its_own():
+    """Triton's sequence batcher over two instances of max_batch_size 2: each instance has
+    slots 0 and 1; a starting sequence takes the lowest free slot number of either instance
+    (a: instance 0 slot 0, b: instance 1 slot 0, c: instance 0 slot 1) and keeps it for its
+    whole life: its requests run only on that instance, at that slot's row of the instance's
+    batch, which is as wide as the instance's highest slot with a request pending (a lone
+    request at slot 1 runs as row 1 of 2: a null row for the idle slot 0)."""
+    clock = FakeClock()
+    engines = [GatedEngine(max_batch_size=2), GatedEngine(max_batch_size=2)]
+    config = SequenceConfig(max_batch_size=2, delay=DelayHook(3))
+    batcher = SequenceBatcher(engines, config, clock=clock)
+    runner = asyncio.create_task(batcher.run())
+
+    def item(value: float, cid: str, start: bool = False, end: bool = False) -> WorkItem:
+        return WorkItem(
+            item_input(value), arrival=clock.now(), sequence=SequenceTag(cid, start=start, end=end)
+        )
+
+    def placed(request: WorkItem) -> tuple:
+        tag = request.sequence
+        assert tag is not None
+        return tag.instance, tag.slot, tag.width
+
+    first = [item(1, "a", start=True), item(11, "b", start=True), item(21, "c", start=True)]
+    await asyncio.gather(*(batcher.submit(request) for request in first))
+    # held until all three wait (the delay hook counts both instances' slots), then one
+    # batch per instance: instance 0 has a and c at rows 0 and 1, instance 1 has b alone
+    assert engines[0].batches == [[1, 21]] and engines[1].batches == [[11]]
+    assert [placed(request) for request in first] == [(0, 0, 2), (1, 0, 1), (0, 1, 2)]
+    c_end = item(22, "c", end=True)
+    await batcher.submit(c_end)  # alone on instance 0, at slot 1: row 0 is a null row
+    assert engines[0].batches[-1] == [22] and placed(c_end) == (0, 1, 2)
+    await batcher.submit(item(12, "b", end=True))
+    assert engines[1].batches[-1] == [12]
+    # free now: instance 0 slot 1 (c's) and instance 1 slot 0 (b's); the lowest number goes
+    d = item(31, "d", start=True)
+    await batcher.submit(d)
+    assert engines[1].batches[-1] == [31] and placed(d) == (1, 0, 1)
+    a_next = item(2, "a")
+    await batcher.submit(a_next)  # a stays on instance 0, slot 0, whatever is free elsewhere
+    assert engines[0].batches[-1] == [2] and placed(a_next) == (0, 0, 1)
+    assert sorted(engines[0].seen) == [1, 2, 21, 22] and sorted(engines[1].seen) == [11, 12, 31]
+    for cid, value in (("a", 3), ("d", 32)):
+        await batcher.submit(item(value, cid, end=True))
+    assert batcher.sequences.free == 4 and not batcher.sequences.live
+    assert clock.now() == 100.0  # no time passed: nothing here waits on a timer
+    await batcher.drain()
+    await runner
+    batcher.close()
+
+
+def test_two_instances_run_their_own_slots_rows_with_null_rows_and_keep_each_sequences_state(tmp_path):
+    """The ONNX accumulator on two instances of max_batch_size 2, through the batcher:
+    each instance's batch has its own slots' rows, a lone request at slot 1 runs behind a
+    null row (READY 0, CORRID 0), and every running sum is its own sequence's."""
+    folder = onnx_accumulator(tmp_path)
+    config_file = folder / "config.pbtxt"
+    config_file.write_text(config_file.read_text().replace("max_batch_size: 4", "max_batch_size: 2"))
+    (plan,) = plan_model(folder, Settings(telemetry=False))
+    sequence = plan.serving.sequence
+    seen: list[list[dict]] = [[], []]
+    engines = [plan.engine_factory(plan.serving.engine) for _ in range(2)]
+    for engine, batches in zip(engines, seen, strict=True):  # each model call's inputs, per instance
+        run = engine.inner.infer
+        engine.inner.infer = lambda batch, run=run, batches=batches: batches.append(batch) or run(batch)
+    clock = FakeClock()
+    config = replace(SequenceBatcher.config_from(plan.serving.batching, engines[0]), delay=DelayHook(3))
+    batcher = SequenceBatcher(engines, config, clock=clock)
+
+    def item(cid: int, value: int, start: bool = False, end: bool = False) -> WorkItem:
+        tag = SequenceTag(cid, start=start, end=end)
+        inputs = sequence.admit(tag, 1, {"INPUT": np.array([[value]], np.int32)})
+        return WorkItem(inputs, arrival=clock.now(), context=SimpleNamespace(sequence=tag), sequence=tag)
+
+    async def scenario() -> list[int]:
+        runner = asyncio.create_task(batcher.run())
+        results = await asyncio.gather(
+            *(batcher.submit(item(cid, 10 * cid, start=True)) for cid in (1, 2, 3))
+        )
+        results.append(await batcher.submit(item(3, 5, end=True)))  # slot 1 of instance 0, alone
+        results.append(await batcher.submit(item(2, 7, end=True)))  # slot 0 of instance 1
+        results.append(await batcher.submit(item(1, 1, end=True)))  # slot 0 of instance 0
+        await batcher.drain()
+        await runner
+        return [int(result.outputs["OUTPUT"][0, 0]) for result in results]
+
+    try:
+        assert asyncio.run(scenario()) == [10, 20, 30, 35, 27, 11]
+    finally:
+        batcher.close()
+    column = lambda batch, name: batch[name][:, 0].tolist()  # noqa: E731
+    assert [column(b, "READY") for b in seen[0]] == [[1, 1], [0, 1], [1]]
+    assert [column(b, "CORRID") for b in seen[0]] == [[1, 3], [0, 3], [1]]
+    assert [column(b, "READY") for b in seen[1]] == [[1], [1]]
+    assert [column(b, "CORRID") for b in seen[1]] == [[2], [2]]
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -177,11 +177,6 @@ def plan_config(model_dir: Path, base: Settings, config: pb.ModelConfig, source:
     batching = config.max_batch_size > 0
     limits: list[InstanceLimits | None] = []
     devices = _instance_devices(config, base, source, warnings, kind, limits)
-    if sequence is not None and kind == "python" and len(devices or ()) > 1:
-        raise ConfigError(f"{source}: 'sequence_batching' with {len(devices or ())} instances of a Python "
-                          "model is not supported by wattserve (a sequence is not pinned to an "
-                          "instance, and a Python model keeps its sequences' state in its instance; use "
-                          "one)")  # fmt: skip
     steps = (kind == "builtin" and MODELS[settings.model].steps) or kind == "transformers"
     if kind == "transformers" and not batching:
         raise ConfigError(

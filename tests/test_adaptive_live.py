@@ -37,6 +37,7 @@ def samples(url: str, name: str) -> list[tuple[dict[str, str], float]]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # a wall-clock bound: a lone request answered within 200 ms
 def test_adaptive_answers_every_request_with_its_own_output_and_exposes_its_model():
     values = [float(i) for i in range(240)]
     with server_process(gpu_like_env("adaptive")) as server:

@@ -107,6 +107,7 @@ def loadgen(url: str, out: Path, *extra: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the good run must keep up (valid, throughput within 20%)
 def test_compare_two_real_runs_one_invalid(identity_url: str, tmp_path: Path, capsys) -> None:
     good, bad = tmp_path / "before", tmp_path / "after"
     assert loadgen(identity_url, good, "--max-lag-ms", "200") == 0

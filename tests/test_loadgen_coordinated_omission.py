@@ -16,7 +16,9 @@ from wattserve.loadgen.calibration_server import running_calibration_server
 from wattserve.loadgen.client import make_session
 from wattserve.loadgen.runner import LoadSpec, prepare_target, run_load
 
-pytestmark = pytest.mark.slow
+# Latency thresholds on a real server and generator sharing the CPUs: alone, not beside
+# another test (tests/serial_lock.py).
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 def window_latencies_ms(run) -> list[float]:

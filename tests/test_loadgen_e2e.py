@@ -63,6 +63,7 @@ def check_figures_and_html(out: Path, labels: list[str]) -> None:
         assert "energy vs latency plot skipped" in page
 
 
+@pytest.mark.serial  # the run must be valid: the generator keeps up
 def test_poisson_run_writes_consistent_json_csv_png_html(wattserve: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
     rate, warmup, duration, seed = 40.0, 1.0, 4.0, 11

@@ -67,6 +67,9 @@ def test_each_level_gets_its_own_policy(tmp_path):
         plan_model(bad, Settings())
 
 
+# Every request must reach the queue inside the first one's 400 ms, the two level-3 ones 50 ms
+# apart in order: alone, not beside another test (tests/serial_lock.py).
+@pytest.mark.serial
 def test_a_levels_timeout_and_bound_apply_to_its_requests_only_over_http_and_grpc(tmp_path):
     write(tmp_path, "levels", IDENTITY + LEVELS)
     port = free_port()

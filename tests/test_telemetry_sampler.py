@@ -149,6 +149,7 @@ def test_gpu_error_mid_run_marks_it_stale_and_the_sampler_survives():
         service.stop()
 
 
+@pytest.mark.serial  # a wall-clock bound: stop < 5 s
 def test_stop_is_prompt_even_with_a_long_interval():
     fake = FakeNvml()
     service, _ = make(fake, interval_ms=60_000)

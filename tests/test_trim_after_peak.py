@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from wattserve.server.lifecycle import AfterPeakTrim, IdleTrimmer, heap_free_bytes, rss_bytes
 
 MB = 2**20
@@ -60,6 +61,7 @@ def test_heap_figures_are_read_here():
     assert rss is not None and rss > 10 * MB
 
 
+@pytest.mark.serial  # polls for 1 s of wall clock
 async def test_trimmer_trims_after_a_peak_while_requests_stay_in_flight():
     """Never idle (a request always in flight, batches every poll): the idle trim never
     comes, the after-peak trim does, once."""

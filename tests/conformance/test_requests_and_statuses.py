@@ -175,6 +175,7 @@ def test_bytes_with_a_forged_length_is_a_400(server):
 # ---------------------------------------------------------------- whole requests
 
 
+@pytest.mark.serial  # a wall-clock bound: elapsed < 1.5 s
 def test_a_request_above_the_largest_preferred_size_runs_at_once_whole(server):
     """preferred [2, 6], delay 1.5 s: a [7, 16] request runs at once as one batch of 7."""
     url, _http, _grpc = server

@@ -67,8 +67,9 @@ def test_each_level_gets_its_own_policy(tmp_path):
         plan_model(bad, Settings())
 
 
-# Every request must reach the queue inside the first one's 400 ms, the two level-3 ones 50 ms
-# apart in order: alone, not beside another test (tests/serial_lock.py).
+# Every request must reach the queue inside the first one's 400 ms (the level-3 ones in order,
+# the second sent once the first is queued): alone, not beside another test
+# (tests/serial_lock.py).
 @pytest.mark.serial
 def test_a_levels_timeout_and_bound_apply_to_its_requests_only_over_http_and_grpc(tmp_path):
     write(tmp_path, "levels", IDENTITY + LEVELS)
@@ -94,13 +95,21 @@ def test_a_levels_timeout_and_bound_apply_to_its_requests_only_over_http_and_grp
                 return f"{exc.status()} {exc.message()}"
             return "ok"
 
+        batcher = runtime.batcher
+
+        def wait_until(condition, what: str) -> None:  # the server's own books, not a sleep
+            deadline = time.monotonic() + 10
+            while not condition():
+                assert time.monotonic() < deadline, f"never: {what}"
+                time.sleep(0.002)
+
         with ThreadPoolExecutor(6) as pool:
             busy = pool.submit(over_http, 1)  # holds the one instance for 400 ms
-            time.sleep(0.1)  # it has started: the rest queue behind it
+            wait_until(lambda: batcher.inflight == 1 and len(batcher.queue) == 0, "the first one running")
             level2_http, level2_grpc = pool.submit(over_http, 2), pool.submit(over_grpc, 2)
             level1 = pool.submit(over_http, 1)
             level3_first = pool.submit(over_http, 3)
-            time.sleep(0.05)
+            wait_until(lambda: batcher.queue.level_size(3) == 1, "the first level-3 request queued")
             level3_second = pool.submit(over_http, 3)  # level 3 holds one queued request at most
             assert busy.result().status_code == 200
             assert level1.result().status_code == 200  # level 1: no timeout, computed

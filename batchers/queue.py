@@ -181,52 +181,39 @@ class PriorityFifo:
         return True
 
     def pop(self, n: int) -> list[WorkItem]:
-        """Up to ``n`` items (not rows), highest level first, FIFO within a level."""
+        """Up to ``n`` items (not rows), highest level first, FIFO within a level. Each lane's
+        run is taken in one slice and counted once; only multi-row or shape-keyed items
+        (variable-shape models) are also booked one by one."""
         out: list[WorkItem] = []
+        queued = ItemState.QUEUED
         with self.lock:
             before = self.rows
-            if not self._multi_row and not self._keys:  # all one-row, unkeyed: books in bulk
-                self._pop_simple(n, out)
-                if out:
-                    self.drain.taken(before - self.rows, self.rows, self._now())
-                return out
+            simple = not self._multi_row and not self._keys  # every queued item one row, unkeyed
             for lane, level in enumerate(self._levels):
                 while level and len(out) < n:
-                    item = level.popleft()
+                    want = n - len(out)
+                    if want >= len(level):
+                        taken = list(level)
+                        level.clear()
+                    else:
+                        taken = [level.popleft() for _ in range(want)]
                     if lane & 1:  # a delayed lane
-                        self.delayed -= 1
-                    self._count -= 1
-                    rows = item.rows
-                    self.rows -= rows
-                    if rows != 1 or item.shape_key is not None:
-                        self._removed(item)
-                    if item.state is ItemState.QUEUED:  # defensive: answered items never stay queued
-                        out.append(item)
+                        self.delayed -= len(taken)
+                    self._count -= len(taken)
+                    if simple:
+                        self.rows -= len(taken)
+                    else:
+                        for item in taken:
+                            self.rows -= item.rows
+                            if item.rows != 1 or item.shape_key is not None:
+                                self._removed(item)
+                    # defensive: answered items never stay queued (skipped, not counted in n)
+                    out += [item for item in taken if item.state is queued]
                 if len(out) == n:
                     break
             if out:
                 self.drain.taken(before - self.rows, self.rows, self._now())
         return out
-
-    def _pop_simple(self, n: int, out: list[WorkItem]) -> None:
-        """``pop`` when every queued item is one row with no shape key: each lane's run is
-        taken in one slice and counted once (a batch of 256 is one step, not 256)."""
-        queued = ItemState.QUEUED
-        for lane, level in enumerate(self._levels):
-            while level and len(out) < n:
-                want = n - len(out)
-                if want >= len(level):
-                    taken = list(level)
-                    level.clear()
-                else:
-                    taken = [level.popleft() for _ in range(want)]
-                if lane & 1:
-                    self.delayed -= len(taken)
-                self._count -= len(taken)
-                self.rows -= len(taken)
-                out += [item for item in taken if item.state is queued]  # defensive, as in pop
-            if len(out) == n:
-                return
 
     def pop_batch(self, limit: int) -> list[WorkItem]:
         """The run ``head(limit)`` describes: the head item whatever its rows, then each
@@ -340,8 +327,8 @@ class PriorityFifo:
             self._keys[key] = self._keys.get(key, 0) + 1
 
     def _forget(self, item: WorkItem, lane: int = 0) -> None:
-        """All the books of one item that left the queue (pop inlines this for one-row
-        items); ``lane`` odd: it left a delayed lane."""
+        """All the books of one item that left the queue (pop books a slice of
+        items at once); ``lane`` odd: it left a delayed lane."""
         if lane & 1:
             self.delayed -= 1
         self._count -= 1

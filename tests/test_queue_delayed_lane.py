@@ -5,6 +5,7 @@ visits a level's on-time items, then its delayed ones, then the next level; the 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from wattserve.batchers.queue import PriorityFifo
 from wattserve.batchers.types import WorkItem
 
@@ -87,16 +88,19 @@ def test_delay_oldest_moves_a_prefix_of_each_level_and_says_what_is_ahead():
     assert values(q) == [3, 1, 2, 8, 9] and len(q) == 5 and q.rows == 5
 
 
-def test_pop_of_one_row_items_in_bulk_takes_what_the_walk_order_gives():
-    """``pop`` takes one-row, unkeyed items a lane's run at a time: the same items in the same
-    order as one by one (level 1 on time, its delayed lane, level 2, ...), answered items
-    skipped without counting toward ``n``, and the books (items, rows, delayed) right."""
+@pytest.mark.parametrize("multi_row", [False, True], ids=["one-row", "multi-row"])
+def test_pop_takes_a_lanes_run_at_a_time_in_the_walk_order(multi_row):
+    """``pop`` takes a lane's run at a time: the same items in the same order as one by one
+    (level 1 on time, its delayed lane, level 2, ...), answered items skipped without
+    counting toward ``n``, and the books (items, rows, delayed) right, with one-row items
+    only (booked in bulk) or some of several rows (booked one by one)."""
     from wattserve.batchers.types import ItemState
 
     rng = np.random.default_rng(7)
     for _ in range(200):
         q = PriorityFifo(3)
-        items = [item(float(k), priority=int(rng.integers(1, 4)), arrival=float(k)) for k in range(30)]
+        items = [item(float(k), priority=int(rng.integers(1, 4)), arrival=float(k),
+                      rows=int(rng.integers(1, 4)) if multi_row else 1) for k in range(30)]  # fmt: skip
         for i in items:
             q.push(i)
         for i in items:
@@ -114,6 +118,7 @@ def test_pop_of_one_row_items_in_bulk_takes_what_the_walk_order_gives():
             assert len(taken) <= n
             got += taken
             left = list(q)
-            assert len(q) == len(left) and q.rows == len(left)
+            assert len(q) == len(left) and q.rows == sum(i.rows for i in left)
             assert q.delayed == sum(1 for lane in q._delayed for _ in lane)
         assert values(got) == values(expected)
+        assert q._multi_row == 0 and q.rows == 0  # the multi-row books emptied with the queue

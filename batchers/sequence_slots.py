@@ -189,10 +189,8 @@ class Sequences:
         while self.backlog:
             waiting = self.backlog.popleft()
             if not waiting.slot.done():
-                waiting.index, waiting.instance = (
-                    seq.index,
-                    seq.instance,
-                )  # the slot, its row and instance pass on
+                # the slot passes on: its row and its instance
+                waiting.index, waiting.instance = seq.index, seq.instance
                 waiting.slot.set_result(None)
                 self.waiting_for_slot -= waiting.waiting  # its requests now wait in the slot
                 self.waiting_in_slots += waiting.waiting

@@ -147,7 +147,7 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
         object that answers when told, for a caller with no task per request: the engine
         core behind front-end processes); its deadline timer, which the caller hands to
         ``release`` once the answer is in."""
-        self.check_admission()
+        self.check_admission(requests=item.requests)
         if not 1 <= item.priority <= self.config.priority_levels:
             raise ValueError(f"priority level {item.priority} outside 1..{self.config.priority_levels}")
         deadline = item.deadline
@@ -168,14 +168,15 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
             timer.cancel()
         self.inflight -= 1
 
-    def check_admission(self, rows: int = 1) -> None:
+    def check_admission(self, rows: int = 1, requests: int = 1) -> None:
         """Raise the refusal ``submit`` would give now, so a route can refuse a request
         before reading its body: draining, queue full by count of requests (Triton's
-        max_queue_size), or by time (the rows queued at the measured rate)."""
+        max_queue_size; a front end's group of ``requests`` is admitted whole or refused),
+        or by time (the rows queued at the measured rate)."""
         if self.closing:
             raise Draining("server is draining; not accepting new requests")
         queue = self.queue
-        if len(queue) + 1 > self.config.max_queue_size:
+        if queue.requests + requests > self.config.max_queue_size:
             raise QueueFull(f"queue full ({self.config.max_queue_size} requests waiting)")
         bound = self.config.max_queue_wait_s
         if bound > 0 and len(queue):
@@ -222,7 +223,8 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
 
     @property
     def queue_depth(self) -> int:
-        return len(self.queue)
+        """Requests queued (a front end's group counts its members)."""
+        return self.queue.requests
 
     @property
     def running_count(self) -> int:

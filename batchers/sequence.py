@@ -256,12 +256,12 @@ class SequenceBatcher(RequestBatcher):
         for lane in self.lanes:
             lane.close()
 
-    def check_admission(self, rows: int = 1) -> None:
+    def check_admission(self, rows: int = 1, requests: int = 1) -> None:
         """The base's checks; requests queued on any instance, and those waiting for their
         turn, count against the queue's bound."""
-        super().check_admission(rows)
+        super().check_admission(rows, requests)
         waiting = self.sequences.waiting_in_slots + self.sequences.waiting_for_slot
-        if self.queue_depth + waiting + 1 > self.config.max_queue_size:
+        if self.queue_depth + waiting + requests > self.config.max_queue_size:
             raise QueueFull(f"queue full ({self.config.max_queue_size} requests waiting)")
 
 

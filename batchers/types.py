@@ -79,6 +79,10 @@ class WorkItem:
     state: ItemState = ItemState.QUEUED
     dispatched_at: float | None = None
     rows: int = 1
+    # the client requests this item answers: more than 1 for a front end's group (several
+    # one-row requests decoded in one turn, sent to the engine core as one multi-row item:
+    # server/split/core_client.py), counted as that many by the queue's bound and the books
+    requests: int = 1
     shape_key: tuple | None = None
     # Triton's ``timeout_action: DELAY``: when ``deadline`` passes while queued, the item
     # moves behind the on-time items of its level instead of being answered with an error

@@ -171,6 +171,7 @@ def create_app(
         app.add_middleware(AccessControl, restrictions=restrictions, api_token=settings.api_token)
     _publish_state(app, settings, models, telemetry, registry, grpc_front)
     app.state.shared_memory = shm
+    app.state.core_service = core  # the engine core's channel (None: no front-end processes)
     app.state.trace_settings, app.state.log_settings = trace, log_settings
     _add_routes(app, models, settings, registry, body_budget, shm)
     app.include_router(shared_memory_router(shm))

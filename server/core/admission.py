@@ -27,15 +27,19 @@ class Refused(Exception):
     """A request answered without a result: its status kind (each front end maps it) and why.
 
     ``body_unread``: refused before (all of) its body was read, so an HTTP front end closes
-    the connection rather than draining a large body it will not use."""
+    the connection rather than draining a large body it will not use. ``outcome``: the
+    model's outcome counter it was counted under, if any (a caller answering several
+    requests with it counts the others)."""
 
     def __init__(
-        self, message: str, status: Status, retry_after: bool = False, body_unread: bool = False
-    ) -> None:
+        self, message: str, status: Status, retry_after: bool = False, body_unread: bool = False,
+        outcome: str | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(message)
         self.status = status
         self.retry_after = retry_after
         self.body_unread = body_unread
+        self.outcome = outcome
 
 
 class ModelUnavailable(Refused):
@@ -77,7 +81,8 @@ def select(models: ModelSet, name: str, version: str | None) -> ModelRuntime:
     runtime = entry.runtime
     if runtime is not None and runtime.draining:
         runtime.metrics.outcome["draining"].inc()
-        raise Refused(f"model {name!r} is draining; retry elsewhere", Status.UNAVAILABLE, True, True)
+        message = f"model {name!r} is draining; retry elsewhere"
+        raise Refused(message, Status.UNAVAILABLE, True, True, "draining")
     if (
         entry.state is ModelState.READY
         and runtime is not None
@@ -88,7 +93,7 @@ def select(models: ModelSet, name: str, version: str | None) -> ModelRuntime:
             runtime.batcher.check_admission()
         except RequestError as exc:
             runtime.metrics.outcome[exc.outcome].inc()
-            raise Refused(str(exc), exc.status, True, True) from None
+            raise Refused(str(exc), exc.status, True, True, exc.outcome) from None
         return runtime
     if models.draining:
         raise Refused("server is draining; retry elsewhere", Status.UNAVAILABLE, True, True)

@@ -54,7 +54,10 @@ class ServingObserver:
             self.lm.unwatch()
 
     def on_dispatch(self, items: Sequence[WorkItem], now: float) -> None:
-        self.metrics.queue_time.observe_many([now - item.arrival for item in items])
+        waits = [now - item.arrival for item in items]
+        if len(waits) != sum(item.requests for item in items):  # a front end's groups: each member
+            waits = [now - item.arrival for item in items for _ in range(item.requests)]
+        self.metrics.queue_time.observe_many(waits)
 
     def on_batch_start(self) -> Any:
         return self.meter.begin() if self.meter is not None else None

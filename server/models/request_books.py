@@ -28,11 +28,15 @@ class SuccessBooks:
         self._pending: dict[str, list[tuple[float, Result]]] = {}
         self._scheduled = False
 
-    def add(self, protocol: str, elapsed_s: float, result: Result) -> None:
+    def add(self, protocol: str, elapsed_s: float, result: Result, requests: int = 1) -> None:
+        """``requests``: the client requests this answer stands for (a front end's group)."""
         entries = self._pending.get(protocol)
         if entries is None:
             entries = self._pending[protocol] = []
-        entries.append((elapsed_s, result))
+        if requests == 1:
+            entries.append((elapsed_s, result))
+        else:
+            entries += [(elapsed_s, result)] * requests
         if not self._scheduled:
             try:
                 loop = asyncio.get_running_loop()

@@ -33,7 +33,7 @@ from wattserve.engines.base import (
     warmup_sizes,
     zeros_batch,
 )
-from wattserve.engines.request_engines import CallsModels
+from wattserve.engines.request_engines import CallsModels, RunsRequests
 from wattserve.server.core.request import InferRequest
 from wattserve.server.extensions.classification import ClassLabels
 from wattserve.server.models.batch_observer import ServingObserver
@@ -371,13 +371,34 @@ class ModelRuntime:
             raise Draining(f"model {self.name!r} is unloading")
         if type(batcher).submit is not Batcher.submit:  # e.g. a sequence's turn is awaited first
             return False
-        pending = NowaitAnswer(self, batcher, protocol, answer)
+        pending = NowaitAnswer(self, batcher, protocol, answer, item.requests)
         try:
             pending.timer = batcher.enqueue(item, pending)
         except RequestError as exc:  # refused at the door (queue full, draining): counted as
-            self.metrics.outcomes(protocol)[exc.outcome].inc()  # admission counts a refusal
+            self.metrics.outcomes(protocol)[exc.outcome].inc(item.requests)  # as admission counts a refusal
             raise
         return True
+
+    def groups_requests(self) -> bool:
+        """Whether a front end may send several one-row requests as one multi-row item (a
+        group, ``server.split.core_client``): nothing in this model treats a request by itself
+        (no response cache, ordering, per-level bound, sequence, request-taking engine,
+        variable or optional inputs), ``submit_nowait`` queues it, and requests batch."""
+        batcher = self.batcher
+        return (
+            self.request_max_batch > 1
+            and batcher is not None
+            and type(batcher).submit is Batcher.submit
+            and self.response_cache is None
+            and not self.serving.preserve_ordering
+            and not self._level_bounds
+            and self.serving.sequence is None
+            and self._prepare is None
+            and self._variable is None
+            and self._optional is None
+            and not self._one_row
+            and not isinstance(self.engine, RunsRequests)
+        )
 
     async def _infer(self, item: WorkItem) -> Result:
         if self.batcher is None:  # unloaded between admission and submit
@@ -457,12 +478,12 @@ class NowaitAnswer:
     other requests still get their answers). Answered off the loop's thread (a caller's
     bug, which an asyncio future would not survive either), it hops onto the loop first."""
 
-    __slots__ = ("_done", "answer", "batcher", "loop", "protocol", "runtime", "started", "timer")
+    __slots__ = ("_done", "answer", "batcher", "loop", "protocol", "requests", "runtime", "started", "timer")
 
-    def __init__(
-        self, runtime: ModelRuntime, batcher: Batcher, protocol: str, answer: AnswerCallback
-    ) -> None:
+    def __init__(self, runtime: ModelRuntime, batcher: Batcher, protocol: str, answer: AnswerCallback,
+                 requests: int = 1) -> None:  # fmt: skip
         self.runtime = runtime
+        self.requests = requests  # client requests it answers (a front end's group: several)
         self.batcher = batcher
         self.protocol = protocol
         self.answer = answer
@@ -491,11 +512,12 @@ class NowaitAnswer:
         try:
             if error is None:  # counted at the end of this loop turn, with the batch's others
                 assert result is not None
-                self.runtime.books.add(self.protocol, monotonic() - self.started, result)
+                self.runtime.books.add(self.protocol, monotonic() - self.started, result, self.requests)
             else:
-                self.runtime.record_outcome(
-                    getattr(error, "outcome", "error"), self.started, None, self.protocol
-                )
+                for _ in range(self.requests):
+                    self.runtime.record_outcome(
+                        getattr(error, "outcome", "error"), self.started, None, self.protocol
+                    )
             self.answer(result, error)
         except Exception:
             log.exception("%s: answering a request failed", self.runtime.name)

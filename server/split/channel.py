@@ -56,6 +56,9 @@ class FrameProtocol(asyncio.Protocol):
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
+        # called first thing in each flush: a writer's frames built at the last moment (a
+        # front end's groups of the requests it decoded this turn)
+        self.before_flush: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -117,6 +120,10 @@ class FrameProtocol(asyncio.Protocol):
             self._pending.extend(raw)
         else:
             self._headers.append(header)
+        self.wake()
+
+    def wake(self) -> None:
+        """Make sure a flush is scheduled (``before_flush`` has frames to send in it)."""
         if not self._flush_scheduled:
             self._flush_scheduled = True
             assert self._loop is not None
@@ -144,6 +151,8 @@ class FrameProtocol(asyncio.Protocol):
             self._pending.append(one)
 
     def _flush(self) -> None:
+        if self.before_flush is not None and not self.closed:
+            self.before_flush()  # its sends land in this flush (still marked scheduled)
         self._flush_scheduled = False
         self._encode_headers()
         pending, self._pending = self._pending, []

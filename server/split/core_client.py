@@ -33,7 +33,7 @@ from wattserve.server.core.request import InferRequest
 from wattserve.server.models.metrics import request_protocol
 from wattserve.server.split import channel
 from wattserve.server.split.core_service import ModelInfo
-from wattserve.server.split.slab import RingAllocator, Slab, dtype_of, inline, pack
+from wattserve.server.split.slab import RingAllocator, Slab, dtype_code, dtype_of, inline, pack
 
 log = logging.getLogger("wattserve.frontend")
 
@@ -63,9 +63,27 @@ class RemoteError(RequestError):
 
 @dataclass(slots=True)
 class _Pending:
-    future: asyncio.Future[Any]
+    future: asyncio.Future[Any] | None  # None for a group: its members' futures answer
     block: int | None  # the slab block holding the request and its answer (freed on answer)
     infer: bool = True  # an inference's answer (else a description)
+    members: list[asyncio.Future[Result]] | None = None  # a group's requests, in row order
+
+
+class _Group:
+    """One-row requests to one model decoded in this loop turn, sent at its end as one
+    multi-row request (``ModelInfo.group_rows``): the core admits, queues and answers them
+    as one item, and each member gets its own row of the answer. Members share the model,
+    priority, timeout, protocol and input dtypes and shapes (the group's key)."""
+
+    __slots__ = ("futures", "id", "info", "key", "protocol", "requests")
+
+    def __init__(self, request_id: int, info: ModelInfo, key: tuple, protocol: str) -> None:
+        self.id = request_id
+        self.info = info
+        self.key = key
+        self.protocol = protocol
+        self.requests: list[InferRequest] = []
+        self.futures: list[asyncio.Future[Result]] = []
 
 
 class CoreClient:
@@ -85,15 +103,17 @@ class CoreClient:
         self._closing = False
         self._idle: asyncio.Future[None] | None = None
         self._answered_blocks: list[int] = []  # freed together once their answers are encoded
+        self._groups: dict[tuple, _Group] = {}  # this turn's groups, sent by the next flush
+        self.grouped = 0  # requests sent in groups of two or more (a test's and a benchmark's view)
         self.draining = False  # SIGTERM: new inferences are refused (503), those in flight answered
 
     @property
     def inflight(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + sum(len(group.futures) for group in self._groups.values())
 
     async def idle(self) -> None:
         """Return once nothing is in flight (a drain's wait)."""
-        while self._pending:
+        while self._pending or self._groups:
             self._idle = asyncio.get_running_loop().create_future()
             await self._idle
 
@@ -144,6 +164,7 @@ class CoreClient:
             raise OSError(f"handshake: {exc}") from exc
         self._lost = asyncio.Event()
         protocol = channel.FrameProtocol(self._on_frame, self._on_lost, self._on_read)
+        protocol.before_flush = self._send_groups
         await loop.create_unix_connection(lambda: protocol, sock=sock)
         self.protocol = protocol
         self._catalog.clear()  # a new core: every model described again
@@ -154,13 +175,15 @@ class CoreClient:
         self.connected.clear()
         self.protocol = None
         pending, self._pending = self._pending, {}
+        unsent, self._groups = self._groups, {}
         if self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
+        for group in unsent.values():
+            _fail(group.futures, CoreUnavailable("the engine core went away; retry"))
         for entry in pending.values():
             if entry.block is not None:
                 self.ring.free(entry.block)
-            if not entry.future.done():
-                entry.future.set_exception(CoreUnavailable("the engine core went away; retry"))
+            _fail(_futures(entry), CoreUnavailable("the engine core went away; retry"))
         if not self._closing:
             log.warning("lost the engine core; %d request(s) answered 503", len(pending))
         self._lost.set()
@@ -180,12 +203,17 @@ class CoreClient:
             status, message, retry_after = payload
             if block is not None:
                 self.ring.free(block)
-            if not future.done():
-                stale = status == "STALE"  # not a Status: the core's word for a reloaded model
-                future.set_exception(
-                    StaleModel(message) if stale else RemoteError(status, message, retry_after)
-                )
+            for waiter in _futures(entry):
+                if not waiter.done():
+                    stale = status == "STALE"  # not a Status: the core's word for a reloaded model
+                    waiter.set_exception(
+                        StaleModel(message) if stale else RemoteError(status, message, retry_after)
+                    )
             return
+        if entry.members is not None:
+            self._answer_group(entry.members, block, payload, raw)
+            return
+        assert future is not None
         if not entry.infer:  # a description
             if not future.done():
                 future.set_result(payload)
@@ -207,6 +235,25 @@ class CoreClient:
             # no await between: HTTP's infer route and gRPC's ModelInfer both); the block is
             # reused only after that step: the blocks answered in one read are freed by one
             # call_soon queued after the read (_on_read), so after every wake-up it queued.
+            self._answered_blocks.append(block)
+
+    def _answer_group(self, members: list[asyncio.Future[Result]], block: int | None, payload: Any,
+                      raw: memoryview) -> None:  # fmt: skip
+        """A group's answer: each member its own row of each output (views, as for one
+        request; the block is freed after this read, as for one)."""
+        try:
+            whole = self._answer(payload, raw)
+        except BaseException:
+            if block is not None:
+                self.ring.free(block)
+            raise
+        outputs = whole.outputs
+        timing = (whole.queue_time_s, whole.compute_time_s, whole.batch_size, whole.input_s, whole.output_s)
+        for row, future in enumerate(members):
+            if not future.done():  # else its waiter left: nobody reads its row
+                end = row + 1
+                future.set_result(Result({name: value[row:end] for name, value in outputs.items()}, *timing))
+        if block is not None:
             self._answered_blocks.append(block)
 
     def _on_read(self) -> None:
@@ -267,14 +314,30 @@ class CoreClient:
     def submit(
         self, info: ModelInfo, request: InferRequest, protocol: str
     ) -> tuple[int, asyncio.Future[Result]]:
-        """Write the request's tensors into the slab and send it; its id and answer future."""
-        arrays = request.inputs  # any layout: the slab write (or inline's copy) orders C
+        """Write the request's tensors into the slab and send it; its id and answer future.
+        A one-row request to a model that takes groups joins this turn's group instead (sent
+        by the flush at the end of the turn; the id is the group's)."""
+        if info.group_rows and request.rows == 1 and request.batched and not request.parameters and (
+            request.sequence is None
+        ):  # fmt: skip
+            return self._join(info, request, protocol)
+        request_id = self._next_id
+        self._next_id += 1
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        meta = (request.id, request.batched, request.rows, request.priority, request.timeout_us,
+                request.outputs, request.parameters, protocol, request.sequence, 1)  # fmt: skip
+        self._send_infer(request_id, info, request.inputs, request.rows, meta, future)
+        return request_id, future
+
+    def _send_infer(self, request_id: int, info: ModelInfo, arrays: dict[str, np.ndarray], rows: int,
+                    meta: tuple, future: asyncio.Future[Result]) -> None:  # fmt: skip
+        """One request's tensors into the slab (inline when it is full) and its frame sent."""
         in_bytes = 0
         for value in arrays.values():
             in_bytes += value.nbytes + 64
         out_bytes = -1
         if info.out_bytes_per_row is not None:
-            out_bytes = info.out_bytes_per_row * request.rows + 64 * len(info.outputs)
+            out_bytes = info.out_bytes_per_row * rows + 64 * len(info.outputs)
         block = self.ring.allocate(in_bytes + max(out_bytes, 0))
         raw: list[memoryview] = []
         if block is not None:
@@ -285,11 +348,6 @@ class CoreClient:
         else:  # the ring is full: the tensors travel in the frame
             refs, raw = inline(arrays)
             answer_at = (0, -1)
-        request_id = self._next_id
-        self._next_id += 1
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        meta = (request.id, request.batched, request.rows, request.priority, request.timeout_us,
-                request.outputs, request.parameters, protocol, request.sequence)  # fmt: skip
         try:
             self._send((channel.INFER, request_id, info.token, info.name, info.version, answer_at,
                         refs, meta), raw)  # fmt: skip
@@ -298,15 +356,122 @@ class CoreClient:
                 self.ring.free(block)
             raise
         self._pending[request_id] = _Pending(future, block)
-        return request_id, future
+
+    def _join(
+        self, info: ModelInfo, request: InferRequest, protocol: str
+    ) -> tuple[int, asyncio.Future[Result]]:
+        """Add a one-row request to this turn's group for its key (a full group goes now)."""
+        if self.protocol is None:
+            raise CoreUnavailable("the engine core is not connected; retry")
+        inputs = request.inputs
+        key = (info.token, info.name, info.version, request.priority, request.timeout_us, protocol,
+               *[(name, value.dtype, value.shape) for name, value in inputs.items()])  # fmt: skip
+        group = self._groups.get(key)
+        if group is None or len(group.futures) >= info.group_rows:
+            if group is not None:  # full: it goes in this turn's flush, as it is
+                self._send_group(group)
+            group = self._groups[key] = _Group(self._next_id, info, key, protocol)
+            self._next_id += 1
+            self.protocol.wake()
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        group.requests.append(request)
+        group.futures.append(future)
+        return group.id, future
+
+    def _send_groups(self) -> None:
+        """The flush's first step: send every group formed this turn."""
+        groups, self._groups = self._groups, {}
+        for group in groups.values():
+            self._send_group(group)
+
+    def _send_group(self, group: _Group) -> None:
+        """Send a group as one request of its members' rows, in order (members whose waiter
+        already left are not sent); a group of one goes as that request."""
+        if self._groups.get(group.key) is group:
+            del self._groups[group.key]
+        live = [(request, future) for request, future in zip(group.requests, group.futures, strict=True)
+                if not future.done()]  # fmt: skip
+        if not live:
+            return
+        info, protocol = group.info, group.protocol
+        first = live[0][0]
+        rows = len(live)
+        try:
+            if rows == 1:
+                meta = (first.id, True, 1, first.priority, first.timeout_us, first.outputs, None,
+                        protocol, None, 1)  # fmt: skip
+                self._send_infer(group.id, info, first.inputs, 1, meta, live[0][1])
+                return
+            self._send_rows(group.id, info, [request.inputs for request, _ in live], first, protocol,
+                            [future for _, future in live])  # fmt: skip
+        except Exception as exc:  # the core went away (CoreUnavailable), or a bug: answered, never lost
+            _fail([future for _, future in live], exc)
+            return
+        self.grouped += rows
+
+    def _send_rows(self, request_id: int, info: ModelInfo, members: list[dict[str, np.ndarray]],
+                   first: InferRequest, protocol: str,
+                   futures: list[asyncio.Future[Result]]) -> None:  # fmt: skip
+        """The members' rows gathered straight into one slab block (one copy per input; the
+        frame carries them when the slab is full), with room for the group's answer."""
+        rows = len(members)
+        names = list(members[0])
+        assert info.out_bytes_per_row is not None  # group_rows is 0 otherwise
+        out_bytes = info.out_bytes_per_row * rows + 64 * len(info.outputs)
+        in_bytes = sum(value.nbytes * rows + 64 for value in members[0].values())
+        block = self.ring.allocate(in_bytes + out_bytes)
+        raw: list[memoryview] = []
+        if block is not None:
+            refs: list[Any] = []
+            offset = block
+            for name in names:
+                one = members[0][name]
+                shape = (rows, *one.shape[1:])
+                target = np.ndarray(shape, dtype=one.dtype, buffer=self.slab.map, offset=offset)
+                np.concatenate([inputs[name] for inputs in members], out=target)
+                refs.append((name, dtype_code(one.dtype), shape, offset, target.nbytes))
+                offset += (target.nbytes + 63) & ~63
+            answer_at = (offset, out_bytes)
+        else:
+            refs, raw = inline({name: np.concatenate([inputs[name] for inputs in members]) for name in names})
+            answer_at = (0, -1)
+        meta = (None, True, rows, first.priority, first.timeout_us, None, None, protocol, None, rows)
+        try:
+            self._send((channel.INFER, request_id, info.token, info.name, info.version, answer_at,
+                        refs, meta), raw)  # fmt: skip
+        except CoreUnavailable:
+            if block is not None:
+                self.ring.free(block)
+            raise
+        self._pending[request_id] = _Pending(None, block, True, futures)
 
     def cancel(self, request_id: int) -> None:
-        if request_id in self._pending and self.protocol is not None:
-            self.protocol.send((channel.CANCEL, request_id))
+        """A waiter left. A group is cancelled in the core once every member's waiter has
+        (until then its rows are computed and the left ones' dropped); an unsent group
+        leaves its left members behind when it goes."""
+        entry = self._pending.get(request_id)
+        if entry is None or self.protocol is None:
+            return
+        if entry.members is not None and not all(future.done() for future in entry.members):
+            return
+        self.protocol.send((channel.CANCEL, request_id))
 
     def count(self, name: str, version: str | None, outcome: str) -> None:
         if self.protocol is not None:
             self.protocol.send((channel.COUNT, name, version, request_protocol.get(), outcome))
+
+
+def _futures(entry: _Pending) -> list[asyncio.Future[Any]]:
+    if entry.members is not None:
+        return entry.members
+    assert entry.future is not None
+    return [entry.future]
+
+
+def _fail(futures: list[asyncio.Future[Any]], error: BaseException) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_exception(error)
 
 
 # ---------------------------------------------------------------------- the admission path's view

@@ -63,6 +63,8 @@ class ModelInfo:
     check_values: bool
     priority_levels: int
     out_bytes_per_row: int | None  # answer bytes per row when every output's shape is fixed
+    # the most one-row requests a front end may send as one item (a group); 0: each alone
+    group_rows: int = 0
 
 
 def fast_path_refusal(runtime: ModelRuntime) -> str | None:
@@ -80,6 +82,25 @@ def fast_path_refusal(runtime: ModelRuntime) -> str | None:
     return None
 
 
+GROUP_SHARE = 8  # a group holds at most 1/8 of the model's max batch (see group_rows)
+
+
+def group_rows(runtime: ModelRuntime, out_bytes_per_row: int | None) -> int:
+    """How many one-row requests a front end may send as one multi-row item, or 0.
+
+    A front end decodes many requests per event-loop turn; sent as one item they cost the
+    core one admission, one queue entry and one answer instead of one each (the core's CPU
+    per request is what bounds the whole server on a host with many cores). The batcher
+    never splits an item, so a group is kept to an eighth of the max batch: a batch left
+    short because the next item did not fit loses at most that. Only models where nothing
+    treats a request by itself (``ModelRuntime.groups_requests``) and whose answers have a
+    fixed size per row (the front end finds each member's rows in the group's answer)."""
+    if out_bytes_per_row is None or not runtime.groups_requests():
+        return 0
+    rows = runtime.request_max_batch // GROUP_SHARE
+    return rows if rows >= 2 else 0
+
+
 def describe(runtime: ModelRuntime, token: int) -> ModelInfo:
     engine = runtime.engine
     assert engine is not None
@@ -91,7 +112,7 @@ def describe(runtime: ModelRuntime, token: int) -> ModelInfo:
             per_row += int(np.prod(spec.shape, dtype=np.int64)) * spec.dtype.itemsize
     return ModelInfo(runtime.name, runtime.version, token, tuple(engine.inputs), tuple(engine.outputs),
                      runtime.request_max_batch, runtime.serving.check_values, runtime.priority_levels,
-                     per_row)  # fmt: skip
+                     per_row, group_rows(runtime, per_row))  # fmt: skip
 
 
 class CoreService:
@@ -251,7 +272,7 @@ class FrontEndLink:
             info = describe(runtime, self.service.token(runtime))
         self.protocol.send((channel.ANSWER, request_id, True, info))
 
-    def _count(self, name: str, version: str | None, protocol: str, outcome: str) -> None:
+    def _count(self, name: str, version: str | None, protocol: str, outcome: str, amount: int = 1) -> None:
         """A refusal the front end answered itself (a bad body): counted here, where /metrics is."""
         try:
             runtime = self.service.models.lookup(name, version).runtime
@@ -260,13 +281,14 @@ class FrontEndLink:
         if runtime is not None:
             reset = request_protocol.set(protocol)
             try:
-                runtime.metrics.outcome[outcome].inc()
+                runtime.metrics.outcome[outcome].inc(amount)
             finally:
                 request_protocol.reset(reset)
 
     def _infer(self, header: Any, raw: memoryview) -> None:
         _, request_id, token, name, version, block, refs, meta = header
-        self._burst += 1
+        requests = meta[9]  # more than 1: a front end's group, one item answering them all
+        self._burst += requests
         protocol = meta[7]
         reset = request_protocol.set(protocol)  # the answer's callback and task copy the context
         try:
@@ -276,11 +298,15 @@ class FrontEndLink:
                     self._answer_error(request_id, ("STALE", "model reloaded", False))
                     return
                 item = runtime.make_item(self._request(keeps, refs, meta, raw))
+                if requests != 1:
+                    item.requests = requests
             except Refused as refused:
+                if requests != 1 and refused.outcome is not None:  # select counted one of them
+                    self._count(name, version, protocol, refused.outcome, requests - 1)
                 self._answer_error(request_id, (refused.status.value, str(refused), refused.retry_after))
                 return
             except (BadRequest, ValueError) as exc:
-                runtime.metrics.outcome["bad_request"].inc()
+                runtime.metrics.outcome["bad_request"].inc(requests)
                 status = getattr(exc, "status", Status.INVALID_ARG)
                 self._answer_error(request_id, (status.value, str(exc), False))
                 return
@@ -302,7 +328,7 @@ class FrontEndLink:
 
     def _request(self, keeps: bool, refs: list[TensorRef], meta: Any, raw: memoryview) -> InferRequest:
         """The request over views of the slab (copies for a model that keeps its inputs)."""
-        request_id, batched, rows, priority, timeout_us, outputs, parameters, _, sequence = meta
+        request_id, batched, rows, priority, timeout_us, outputs, parameters, _, sequence, _ = meta
         slab = self.slab
         inputs: dict[str, np.ndarray] = {}
         for name, dtype, shape, offset, nbytes in refs:
@@ -370,7 +396,8 @@ class FrontEndLink:
             if task is not None:
                 task.cancel()
         if lost:
-            self.service.lost.inc(len(lost))
-            log.warning("front end %s went away with %d request(s) in flight; cancelled", self.pid, len(lost))
+            requests = sum(item.requests for _, item, _ in lost)
+            self.service.lost.inc(requests)
+            log.warning("front end %s went away with %d request(s) in flight; cancelled", self.pid, requests)
         # the slab stays mapped until the cancelled batches that may read it have let go
         asyncio.get_running_loop().call_later(30.0, self.slab.close)

@@ -45,3 +45,21 @@ class BisectHistogram(Histogram):
         buckets = self._buckets
         for index, count in Counter(map(bisect_left, repeat(self._upper_bounds), amounts)).items():
             buckets[index].inc(count)
+
+    def observe_counted(self, amounts: list[tuple[float, int]]) -> None:
+        """``observe`` each amount its count of times (a front end's group: one value for
+        every member), at the cost of one observation per pair."""
+        if self._labelnames and not self._labelvalues:
+            for amount, _ in amounts:
+                self.observe(amount)  # the library's error for an unlabelled parent
+            return
+        bounds, buckets = self._upper_bounds, self._buckets
+        total = 0.0
+        for amount, count in amounts:
+            if amount != amount:  # NaN: the library's own accounting, once per count
+                for _ in range(count):
+                    super().observe(amount)
+                continue
+            total += amount * count
+            buckets[bisect_left(bounds, amount)].inc(count)
+        self._sum.inc(total)

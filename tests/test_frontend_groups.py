@@ -126,3 +126,38 @@ def test_models_that_batch_little_are_not_grouped(tmp_path):
         assert client.grouped == 0
 
     run_core(tmp_path, check, max_batch_size=8, max_queue_delay_ms=2)
+
+
+def test_a_group_booked_with_its_count_equals_its_members_booked_one_by_one():
+    """The core books a group's answer once with its count (``SuccessBooks.add(...,
+    requests)``, ``BisectHistogram.observe_counted``): the same figures as one entry each."""
+    from prometheus_client import CollectorRegistry
+    from wattserve.server.models.metrics import ServingMetrics
+    from wattserve.server.models.request_books import SuccessBooks
+
+    def timing(seconds: float) -> Result:
+        return Result({}, queue_time_s=seconds / 3, compute_time_s=seconds / 2, batch_size=8,
+                      input_s=seconds / 10, output_s=seconds / 20)  # fmt: skip
+
+    answers = [(0.0021, 5), (0.04, 1), (0.7, 12), (0.0021, 3)]
+    counted = ServingMetrics("m", "dynamic", CollectorRegistry())
+    one_by_one = ServingMetrics("m", "dynamic", CollectorRegistry())
+    counted_books, single_books = SuccessBooks(counted), SuccessBooks(one_by_one)
+    for seconds, requests in answers:
+        counted_books.add("grpc", seconds, timing(seconds), requests)
+        for _ in range(requests):
+            single_books.add("grpc", seconds, timing(seconds))
+    counted_books.flush()
+    single_books.flush()
+    assert counted.count("success") == one_by_one.count("success") == 21
+    a, b = counted.latency("grpc"), one_by_one.latency("grpc")
+    assert [x.get() for x in a._buckets] == [x.get() for x in b._buckets]
+    assert sum(x.get() for x in a._buckets) == 21
+    assert abs(a._sum.get() - b._sum.get()) < 1e-9
+    for name in ("queue_ns", "compute_input_ns", "compute_infer_ns", "compute_output_ns"):
+        assert abs(getattr(counted.statistics, name) - getattr(one_by_one.statistics, name)) <= 21
+    assert counted.statistics.success.count == 21
+    assert abs(counted.statistics.success.ns - one_by_one.statistics.success.ns) <= 21
+    waits = counted.queue_time
+    waits.observe_counted([(0.001, 4), (0.25, 2)])
+    assert sum(x.get() for x in waits._buckets) == 6 and abs(waits._sum.get() - 0.504) < 1e-12

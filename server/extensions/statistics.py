@@ -125,6 +125,28 @@ class ModelStatistics:
         self.compute_output_ns += int(outputs * 1e9)
         self.last_inference_ms = int(time.time() * 1000)
 
+    def record_counted_successes(self, entries: list[tuple[float, Any, int]]) -> None:
+        """``record_success`` ``count`` times for each (seconds, result, count) of ``entries``
+        (a front end's group: its members share the answer's timing)."""
+        if not entries:
+            return
+        seconds = queue = computes = inputs = outputs = 0.0
+        requests = 0
+        for elapsed, result, count in entries:
+            requests += count
+            seconds += elapsed * count
+            queue += result.queue_time_s * count
+            computes += result.compute_time_s * count
+            inputs += result.input_s * count
+            outputs += result.output_s * count
+        self.success.count += requests
+        self.success.ns += int(seconds * 1e9)
+        self.queue_ns += int(queue * 1e9)
+        self.compute_input_ns += int(inputs * 1e9)
+        self.compute_infer_ns += int((computes - inputs - outputs) * 1e9)
+        self.compute_output_ns += int(outputs * 1e9)
+        self.last_inference_ms = int(time.time() * 1000)
+
     def phase(self, name: str) -> Duration:
         """One phase of successful requests (queue, compute_input/infer/output): counted
         once per computed request, as Triton counts them (cache hits are in ``success`` only)."""

@@ -54,10 +54,10 @@ class ServingObserver:
             self.lm.unwatch()
 
     def on_dispatch(self, items: Sequence[WorkItem], now: float) -> None:
-        waits = [now - item.arrival for item in items]
-        if len(waits) != sum(item.requests for item in items):  # a front end's groups: each member
-            waits = [now - item.arrival for item in items for _ in range(item.requests)]
-        self.metrics.queue_time.observe_many(waits)
+        if any(item.requests != 1 for item in items):  # a front end's groups: each member counted
+            self.metrics.queue_time.observe_counted([(now - item.arrival, item.requests) for item in items])
+        else:
+            self.metrics.queue_time.observe_many([now - item.arrival for item in items])
 
     def on_batch_start(self) -> Any:
         return self.meter.begin() if self.meter is not None else None

@@ -21,22 +21,28 @@ from wattserve.batchers.types import Result
 class SuccessBooks:
     """Pending successes of one model, by protocol; counted at the end of the loop turn."""
 
-    __slots__ = ("_pending", "_scheduled", "metrics")
+    __slots__ = ("_groups", "_pending", "_scheduled", "metrics")
 
     def __init__(self, metrics: Any) -> None:  # ServingMetrics
         self.metrics = metrics
         self._pending: dict[str, list[tuple[float, Result]]] = {}
+        # a front end's groups: one entry each, with the count of requests it answered
+        self._groups: dict[str, list[tuple[float, Result, int]]] = {}
         self._scheduled = False
 
     def add(self, protocol: str, elapsed_s: float, result: Result, requests: int = 1) -> None:
-        """``requests``: the client requests this answer stands for (a front end's group)."""
-        entries = self._pending.get(protocol)
-        if entries is None:
-            entries = self._pending[protocol] = []
+        """``requests``: the client requests this answer stands for (a front end's group:
+        booked once, with its count)."""
         if requests == 1:
+            entries = self._pending.get(protocol)
+            if entries is None:
+                entries = self._pending[protocol] = []
             entries.append((elapsed_s, result))
         else:
-            entries += [(elapsed_s, result)] * requests
+            groups = self._groups.get(protocol)
+            if groups is None:
+                groups = self._groups[protocol] = []
+            groups.append((elapsed_s, result, requests))
         if not self._scheduled:
             try:
                 loop = asyncio.get_running_loop()
@@ -55,3 +61,9 @@ class SuccessBooks:
             metrics.outcomes(protocol)["success"].inc(len(entries))
             metrics.latency(protocol).observe_many([elapsed for elapsed, _ in entries])
             metrics.statistics.record_successes(entries)
+        if self._groups:
+            groups, self._groups = self._groups, {}
+            for protocol, counted in groups.items():
+                metrics.outcomes(protocol)["success"].inc(sum(count for _, _, count in counted))
+                metrics.latency(protocol).observe_counted([(elapsed, count) for elapsed, _, count in counted])
+                metrics.statistics.record_counted_successes(counted)

@@ -176,7 +176,7 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
         if self.closing:
             raise Draining("server is draining; not accepting new requests")
         queue = self.queue
-        if queue.requests + requests > self.config.max_queue_size:
+        if len(queue) + queue.grouped + requests > self.config.max_queue_size:  # queue.requests, inlined
             raise QueueFull(f"queue full ({self.config.max_queue_size} requests waiting)")
         bound = self.config.max_queue_wait_s
         if bound > 0 and len(queue):

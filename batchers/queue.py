@@ -66,7 +66,7 @@ class PriorityFifo:
         self._count = 0
         self.rows = 0  # rows of every queued item
         self._multi_row = 0  # queued items with more than one row
-        self._grouped = 0  # requests beyond one per item that queued groups stand for
+        self.grouped = 0  # requests beyond one per item that queued groups stand for
         self._keys: dict[tuple, int] = {}  # queued items per shape key (variable-shape models)
         self.lock = threading.RLock()
         self.drain = DrainRate()
@@ -79,7 +79,7 @@ class PriorityFifo:
     def requests(self) -> int:
         """Client requests queued: one per item, a front end's group counting its members
         (what the model's ``max_queue_size`` bounds)."""
-        return self._count + self._grouped
+        return self._count + self.grouped
 
     def level_size(self, level: int) -> int:
         """Requests queued at priority ``level`` (on time and delayed): Triton's per-level
@@ -329,7 +329,7 @@ class PriorityFifo:
         """Multi-row and shape-keyed items' part of the books (push counts every item)."""
         if item.rows != 1:
             self._multi_row += 1
-            self._grouped += item.requests - 1
+            self.grouped += item.requests - 1
         key = item.shape_key
         if key is not None:
             self._keys[key] = self._keys.get(key, 0) + 1
@@ -348,7 +348,7 @@ class PriorityFifo:
         """The inverse of ``_added`` (pop counts every item)."""
         if item.rows != 1:
             self._multi_row -= 1
-            self._grouped -= item.requests - 1
+            self.grouped -= item.requests - 1
         key = item.shape_key
         if key is not None:
             left = self._keys[key] - 1

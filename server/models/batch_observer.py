@@ -8,6 +8,7 @@ server decides what each batch updates, so no batcher reaches into server/ or te
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any
 
 from wattserve.batchers.base import Batcher
@@ -16,6 +17,8 @@ from wattserve.batchers.lm_metrics import LMMetrics
 from wattserve.batchers.observers import BatchReport
 from wattserve.batchers.types import WorkItem
 from wattserve.server.models.metrics import ServingMetrics
+
+REQUESTS = attrgetter("requests")  # the client requests a work item answers
 
 
 class ServingObserver:
@@ -54,7 +57,7 @@ class ServingObserver:
             self.lm.unwatch()
 
     def on_dispatch(self, items: Sequence[WorkItem], now: float) -> None:
-        if any(item.requests != 1 for item in items):  # a front end's groups: each member counted
+        if max(map(REQUESTS, items), default=1) > 1:  # a front end's groups: each member counted
             self.metrics.queue_time.observe_counted([(now - item.arrival, item.requests) for item in items])
         else:
             self.metrics.queue_time.observe_many([now - item.arrival for item in items])

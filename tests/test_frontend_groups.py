@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 from wattserve.batchers.status import Status
 from wattserve.batchers.types import Result
-from wattserve.server.split.core_client import RemoteError
+from wattserve.server.split.core_client import CoreUnavailable, RemoteError
 from wattserve.server.split.core_service import GROUP_SHARE
 
 from tests.test_engine_core import ELEMENTS, request, run_core
@@ -161,3 +162,30 @@ def test_a_group_booked_with_its_count_equals_its_members_booked_one_by_one():
     waits = counted.queue_time
     waits.observe_counted([(0.001, 4), (0.25, 2)])
     assert sum(x.get() for x in waits._buckets) == 6 and abs(waits._sum.get() - 0.504) < 1e-12
+
+
+def test_a_front_end_that_goes_away_has_its_groups_counted_lost_by_member_and_never_computed(tmp_path):
+    async def check(app, remote, client):
+        runtime = app.state.runtime
+        blocker = asyncio.create_task(
+            remote.infer(remote.make_item(request(np.ones((2, ELEMENTS), np.float32))))
+        )
+        await until(lambda: runtime.batcher.inflight and not runtime.batcher.queue_depth)
+        members = [
+            asyncio.create_task(
+                remote.infer(remote.make_item(request(np.full((1, ELEMENTS), i, np.float32))))
+            )
+            for i in range(8)
+        ]
+        await until(lambda: runtime.batcher.queue_depth == 8)
+        client.protocol.transport.abort()  # as if the front end's process were killed
+        for task in [blocker, *members]:  # its own waiters: the core is gone for them (503)
+            with pytest.raises(CoreUnavailable) as gone:
+                await task
+            assert gone.value.status is Status.UNAVAILABLE and gone.value.retry_after
+        lost = app.state.core_service.lost
+        await until(lambda: lost._value.get() == 9)  # the running request and the group's 8
+        await until(lambda: not runtime.batcher.inflight)
+        assert runtime.metrics.statistics.inference_count <= 2  # the group was never computed
+
+    run_core(tmp_path, check, max_batch_size=64, max_queue_delay_ms=0, identity_delay_ms=300, warmup=False)

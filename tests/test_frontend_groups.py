@@ -11,12 +11,15 @@ queued); models that treat a request by itself are never grouped."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import numpy as np
 import pytest
 from wattserve.batchers.status import Status
 from wattserve.batchers.types import Result
-from wattserve.server.split.core_client import CoreUnavailable, RemoteError
+from wattserve.server.app import create_app
+from wattserve.server.settings import Settings
+from wattserve.server.split.core_client import CoreClient, CoreUnavailable, RemoteError, RemoteRuntime
 from wattserve.server.split.core_service import GROUP_SHARE
 
 from tests.test_engine_core import ELEMENTS, request, run_core
@@ -189,3 +192,33 @@ def test_a_front_end_that_goes_away_has_its_groups_counted_lost_by_member_and_ne
         assert runtime.metrics.statistics.inference_count <= 2  # the group was never computed
 
     run_core(tmp_path, check, max_batch_size=64, max_queue_delay_ms=0, identity_delay_ms=300, warmup=False)
+
+
+def test_a_group_the_slab_has_no_room_for_travels_in_its_frame(tmp_path):
+    """A slab too small for a group's rows and answer: the rows go inline in the frame (and
+    the answer comes back inline), each member still answered from its own row."""
+
+    async def main():
+        path = os.path.join(tmp_path, "core.sock")
+        settings = Settings(model="identity", grpc_port=0, identity_elements=ELEMENTS, telemetry=False,
+                            max_batch_size=64, max_queue_delay_ms=2)  # fmt: skip
+        app = create_app(settings, core_channel=path)
+        async with app.router.lifespan_context(app):
+            client = CoreClient(path, 512, 1)  # a group of 8 needs 640 bytes: never fits
+            client.start()
+            await asyncio.wait_for(client.connected.wait(), 30)
+            remote = RemoteRuntime(client, await client.describe("identity", None), None)
+            blocks: list[int | None] = []
+            allocate = client.ring.allocate
+            client.ring.allocate = lambda n: blocks.append(allocate(n)) or blocks[-1]  # type: ignore[method-assign]
+            try:
+                values = [np.full((1, ELEMENTS), i, np.float32) for i in range(16)]
+                results = await asyncio.gather(*(remote.infer(remote.make_item(request(v))) for v in values))
+                for value, result in zip(values, results, strict=True):
+                    np.testing.assert_array_equal(result.outputs["OUTPUT0"], value)
+                assert client.grouped == 16
+                assert blocks == [None, None]  # two groups of 8, neither placed in the slab
+            finally:
+                await client.close()
+
+    asyncio.run(main())

@@ -57,6 +57,8 @@ def test_a_turn_s_one_row_requests_travel_as_groups_each_answered_from_its_own_r
         assert sample_count(metrics.queue_time) == 43
         service = app.state.core_service
         assert service.requests.labels("1")._value.get() == 43  # the front end's count, by member
+        assert service.grouped.labels("1")._value.get() == 43
+        assert service.groups.labels("1")._value.get() == 6
         assert runtime.batcher.queue_depth == 0 and runtime.batcher.inflight == 0
 
     run_core(tmp_path, check, max_batch_size=64, max_queue_delay_ms=2)

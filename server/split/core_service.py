@@ -134,6 +134,19 @@ class CoreService:
             ("frontend",),
             registry=registry,
         )
+        self.grouped = Counter(
+            "wattserve_frontend_grouped_requests",
+            "Of those, the requests that came in a front end's groups (one-row requests to a "
+            "model decoded in one loop turn, admitted and answered as one item).",
+            ("frontend",),
+            registry=registry,
+        )
+        self.groups = Counter(
+            "wattserve_frontend_groups",
+            "The groups those came in (grouped requests / groups: the mean group size).",
+            ("frontend",),
+            registry=registry,
+        )
         self.links: set[FrontEndLink] = set()
         self._tokens: weakref.WeakKeyDictionary[ModelRuntime, int] = weakref.WeakKeyDictionary()
         # tokens never repeat across core restarts: a front end's description from the last
@@ -220,6 +233,8 @@ class FrontEndLink:
         self.slab = slab
         self.pid = pid
         self.served = service.requests.labels(index)  # a restarted front end keeps its index
+        self.grouped = service.grouped.labels(index)
+        self.groups = service.groups.labels(index)
         self.protocol = channel.FrameProtocol(self._on_frame, self._on_lost, self._on_read)
         self.inflight: dict[int, tuple[ModelRuntime, WorkItem, asyncio.Task[None] | None]] = {}
         # Per read (one burst of frames, handled in one go on the loop, where nothing else
@@ -227,6 +242,8 @@ class FrontEndLink:
         # their token and whether they keep inputs, and how many requests it carried.
         self._admitted: dict[tuple[str, str | None], tuple[ModelRuntime, int, bool]] = {}
         self._burst = 0
+        self._grouped = 0  # ... of them in groups
+        self._groups = 0
 
     def close(self) -> None:
         self.protocol.close()
@@ -249,6 +266,10 @@ class FrontEndLink:
         if self._burst:
             self.served.inc(self._burst)
             self._burst = 0
+            if self._groups:
+                self.grouped.inc(self._grouped)
+                self.groups.inc(self._groups)
+                self._grouped = self._groups = 0
         self._admitted.clear()
 
     def _admit(self, name: str, version: str | None) -> tuple[ModelRuntime, int, bool]:
@@ -289,6 +310,9 @@ class FrontEndLink:
         _, request_id, token, name, version, block, refs, meta = header
         requests = meta[9]  # more than 1: a front end's group, one item answering them all
         self._burst += requests
+        if requests != 1:
+            self._grouped += requests
+            self._groups += 1
         protocol = meta[7]
         reset = request_protocol.set(protocol)  # the answer's callback and task copy the context
         try:

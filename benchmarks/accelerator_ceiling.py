@@ -145,6 +145,19 @@ def executions(metrics_url: str, model: str = "identity") -> tuple[float, float]
     return totals["nv_inference_count"], totals["nv_inference_exec_count"]
 
 
+def grouping(metrics_url: str) -> tuple[float, float]:
+    """(requests that came in front ends' groups, groups) so far, all front ends (0, 0 for
+    one process)."""
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    totals = {"wattserve_frontend_grouped_requests_total": 0.0, "wattserve_frontend_groups_total": 0.0}
+    for line in text.splitlines():
+        match = re.match(r"(wattserve_frontend_grouped_requests_total|wattserve_frontend_groups_total)"
+                         r"\{[^}]*\}\s+(\S+)", line)  # fmt: skip
+        if match:
+            totals[match.group(1)] += float(match.group(2))
+    return totals["wattserve_frontend_grouped_requests_total"], totals["wattserve_frontend_groups_total"]
+
+
 # ---------------------------------------------------------------- bodies and clients
 def json_body(elements: int) -> bytes:
     data = [float(i) for i in range(elements)]
@@ -221,6 +234,7 @@ def projected_rps(cpu_us: dict[str, float], cores: int, ceiling: float) -> tuple
 def measure(target: Target, protocol: str, args: argparse.Namespace, preset: Preset) -> dict | None:
     url = target.http + "/v2/models/identity/infer"
     before_cpu, before_exec = cpu_by_role(target.pid), executions(target.metrics)
+    before_groups = grouping(target.metrics)
     started = time.monotonic()
     if protocol == "http-json":
         run = wrk(url, json_body(preset.elements), args.connections, args.seconds)
@@ -241,6 +255,9 @@ def measure(target: Target, protocol: str, args: argparse.Namespace, preset: Pre
         raise SystemExit(f"unknown protocol {protocol!r}")
     elapsed = time.monotonic() - started
     after_cpu, after_exec = cpu_by_role(target.pid), executions(target.metrics)
+    grouped, groups = (
+        after - before for after, before in zip(grouping(target.metrics), before_groups, strict=True)
+    )
     inferences = after_exec[0] - before_exec[0]
     execs = after_exec[1] - before_exec[1]
     if run["non_2xx"]:  # wrk's req/s counts error answers too: only what was served counts
@@ -253,6 +270,8 @@ def measure(target: Target, protocol: str, args: argparse.Namespace, preset: Pre
         "server": target.name, "workers": target.workers, "protocol": protocol,
         "ceiling_share": run["rps"] / preset.ceiling(),
         "mean_batch": inferences / execs if execs else None,
+        "mean_group": grouped / groups if groups else None,  # front ends' groups (N > 1)
+        "grouped_share": grouped / served if served else None,
         "cpu_us_per_request": cpu_us,
         "cpu_us_per_request_total": sum(cpu_us.values()),
         "projected_cores": args.project_cores,
@@ -380,7 +399,8 @@ def main(argv: list[str] | None = None) -> None:
         batch = f"{r['mean_batch']:.1f}" if r["mean_batch"] else "-"
         p99 = f"{r['p99_ms']:.1f}" if r.get("p99_ms") is not None else "-"
         print(f"{r['server']:<20} {r['protocol']:<12} {r['rps']:>9,.0f} {r['ceiling_share']:>9.3f} {batch:>6} {p99:>7} {r['non_2xx']:>7}  "
-              f"{roles} (total {r['cpu_us_per_request_total']:.0f})")  # fmt: skip
+              f"{roles} (total {r['cpu_us_per_request_total']:.0f})"
+              + (f"; groups of {r['mean_group']:.1f} ({r['grouped_share']:.0%} of requests)" if r.get("mean_group") else ""))  # fmt: skip
     print(f"\nprojected onto {args.project_cores} cores (one for the engine core or the one process, the "
           "rest for front ends; the client elsewhere):")  # fmt: skip
     for r in rows:

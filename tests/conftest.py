@@ -6,16 +6,34 @@ import os
 
 import pytest
 
+from tests import serial_lock
 from tests.prometheus_fixture import prometheus_factory  # noqa: F401  (a real Prometheus on loopback)
 from tests.serial_lock import pytest_runtest_protocol  # noqa: F401  (tests marked serial run alone under xdist)
 
-# The files that take longest (about 40-90 s each here): handed to the workers first, so that
-# none of them starts last and runs alone while the other worker has nothing left to do.
+# The order pytest-xdist hands whole files to the workers (pyproject's addopts pass
+# --no-loadscope-reorder, without which xdist reorders files by their number of tests and this
+# order is lost). First the files with a test marked serial: while every worker is still in one
+# of them, a serial test waits only for a short test beside it (behind a 90 s test it would hold
+# every other worker idle for as long, tests/serial_lock.py). Then the files that take longest
+# (about 15-90 s each here, mostly waiting on servers and subprocesses), so that none of them
+# starts last and runs alone while the other workers have nothing left to do. Every other file
+# keeps its place.
 LONGEST_FIRST = (
     "tests/test_thesis_study.py",
-    "tests/test_telemetry_gpu_check.py",
+    "tests/conformance/test_perf_analyzer.py",
     "tests/conformance/test_model_analyzer.py",
-    "tests/test_lm_engine.py",
+    "tests/test_frontend_workers.py",
+    "tests/test_onnx_engine.py",
+    "tests/test_loadgen_lm.py",
+    "tests/test_diffusion_server.py",
+    "tests/test_telemetry_gpu_check.py",
+    "tests/test_telemetry_gpu_report.py",
+    "tests/test_python_process.py",
+    "tests/test_soak_faults.py",
+    "tests/test_repository_config.py",
+    "tests/test_response_cache.py",
+    "tests/test_vs_triton_harness.py",
+    "tests/test_replicas.py",
 )
 
 
@@ -31,8 +49,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        path = item.nodeid.split("::", 1)[0]
-        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+    def path(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
 
-    items.sort(key=rank)  # stable: every other file keeps its place and its tests their order
+    has_serial = {path(item) for item in items if item.get_closest_marker(serial_lock.MARKER)}
+
+    def rank(item: pytest.Item) -> int:
+        if path(item) in has_serial:
+            return 0
+        return 1 + (LONGEST_FIRST.index(path(item)) if path(item) in LONGEST_FIRST else len(LONGEST_FIRST))
+
+    items.sort(key=rank)  # stable: files keep their order within a rank and tests theirs

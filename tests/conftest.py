@@ -10,14 +10,25 @@ from tests import serial_lock
 from tests.prometheus_fixture import prometheus_factory  # noqa: F401  (a real Prometheus on loopback)
 from tests.serial_lock import pytest_runtest_protocol  # noqa: F401  (tests marked serial run alone under xdist)
 
-# The order pytest-xdist hands whole files to the workers (pyproject's addopts pass
-# --no-loadscope-reorder, without which xdist reorders files by their number of tests and this
-# order is lost). First the files with a test marked serial: while every worker is still in one
-# of them, a serial test waits only for a short test beside it (behind a 90 s test it would hold
-# every other worker idle for as long, tests/serial_lock.py). Then the files that take longest
-# (about 15-90 s each here, mostly waiting on servers and subprocesses), so that none of them
-# starts last and runs alone while the other workers have nothing left to do. Every other file
-# keeps its place.
+# The files with a test marked serial (tests/serial_lock.py), checked at collection. Under
+# pytest-xdist (pyproject's addopts: files whole, in the order below, --no-loadscope-reorder) they
+# all go to one worker, first and one after another, while the other workers take files of short
+# tests: a serial test then waits for a short test on each other worker, not for a 90 s one, and
+# the ordinary tests of these files run beside the others' instead of queueing behind serial ones.
+SERIAL_FILES = (
+    "tests/conformance/test_requests_and_statuses.py",
+    "tests/test_adaptive_live.py",
+    "tests/test_loadgen_compare.py",
+    "tests/test_loadgen_coordinated_omission.py",
+    "tests/test_loadgen_e2e.py",
+    "tests/test_priority_queue_policy.py",
+    "tests/test_telemetry_sampler.py",
+    "tests/test_trim_after_peak.py",
+)
+
+# The files that take longest (about 15-90 s each here, mostly waiting on servers and
+# subprocesses), handed out right after the serial files, so that none of them starts last and
+# runs alone while the other workers have nothing left to do. Every other file keeps its place.
 LONGEST_FIRST = (
     "tests/test_thesis_study.py",
     "tests/conformance/test_perf_analyzer.py",
@@ -52,11 +63,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     def path(item: pytest.Item) -> str:
         return item.nodeid.split("::", 1)[0]
 
-    has_serial = {path(item) for item in items if item.get_closest_marker(serial_lock.MARKER)}
+    serial = {path(item) for item in items if item.get_closest_marker(serial_lock.MARKER)}
+    missing = serial - set(SERIAL_FILES)
+    if missing:
+        raise pytest.UsageError(
+            f"tests/conftest.py SERIAL_FILES does not name {sorted(missing)}, which hold serial tests"
+        )
 
     def rank(item: pytest.Item) -> int:
-        if path(item) in has_serial:
+        if path(item) in SERIAL_FILES:
             return 0
         return 1 + (LONGEST_FIRST.index(path(item)) if path(item) in LONGEST_FIRST else len(LONGEST_FIRST))
 
     items.sort(key=rank)  # stable: files keep their order within a rank and tests theirs
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: absent with -p no:xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None  # xdist's own
+    from tests.file_scheduling import SerialFilesOnOneWorker
+
+    return SerialFilesOnOneWorker(config, log, SERIAL_FILES, LONGEST_FIRST)

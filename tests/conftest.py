@@ -50,7 +50,7 @@ LONGEST_FIRST = (
 
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        # Two workers share the two cores: a torch call in a test process runs on one OpenMP
+        # The workers share the two cores: a torch call in a test process runs on one OpenMP
         # thread, as tests/diffusion_support.py found (a team of two waits at every barrier on
         # a thread the other worker has descheduled: 10x slower). Engines given a thread count
         # still set their own; servers in subprocesses are not affected.

@@ -22,6 +22,7 @@ SERIAL_FILES = (
     "tests/test_loadgen_coordinated_omission.py",
     "tests/test_loadgen_e2e.py",
     "tests/test_priority_queue_policy.py",
+    "tests/test_telemetry_gpu_check.py",
     "tests/test_telemetry_sampler.py",
     "tests/test_trim_after_peak.py",
 )
@@ -37,7 +38,6 @@ LONGEST_FIRST = (
     "tests/test_onnx_engine.py",
     "tests/test_loadgen_lm.py",
     "tests/test_diffusion_server.py",
-    "tests/test_telemetry_gpu_check.py",
     "tests/test_telemetry_gpu_report.py",
     "tests/test_python_process.py",
     "tests/test_soak_faults.py",

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torchvision
 from wattserve.engines.base import Batch, EngineError, TensorSpec
 from wattserve.engines.catalog import TORCHVISION_MODELS
 
@@ -37,6 +36,8 @@ def load_torchvision_model(name: str, weights: str | None, seed: int) -> torch.n
     """Build ``name``; random weights from ``seed`` unless ``weights`` says otherwise."""
     if name not in TORCHVISION_MODELS:
         raise ValueError(f"unknown torchvision model {name!r}; known: {TORCHVISION_MODELS}")
+    import torchvision  # here, not at import: a second of CPU every process importing this module paid
+
     if weights == "pretrained":
         return torchvision.models.get_model(name, weights="DEFAULT")
     with torch.random.fork_rng(devices=[]):

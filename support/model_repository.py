@@ -10,13 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torchvision
 
 IMAGE = (3, 64, 64)
 CLASSES = 10
 
 
 def small_classifier(seed: int = 0) -> torch.nn.Module:
+    import torchvision  # here: test files import this module, and xdist workers collect them all
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return torchvision.models.squeezenet1_1(num_classes=CLASSES).eval()

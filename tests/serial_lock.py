@@ -1,17 +1,17 @@
 """Tests marked ``serial`` run while no other test of the same pytest-xdist run does.
 
-The README's ``python -m pytest`` runs the suite on two xdist workers (pyproject's addopts). A
+The README's ``python -m pytest`` runs the suite on four xdist workers (pyproject's addopts). A
 test whose pass/fail depends on how fast this machine is right now (a wall-clock bound, a
 deadline that must not pass, a rate it must reach) would then share the two cores with whatever
-the other worker runs; marked ``serial``, it gets them alone, as in a one-process run.
+the other workers run; marked ``serial``, it gets them alone, as in a one-process run.
 
 Two lock files in the run's shared temporary folder, taken with flock(2):
 
 - every test holds ``run`` shared for its setup, call and teardown; a serial test holds it
-  exclusively, so it starts only when the other worker's test has ended;
+  exclusively, so it starts only when the other workers' tests have ended;
 - ``gate`` lets a waiting serial test in: an ordinary test takes ``run`` only while holding
   ``gate`` shared, and a serial test holds ``gate`` exclusively while it waits for and holds
-  ``run``, so the other worker cannot start test after test ahead of it.
+  ``run``, so the other workers cannot start test after test ahead of it.
 
 Without xdist (``-p no:xdist``, ``-n 0``) there is one process and nothing to lock.
 """

@@ -92,6 +92,10 @@ def test_format_table(check):
     assert "n/a" in lines[2]
 
 
+# Its exact figure (0.75 J) holds only while its two threads, the load loop and the telemetry
+# poller on the fake clock, get a core when they ask: 3 of 30 runs missed it by 0.03% beside
+# three busy loops on the two cores, 0 of 30 alone or beside one (tests/serial_lock.py).
+@pytest.mark.serial
 def test_run_size_on_cpu_with_the_fake_nvml(check):
     """The load loop, meter and window report together; CUDA and NVML replaced (CPU, FakeNvml)."""
     torch = pytest.importorskip("torch")

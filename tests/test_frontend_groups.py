@@ -33,6 +33,14 @@ async def until(predicate, seconds: float = 10.0) -> None:
     raise AssertionError("not reached in time")
 
 
+async def occupy(runtime, remote) -> asyncio.Task:
+    """A two-row request (sent alone, never grouped) running on the model's one instance, so
+    that what comes next queues behind it; its task."""
+    blocker = asyncio.create_task(remote.infer(remote.make_item(request(np.ones((2, ELEMENTS), np.float32)))))
+    await until(lambda: runtime.batcher.inflight and not runtime.batcher.queue_depth)
+    return blocker
+
+
 def sample_count(histogram) -> float:
     return sum(bucket.get() for bucket in histogram._buckets)
 
@@ -89,11 +97,7 @@ def test_a_group_is_admitted_whole_or_refused_whole_against_the_queue_bound(tmp_
 def test_waiters_that_leave_lose_their_rows_and_a_group_all_left_is_cancelled_in_the_core(tmp_path):
     async def check(app, remote, client):
         runtime = app.state.runtime
-        # occupies the one instance for 300 ms (two rows: sent alone, not grouped)
-        blocker = asyncio.create_task(
-            remote.infer(remote.make_item(request(np.ones((2, ELEMENTS), np.float32))))
-        )
-        await until(lambda: runtime.batcher.inflight and not runtime.batcher.queue_depth)
+        blocker = await occupy(runtime, remote)
         left = [asyncio.create_task(remote.infer(remote.make_item(request(np.full((1, ELEMENTS), 7.0, np.float32)))))
                 for _ in range(5)]  # fmt: skip
         kept = [np.full((1, ELEMENTS), 10.0 + i, np.float32) for i in range(3)]
@@ -172,10 +176,7 @@ def test_a_group_booked_with_its_count_equals_its_members_booked_one_by_one():
 def test_a_front_end_that_goes_away_has_its_groups_counted_lost_by_member_and_never_computed(tmp_path):
     async def check(app, remote, client):
         runtime = app.state.runtime
-        blocker = asyncio.create_task(
-            remote.infer(remote.make_item(request(np.ones((2, ELEMENTS), np.float32))))
-        )
-        await until(lambda: runtime.batcher.inflight and not runtime.batcher.queue_depth)
+        blocker = await occupy(runtime, remote)
         members = [
             asyncio.create_task(
                 remote.infer(remote.make_item(request(np.full((1, ELEMENTS), i, np.float32))))

@@ -117,13 +117,7 @@ class ModelStatistics:
             computes += result.compute_time_s
             inputs += result.input_s
             outputs += result.output_s
-        self.success.count += len(entries)
-        self.success.ns += int(seconds * 1e9)
-        self.queue_ns += int(queue * 1e9)
-        self.compute_input_ns += int(inputs * 1e9)
-        self.compute_infer_ns += int((computes - inputs - outputs) * 1e9)
-        self.compute_output_ns += int(outputs * 1e9)
-        self.last_inference_ms = int(time.time() * 1000)
+        self._add_successes(len(entries), seconds, queue, computes, inputs, outputs)
 
     def record_counted_successes(self, entries: list[tuple[float, Any, int]]) -> None:
         """``record_success`` ``count`` times for each (seconds, result, count) of ``entries``
@@ -139,6 +133,11 @@ class ModelStatistics:
             computes += result.compute_time_s * count
             inputs += result.input_s * count
             outputs += result.output_s * count
+        self._add_successes(requests, seconds, queue, computes, inputs, outputs)
+
+    def _add_successes(self, requests: int, seconds: float, queue: float, computes: float, inputs: float,
+                       outputs: float) -> None:  # fmt: skip
+        """The sums of ``requests`` successes into the books (nanoseconds rounded once)."""
         self.success.count += requests
         self.success.ns += int(seconds * 1e9)
         self.queue_ns += int(queue * 1e9)

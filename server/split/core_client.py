@@ -324,20 +324,17 @@ class CoreClient:
         request_id = self._next_id
         self._next_id += 1
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        meta = (request.id, request.batched, request.rows, request.priority, request.timeout_us,
-                request.outputs, request.parameters, protocol, request.sequence, 1)  # fmt: skip
-        self._send_infer(request_id, info, request.inputs, request.rows, meta, future)
+        self._send_request(request_id, info, request, protocol, future)
         return request_id, future
 
-    def _send_infer(self, request_id: int, info: ModelInfo, arrays: dict[str, np.ndarray], rows: int,
-                    meta: tuple, future: asyncio.Future[Result]) -> None:  # fmt: skip
+    def _send_request(self, request_id: int, info: ModelInfo, request: InferRequest, protocol: str,
+                      future: asyncio.Future[Result]) -> None:  # fmt: skip
         """One request's tensors into the slab (inline when it is full) and its frame sent."""
+        arrays = request.inputs
         in_bytes = 0
         for value in arrays.values():
             in_bytes += value.nbytes + 64
-        out_bytes = -1
-        if info.out_bytes_per_row is not None:
-            out_bytes = info.out_bytes_per_row * rows + 64 * len(info.outputs)
+        out_bytes = _answer_bytes(info, request.rows)
         block = self.ring.allocate(in_bytes + max(out_bytes, 0))
         raw: list[memoryview] = []
         if block is not None:
@@ -348,14 +345,22 @@ class CoreClient:
         else:  # the ring is full: the tensors travel in the frame
             refs, raw = inline(arrays)
             answer_at = (0, -1)
+        meta = (request.id, request.batched, request.rows, request.priority, request.timeout_us,
+                request.outputs, request.parameters, protocol, request.sequence, 1)  # fmt: skip
+        self._send_infer(request_id, info, answer_at, refs, meta, raw, _Pending(future, block))
+
+    def _send_infer(self, request_id: int, info: ModelInfo, answer_at: tuple[int, int], refs: list[Any],
+                    meta: tuple, raw: list[memoryview], pending: _Pending) -> None:  # fmt: skip
+        """The INFER frame of a request (or a group) whose tensors are placed; its answer owed
+        to ``pending`` (whose slab block is freed if the frame cannot go)."""
         try:
             self._send((channel.INFER, request_id, info.token, info.name, info.version, answer_at,
                         refs, meta), raw)  # fmt: skip
         except CoreUnavailable:
-            if block is not None:
-                self.ring.free(block)
+            if pending.block is not None:
+                self.ring.free(pending.block)
             raise
-        self._pending[request_id] = _Pending(future, block)
+        self._pending[request_id] = pending
 
     def _join(
         self, info: ModelInfo, request: InferRequest, protocol: str
@@ -398,9 +403,7 @@ class CoreClient:
         rows = len(live)
         try:
             if rows == 1:
-                meta = (first.id, True, 1, first.priority, first.timeout_us, first.outputs, None,
-                        protocol, None, 1)  # fmt: skip
-                self._send_infer(group.id, info, first.inputs, 1, meta, live[0][1])
+                self._send_request(group.id, info, first, protocol, live[0][1])
                 return
             self._send_rows(group.id, info, [request.inputs for request, _ in live], first, protocol,
                             [future for _, future in live])  # fmt: skip
@@ -416,8 +419,7 @@ class CoreClient:
         frame carries them when the slab is full), with room for the group's answer."""
         rows = len(members)
         names = list(members[0])
-        assert info.out_bytes_per_row is not None  # group_rows is 0 otherwise
-        out_bytes = info.out_bytes_per_row * rows + 64 * len(info.outputs)
+        out_bytes = _answer_bytes(info, rows)  # fixed-size answers: group_rows is 0 otherwise
         in_bytes = sum(value.nbytes * rows + 64 for value in members[0].values())
         block = self.ring.allocate(in_bytes + out_bytes)
         raw: list[memoryview] = []
@@ -436,14 +438,7 @@ class CoreClient:
             refs, raw = inline({name: np.concatenate([inputs[name] for inputs in members]) for name in names})
             answer_at = (0, -1)
         meta = (None, True, rows, first.priority, first.timeout_us, None, None, protocol, None, rows)
-        try:
-            self._send((channel.INFER, request_id, info.token, info.name, info.version, answer_at,
-                        refs, meta), raw)  # fmt: skip
-        except CoreUnavailable:
-            if block is not None:
-                self.ring.free(block)
-            raise
-        self._pending[request_id] = _Pending(None, block, True, futures)
+        self._send_infer(request_id, info, answer_at, refs, meta, raw, _Pending(None, block, True, futures))
 
     def cancel(self, request_id: int) -> None:
         """A waiter left. A group is cancelled in the core once every member's waiter has
@@ -459,6 +454,13 @@ class CoreClient:
     def count(self, name: str, version: str | None, outcome: str) -> None:
         if self.protocol is not None:
             self.protocol.send((channel.COUNT, name, version, request_protocol.get(), outcome))
+
+
+def _answer_bytes(info: ModelInfo, rows: int) -> int:
+    """Slab room for the answer of ``rows`` rows, or -1 when the outputs' size varies."""
+    if info.out_bytes_per_row is None:
+        return -1
+    return info.out_bytes_per_row * rows + 64 * len(info.outputs)
 
 
 def _futures(entry: _Pending) -> list[asyncio.Future[Any]]:

@@ -24,12 +24,12 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic
 
 from wattserve.batchers.clock import REAL_CLOCK, Clock, Timer
 from wattserve.batchers.config import BatchingSpec
+from wattserve.batchers.engine_thread import EngineThread
 from wattserve.batchers.executor import (
     AnyEngine,
     BatchExecutor,
@@ -97,7 +97,7 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
         config: BatcherConfig,
         *,
         observer: BatchObserver | None = None,
-        threads: Sequence[ThreadPoolExecutor] | None = None,
+        threads: Sequence[EngineThread] | None = None,
         clock: Clock = REAL_CLOCK,
     ) -> None:
         """``threads``: each engine's own ``engine_thread``, the one it was built on (one
@@ -147,7 +147,7 @@ class Batcher(Scheduler, ABC, Generic[AnyEngine]):
         object that answers when told, for a caller with no task per request: the engine
         core behind front-end processes); its deadline timer, which the caller hands to
         ``release`` once the answer is in."""
-        self.check_admission(requests=item.requests)
+        self.check_admission(item.rows, item.requests)  # a group: its rows and its requests
         if not 1 <= item.priority <= self.config.priority_levels:
             raise ValueError(f"priority level {item.priority} outside 1..{self.config.priority_levels}")
         deadline = item.deadline

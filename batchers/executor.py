@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 from wattserve.batchers.clock import REAL_CLOCK
+from wattserve.batchers.engine_thread import EngineThread
 from wattserve.batchers.observers import BatchObserver
 from wattserve.batchers.types import BatchFailed, ItemState, RequestError, Result, WorkItem
 from wattserve.engines.base import Engine, StacksItems, StepEngine
@@ -57,7 +57,7 @@ def padded_size(n: int, batch_sizes: Sequence[int] | None) -> int:
     return min(fitting) if fitting else n
 
 
-def engine_thread(index: int, flush_denormal: bool = False) -> ThreadPoolExecutor:
+def engine_thread(index: int, flush_denormal: bool = False) -> EngineThread:
     """The one thread that builds, warms and runs engine instance ``index``.
 
     One thread per engine for its whole life, not just for its batches: GNU OpenMP (torch's
@@ -72,9 +72,8 @@ def engine_thread(index: int, flush_denormal: bool = False) -> ThreadPoolExecuto
     if flush_denormal:
         from wattserve.engines.denormals import flush_denormals_on_this_thread
 
-        return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"engine-{index}",
-                                  initializer=flush_denormals_on_this_thread)  # fmt: skip
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"engine-{index}")
+        return EngineThread(f"engine-{index}", initializer=flush_denormals_on_this_thread)
+    return EngineThread(f"engine-{index}")
 
 
 # What a policy drives: request-level policies an Engine (whole batches), the iteration-level
@@ -86,7 +85,7 @@ class EngineInstance(Generic[AnyEngine]):
     """One engine and the single thread that may call it (``engine_thread``; the one it
     was built on, when the caller passes it)."""
 
-    def __init__(self, engine: AnyEngine, index: int, executor: ThreadPoolExecutor | None = None) -> None:
+    def __init__(self, engine: AnyEngine, index: int, executor: EngineThread | None = None) -> None:
         self.engine = engine
         self.index = index
         self.executor = executor if executor is not None else engine_thread(index)
@@ -130,7 +129,7 @@ class BatchExecutor:
     def start(self, loop: asyncio.AbstractEventLoop, batch: list[WorkItem]) -> None:
         """Event loop: run ``batch`` on the instance's thread."""
         try:
-            self.instance.executor.submit(self._work, loop, batch)
+            self.instance.executor.post(self._work, loop, batch)
         except RuntimeError as exc:  # executor shut down: fail this batch only
             self.done(self, batch, None, exc, False)
 

@@ -17,7 +17,6 @@ are what a repository model with ``sequence_batching`` runs, whatever else is na
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from wattserve.batchers.adaptive import AdaptiveBatcher
@@ -27,6 +26,7 @@ from wattserve.batchers.clock import REAL_CLOCK, Clock
 from wattserve.batchers.config import BatchingSpec
 from wattserve.batchers.continuous import ContinuousBatcher
 from wattserve.batchers.dynamic import DynamicBatcher
+from wattserve.batchers.engine_thread import EngineThread
 from wattserve.batchers.iteration import IterationBatcher
 from wattserve.batchers.observers import BatchObserver
 from wattserve.batchers.sequence import SequenceBatcher
@@ -80,7 +80,7 @@ def build_batcher(
     spec: BatchingSpec,
     engines: Sequence[Engine],
     observer: BatchObserver | None = None,
-    threads: Sequence[ThreadPoolExecutor] | None = None,
+    threads: Sequence[EngineThread] | None = None,
     clock: Clock = REAL_CLOCK,
 ) -> Batcher:
     """The batcher ``spec.batcher`` names, over ``engines`` (one per instance, each run on

@@ -37,13 +37,13 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from wattserve.batchers.base import BatcherConfig, RequestBatcher, common_config
 from wattserve.batchers.clock import Clock
 from wattserve.batchers.config import BatchingSpec
+from wattserve.batchers.engine_thread import EngineThread
 from wattserve.batchers.executor import BatchOutcome
 from wattserve.batchers.observers import BatchObserver
 from wattserve.batchers.policy import Decision, Dispatch, QueueView, Wait
@@ -271,7 +271,7 @@ class SequenceLane(RequestBatcher):
     instance's, in its own queue, formed into batches for its one engine by its own loop, as
     its owner's policy decides."""
 
-    def __init__(self, owner: SequenceBatcher, index: int, engine: Engine, thread: ThreadPoolExecutor,
+    def __init__(self, owner: SequenceBatcher, index: int, engine: Engine, thread: EngineThread,
                  observer: BatchObserver | None, clock: Clock) -> None:  # fmt: skip
         super().__init__([engine], owner.config, observer=observer, threads=[thread], clock=clock)
         self.owner = owner

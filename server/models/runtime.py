@@ -11,13 +11,13 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from time import monotonic
 from typing import Any
 
 import numpy as np
 from wattserve.batchers.base import Batcher, RequestBatcher, engine_thread
 from wattserve.batchers.clock import REAL_CLOCK, Clock, Timer
+from wattserve.batchers.engine_thread import EngineThread
 from wattserve.batchers.iteration_metrics import IterationMetrics
 from wattserve.batchers.lm_metrics import LMMetrics
 from wattserve.batchers.rate_limiter import Claim, RateLimiter
@@ -117,7 +117,7 @@ class ModelRuntime:
         ``engine_thread``), off the event loop, then start batching."""
         loop = asyncio.get_running_loop()
         engines: list[Engine] = []
-        threads: list[ThreadPoolExecutor] = []
+        threads: list[EngineThread] = []
         try:
             for index, device in enumerate(self.devices):
                 engine_config = self.serving.engine.on(device)

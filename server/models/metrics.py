@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from wattserve.server.extensions.statistics import ModelStatistics
 from wattserve.telemetry.buckets import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
+from wattserve.telemetry.counter_add import counter_add
 from wattserve.telemetry.families import families
 from wattserve.telemetry.histogram import BisectHistogram
 
@@ -124,6 +125,10 @@ class ServingMetrics:
         for children in self._outcomes.values():  # so rate() queries have a series from the start
             for child in children.values():
                 child.inc(0)
+        # the adds the hot path makes once per batch or loop turn (telemetry.counter_add)
+        self._add_inferences = counter_add(self.inferences)
+        self._add_executions = counter_add(self.executions)
+        self.success_add = {p: counter_add(children["success"]) for p, children in self._outcomes.items()}
 
     @property
     def outcome(self) -> dict[str, Any]:
@@ -171,7 +176,7 @@ class ServingMetrics:
         self.batch_size.observe(size)
         self.compute_time.observe(compute_s)
         self.statistics.record_batch(size, compute_s, size - null_rows, input_s=input_s, output_s=output_s)
-        self.inferences.inc(size - null_rows)
-        self.executions.inc()
+        self._add_inferences(size - null_rows)
+        self._add_executions(1)
         if padded:
             self.padded_slots.inc(padded)

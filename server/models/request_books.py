@@ -58,12 +58,12 @@ class SuccessBooks:
         pending, self._pending = self._pending, {}
         metrics = self.metrics
         for protocol, entries in pending.items():
-            metrics.outcomes(protocol)["success"].inc(len(entries))
+            metrics.success_add[protocol](len(entries))
             metrics.latency(protocol).observe_many([elapsed for elapsed, _ in entries])
             metrics.statistics.record_successes(entries)
         if self._groups:
             groups, self._groups = self._groups, {}
             for protocol, counted in groups.items():
-                metrics.outcomes(protocol)["success"].inc(sum(count for _, _, count in counted))
+                metrics.success_add[protocol](sum(count for _, _, count in counted))
                 metrics.latency(protocol).observe_counted([(elapsed, count) for elapsed, _, count in counted])
                 metrics.statistics.record_counted_successes(counted)

@@ -42,6 +42,7 @@ from wattserve.server.models.model_set import ModelSet
 from wattserve.server.models.runtime import ModelRuntime
 from wattserve.server.split import channel
 from wattserve.server.split.slab import Slab, TensorRef, from_inline, inline, pack
+from wattserve.telemetry.counter_add import counter_add
 
 log = logging.getLogger("wattserve.core")
 
@@ -232,9 +233,10 @@ class FrontEndLink:
         self.service = service
         self.slab = slab
         self.pid = pid
-        self.served = service.requests.labels(index)  # a restarted front end keeps its index
-        self.grouped = service.grouped.labels(index)
-        self.groups = service.groups.labels(index)
+        # a restarted front end keeps its index (so its counters); added to once per read
+        self.served = counter_add(service.requests.labels(index))
+        self.grouped = counter_add(service.grouped.labels(index))
+        self.groups = counter_add(service.groups.labels(index))
         self.protocol = channel.FrameProtocol(self._on_frame, self._on_lost, self._on_read)
         self.inflight: dict[int, tuple[ModelRuntime, WorkItem, asyncio.Task[None] | None]] = {}
         # Per read (one burst of frames, handled in one go on the loop, where nothing else
@@ -264,11 +266,11 @@ class FrontEndLink:
 
     def _on_read(self) -> None:
         if self._burst:
-            self.served.inc(self._burst)
+            self.served(self._burst)
             self._burst = 0
             if self._groups:
-                self.grouped.inc(self._grouped)
-                self.groups.inc(self._groups)
+                self.grouped(self._grouped)
+                self.groups(self._groups)
                 self._grouped = self._groups = 0
         self._admitted.clear()
 

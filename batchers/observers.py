@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from wattserve.batchers.types import WorkItem
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen init sets each field through object.__setattr__
 class BatchReport:
     """One executed batch (request-level) or one iteration (iteration-level)."""
 

@@ -25,14 +25,14 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import chain, repeat
+from itertools import accumulate, chain, repeat
 
 from wattserve.batchers.clock import REAL_CLOCK, Clock
 from wattserve.batchers.service_rate import DrainRate
 from wattserve.batchers.types import ItemState, WorkItem
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen init sets each field through object.__setattr__
 class Head:
     """The run of whole requests a batch of at most ``limit`` rows would take now.
 
@@ -228,10 +228,23 @@ class PriorityFifo:
         with self.lock:
             if self.regular:
                 return self.pop(limit)
-            out = self._pop_run(limit)
+            out = self._pop_all() if not self._keys and self.rows <= limit else self._pop_run(limit)
             if out:
                 self.drain.taken(sum(item.rows for item in out), self.rows, self._now())
             return out
+
+    def _pop_all(self) -> list[WorkItem]:
+        """``pop_batch`` when every queued item goes (one shape, rows within the limit): the
+        books are emptied at once rather than item by item (a front end's groups make the
+        queue irregular, and a fast accelerator's batches take the whole queue)."""
+        out: list[WorkItem] = []
+        for level in self._levels:
+            if level:
+                out += level
+                level.clear()
+        self._count = self.rows = self._multi_row = self.grouped = self.delayed = 0
+        queued = ItemState.QUEUED
+        return [item for item in out if item.state is queued]  # defensive, as in pop
 
     def _pop_run(self, limit: int) -> list[WorkItem]:
         """``pop_batch`` when the queue is not regular (multi-row or mixed-shape items)."""
@@ -259,6 +272,10 @@ class PriorityFifo:
         with self.lock:
             if self.regular:
                 return Head(min(self._count, limit), None, False)
+            if not self._keys and self.rows <= limit:  # one shape, and every item fits
+                return Head(
+                    self.rows, tuple(accumulate(it.rows for level in self._levels for it in level)), False
+                )
             sizes: list[int] = []
             rows = 0
             key = None

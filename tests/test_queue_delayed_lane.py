@@ -122,3 +122,34 @@ def test_pop_takes_a_lanes_run_at_a_time_in_the_walk_order(multi_row):
             assert q.delayed == sum(1 for lane in q._delayed for _ in lane)
         assert values(got) == values(expected)
         assert q._multi_row == 0 and q.rows == 0  # the multi-row books emptied with the queue
+
+
+def test_a_batch_of_the_whole_irregular_queue_is_what_the_walk_would_take():
+    """``head`` and ``pop_batch`` when every queued item fits the limit (a front end's groups
+    make the queue irregular; the whole queue goes at once): the same sizes and items, in the
+    walk order, as the item-by-item run, answered items skipped, and the books (items, rows,
+    delayed, multi-row items, grouped requests) emptied."""
+    from wattserve.batchers.types import ItemState
+
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        q = PriorityFifo(3)
+        items = [item(float(k), priority=int(rng.integers(1, 4)), rows=int(rng.integers(1, 5)))
+                 for k in range(int(rng.integers(1, 12)))]  # fmt: skip
+        items[0].rows = 2  # at least one group: the queue is irregular
+        for i in items:
+            i.requests = i.rows  # a group of one-row requests
+            q.push(i)
+        for i in items:
+            if rng.random() < 0.3:
+                q.delay(i)
+        walk = list(q)
+        limit = q.rows + int(rng.integers(0, 3))  # everything fits
+        assert q.head(limit).sizes == tuple(np.cumsum([i.rows for i in walk]))
+        assert q.head(limit).rows == q.rows and q.requests == sum(i.rows for i in walk)
+        for i in walk:
+            if rng.random() < 0.1:
+                i.state = ItemState.DONE
+        taken = q.pop_batch(limit)
+        assert values(taken) == values([i for i in walk if i.state is ItemState.QUEUED])
+        assert (len(q), q.rows, q.delayed, q._multi_row, q.grouped, q.requests) == (0, 0, 0, 0, 0, 0)

@@ -4,6 +4,7 @@ the engine's own ceiling, mean batch size, and CPU microseconds per request for 
     python -m benchmarks.accelerator_ceiling [--preset resnet50-h200] [--workers 1,2]
         [--protocols http-json,http-binary,grpc] [--seconds 5] [--connections 64]
         [--perf-analyzer PATH] [--triton-python /work/.venv-triton/bin/python]
+        [--before CHECKOUT] [--rounds 1]
 
 The identity model stands in for the accelerator: its delay settings make each batch take what
 the real engine takes there (``resnet50-h200``: 0.3 ms + 0.0105 ms per request, max batch 256,
@@ -22,6 +23,9 @@ the model's executions and inferences from /metrics (Triton's ``nv_inference_cou
 against Triton (PyTriton, ``benchmarks/triton_identity.py``) with the same delay, for
 ``tritonserver``'s own CPU per request.
 
+``--before``: an older checkout's server measured the same way, alternating with this one's for
+each N, ``--rounds`` times; the medians' after / before ratios are printed (same run, same load).
+
 Prints a table and writes results/accelerator_ceiling.json.
 """
 
@@ -32,6 +36,7 @@ import contextlib
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -281,7 +286,9 @@ def measure(target: Target, protocol: str, args: argparse.Namespace, preset: Pre
 
 
 @contextlib.contextmanager
-def wattserve_target(workers: int, preset: Preset, args: argparse.Namespace) -> Iterator[Target]:
+def wattserve_target(
+    workers: int, preset: Preset, args: argparse.Namespace, root: Path = ROOT, label: str = ""
+) -> Iterator[Target]:
     grpc_port = free_port()
     env = {
         "WATTSERVE_MODEL": "identity", "WATTSERVE_BATCHER": args.batcher,
@@ -292,8 +299,8 @@ def wattserve_target(workers: int, preset: Preset, args: argparse.Namespace) -> 
         "WATTSERVE_IDENTITY_DELAY_PER_ITEM_MS": str(preset.delay_per_item_ms),
         "WATTSERVE_GRPC_PORT": str(grpc_port), "WATTSERVE_FRONTEND_WORKERS": str(workers),
     }  # fmt: skip
-    with wattserve_process(env) as proc:
-        yield Target(f"wattserve N={workers}", proc.pid, proc.url, f"127.0.0.1:{grpc_port}",
+    with wattserve_process(env, root=root) as proc:
+        yield Target(f"wattserve N={workers}{label}", proc.pid, proc.url, f"127.0.0.1:{grpc_port}",
                      proc.url + "/metrics", workers)  # fmt: skip
 
 
@@ -346,6 +353,30 @@ def engine_alone(preset: Preset, sizes: tuple[int, ...] = (64, 256), calls: int 
     return out
 
 
+def print_before_after(rows: list[dict]) -> None:
+    """After / before ratios of each (N, protocol)'s medians over the rounds: req/s and the
+    CPU per request of each role."""
+    print("\nafter / before, medians over the rounds (same run):")
+    keys = sorted({(r["workers"], r["protocol"]) for r in rows if r["server"].startswith("wattserve")})
+    for workers, protocol in keys:
+        pick = [r for r in rows if r["workers"] == workers and r["protocol"] == protocol]
+        after = [r for r in pick if not r["server"].endswith("(before)")]
+        before = [r for r in pick if r["server"].endswith("(before)")]
+        if not after or not before:
+            continue
+        parts = [f"req/s {_median(after, 'rps') / _median(before, 'rps'):.3f}"]
+        for role in sorted({role for r in after for role in r["cpu_us_per_request"]}):
+            a, b = _median(after, role), _median(before, role)
+            if a and b:
+                parts.append(f"{role} CPU/request {a:.1f}/{b:.1f} us = {a / b:.3f}")
+        print(f"N={workers} {protocol:<12} " + ", ".join(parts))
+
+
+def _median(rows: list[dict], key: str) -> float:
+    values = [r[key] if key in r else r["cpu_us_per_request"].get(key, 0.0) for r in rows]
+    return statistics.median(values)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -358,6 +389,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batcher", default="dynamic")
     parser.add_argument("--perf-analyzer", default=os.environ.get("WATTSERVE_PERF_ANALYZER"))
     parser.add_argument("--triton-python", help="Triton's venv python (scripts/triton_venv.sh)")
+    parser.add_argument("--before", type=Path, help="an older checkout, measured alternating with this one")
+    parser.add_argument("--rounds", type=int, default=1, help="times each server is measured (alternating)")
     parser.add_argument("--project-cores", type=int, default=16,
                         help="project each row's CPU per request onto a host with this many cores")  # fmt: skip
     args = parser.parse_args(argv)
@@ -373,12 +406,19 @@ def main(argv: list[str] | None = None) -> None:
         f"batch {b}: {preset.ceiling(b):,.0f} req/s modelled, {r:,.0f} measured" for b, r in alone.items()))  # fmt: skip
     rows: list[dict] = []
     refused: list[str] = []
-    servers = [("wattserve", int(n)) for n in args.workers.split(",")]
-    if args.triton_python:
-        servers.append(("triton", 1))
-    for kind, workers in servers:
+    servers: list[tuple[str, int, Path, str]] = []
+    for _ in range(args.rounds):
+        for n in args.workers.split(","):
+            if args.before is not None:
+                servers.append(("wattserve", int(n), args.before.resolve(), " (before)"))
+            servers.append(("wattserve", int(n), ROOT, ""))
+        if args.triton_python:
+            servers.append(("triton", 1, ROOT, ""))
+    for kind, workers, root, label in servers:
         context = (
-            wattserve_target(workers, preset, args) if kind == "wattserve" else triton_target(preset, args)
+            wattserve_target(workers, preset, args, root, label)
+            if kind == "wattserve"
+            else triton_target(preset, args)
         )
         with context as target:
             if kind == "wattserve" and workers > 1 and python_processes(target.pid) < workers:
@@ -408,6 +448,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['projected_rps'] / preset.ceiling():.2f} of the ceiling, bound by {r['projected_bound']}")  # fmt: skip
     for line in refused:
         print(line)
+    if args.before is not None:
+        print_before_after(rows)
     path = save("accelerator_ceiling", {
         "preset": args.preset, **asdict(preset), "engine_alone_rps": alone, "ceiling_rps": preset.ceiling(),
         "connections": args.connections, "seconds": args.seconds, "rows": rows, "refused": refused,

@@ -364,17 +364,17 @@ def print_before_after(rows: list[dict]) -> None:
         before = [r for r in pick if r["server"].endswith("(before)")]
         if not after or not before:
             continue
-        parts = [f"req/s {_median(after, 'rps') / _median(before, 'rps'):.3f}"]
+        rps = statistics.median(r["rps"] for r in after) / statistics.median(r["rps"] for r in before)
+        parts = [f"req/s {rps:.3f}"]
         for role in sorted({role for r in after for role in r["cpu_us_per_request"]}):
-            a, b = _median(after, role), _median(before, role)
+            a, b = _median_cpu(after, role), _median_cpu(before, role)
             if a and b:
                 parts.append(f"{role} CPU/request {a:.1f}/{b:.1f} us = {a / b:.3f}")
         print(f"N={workers} {protocol:<12} " + ", ".join(parts))
 
 
-def _median(rows: list[dict], key: str) -> float:
-    values = [r[key] if key in r else r["cpu_us_per_request"].get(key, 0.0) for r in rows]
-    return statistics.median(values)
+def _median_cpu(rows: list[dict], role: str) -> float:
+    return statistics.median(r["cpu_us_per_request"].get(role, 0.0) for r in rows)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,6 +17,16 @@ this driver's CPU per request (what a front end spends on the channel alone).
 
 ``--before`` runs an older checkout's core (and its ``CoreClient``, in a child driver from
 that checkout) in alternating rounds, same preset: same-run before/after ratios.
+
+``--sweep 16,64,128,256`` measures the core at each concurrency (each batch takes every request
+in flight, so the concurrency is the batch size) and fits its CPU per batch as a fixed part plus
+a part per request. Most of it is per batch, so the CPU per request at this machine's batch size
+(``accelerator_ceiling`` forms ~20 on two cores) overstates what the core costs on a host whose
+load forms larger batches. The sweep then finds the batch the preset's engine forms at each load
+(a batch is what arrived during the one before: ``B = X * seconds(B)``, one instance, no queue
+delay) and the core's share of one CPU there, up to the engine's ceiling: the throughput the core
+alone could feed. Groups here are the front end's largest (max batch / 8); HTTP front ends on two
+cores make groups of ~16, so a real core pays its per-group part more often.
 """
 
 from __future__ import annotations
@@ -141,6 +151,45 @@ def one_round(root: Path, preset_name: str, args: argparse.Namespace) -> dict:
                 core.kill()
 
 
+def sweep(args: argparse.Namespace, concurrencies: list[int]) -> None:
+    """The core's CPU per batch at each batch size, its fit, and the load it could feed."""
+    preset = PRESETS[args.preset]
+    points = []
+    for concurrency in concurrencies:
+        args.concurrency = concurrency
+        figures = [one_round(ROOT, args.preset, args) for _ in range(args.rounds)]
+        per_request = statistics.median(f["core_us_per_request"] for f in figures)
+        batch = statistics.median(f["mean_batch"] for f in figures)
+        points.append({"concurrency": concurrency, "mean_batch": batch, "core_us_per_request": per_request,
+                       "core_us_per_batch": per_request * batch, "rounds": figures})  # fmt: skip
+        print(f"batch {batch:6.1f}  core {per_request:6.1f} us/request = {per_request * batch:7.0f} us/batch  "
+              f"(median of {args.rounds})", flush=True)  # fmt: skip
+    slope, fixed = np.polyfit([p["mean_batch"] for p in points], [p["core_us_per_batch"] for p in points], 1)
+    print(f"core CPU per batch ~ {fixed:.0f} us + {slope:.2f} us per request (least squares)")
+    if preset.batch_seconds(1) <= 0:  # no engine time to form batches against
+        return
+    # The load X at which the engine forms batches of B, and the core's share of a CPU there.
+    loads = []
+    for size in range(1, preset.max_batch_size + 1):
+        seconds = preset.batch_seconds(size)
+        load = size / seconds  # requests/s that arrive during one batch of ``size``
+        share = (fixed + slope * size) / (seconds * 1e6)
+        loads.append((size, load, share))
+    fed = [(size, load, share) for size, load, share in loads if share <= 1.0]
+    top = max(fed, key=lambda entry: entry[1]) if fed else None
+    for size in (16, 32, 64, 128, preset.max_batch_size):
+        _, load, share = loads[size - 1]
+        print(
+            f"  engine forming batches of {size:3d}: {load:8,.0f} req/s, the core busy {share:.2f} of a CPU"
+        )
+    if top is not None:
+        print(f"the core alone feeds up to {top[1]:,.0f} req/s = {top[1] / preset.ceiling():.2f} of the engine's "
+              f"ceiling ({preset.ceiling():,.0f}), at batch {top[0]} ({top[2]:.2f} of a CPU)")  # fmt: skip
+    save("core_cost_sweep", {"preset": args.preset, "seconds": args.seconds, "points": points,
+                             "fixed_us_per_batch": fixed, "us_per_request": slope,
+                             "feeds_rps": top[1] if top else 0.0, "ceiling_rps": preset.ceiling()})  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=4.0)
@@ -151,6 +200,9 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=64,
         help="requests in flight (64: accelerator_ceiling's wrk connections)",
+    )
+    ap.add_argument(
+        "--sweep", help="concurrencies (= batch sizes), comma-separated: the core's CPU per batch"
     )
     ap.add_argument("--preset", default="resnet50-h200", choices=sorted(PRESETS))
     ap.add_argument("--before", type=Path, help="an older checkout, run in alternating rounds")
@@ -169,6 +221,9 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(figures))
         return
 
+    if args.sweep:
+        sweep(args, [int(c) for c in args.sweep.split(",")])
+        return
     targets = {"after": ROOT}
     if args.before is not None:
         targets = {"before": args.before.resolve(), "after": ROOT}

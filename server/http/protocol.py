@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 log = logging.getLogger("wattserve.http")
 
@@ -395,3 +395,73 @@ class _LingeringClose:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+# A body up to this size goes out joined to its head (one buffer); a larger one beside it
+# (``writelines``), so its bytes are not copied once more.
+_JOIN_BODY_BYTES = 64 * 1024
+
+
+_default_heads: list[tuple[list[tuple[bytes, bytes]], bytes, bool]] = []  # the last one written
+
+
+def _default_head(defaults: list[tuple[bytes, bytes]]) -> tuple[bytes, bool]:
+    """The server's default headers as uvicorn writes them, and whether they close the
+    connection; kept while uvicorn keeps the list (it makes a new one each second, for the
+    date, and when a drain adds ``connection: close``)."""
+    if _default_heads and _default_heads[0][0] is defaults:
+        return _default_heads[0][1], _default_heads[0][2]
+    parts: list[bytes] = []
+    closing = False
+    for name, value in defaults:
+        name = name.lower()
+        if name == b"connection" and b"close" in [token.strip() for token in value.lower().split(b",")]:
+            closing = True
+        parts += (name, b": ", value, b"\r\n")
+    _default_heads[:] = [(defaults, b"".join(parts), closing)]
+    return _default_heads[0][1], closing
+
+
+def write_response_at_once(send: Any, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+    """Write a whole response of our own making (``headers`` lower-case, valid, with its
+    content-length) straight to the connection, as uvicorn's ``send`` would for its two
+    ASGI messages; False, with nothing done, where this cannot stand in for it (not
+    uvicorn's httptools cycle, a response begun, writing paused, access logging on, a HEAD).
+
+    uvicorn's ``send`` checks every header against two regular expressions and scans the
+    head for framing headers on each answer: ~530 of a front end's ~3,850 Python opcodes per
+    identity request, for headers the inference route built itself. The server's default
+    headers (date, the keep-alive hint, ``connection: close`` once draining) are written as
+    uvicorn writes them, and ``connection: close`` ends keep-alive as it does."""
+    cycle = getattr(send, "__self__", None)
+    if (
+        type(cycle) is not RequestResponseCycle
+        or cycle.response_started
+        or cycle.disconnected
+        or cycle.flow.write_paused
+        or cycle.access_log
+        or cycle.scope["method"] == "HEAD"
+    ):
+        return False
+    defaults, closing = _default_head(cycle.default_headers)
+    content = [STATUS_LINE[status], defaults]
+    for name, value in headers:
+        content += (name, b": ", value, b"\r\n")
+    if closing:
+        cycle.keep_alive = False
+    elif not cycle.keep_alive:
+        content.append(b"connection: close\r\n")
+    content.append(b"\r\n")
+    transport = cycle.transport
+    if len(body) <= _JOIN_BODY_BYTES:
+        content.append(body)
+        transport.write(b"".join(content))  # before response_started: _LingeringClose passes it on
+    else:
+        transport.writelines((b"".join(content), body))
+    cycle.response_started = cycle.response_complete = True
+    cycle.waiting_for_100_continue = False
+    cycle.message_event.set()
+    if not cycle.keep_alive:
+        transport.close()
+    cycle.on_response()
+    return True

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 from wattserve.server.core.admission import Admitted, Refused, admit, timing_values
 from wattserve.server.core.decode import BodyBudget, InferenceDecoder
 from wattserve.server.extensions.shared_memory import SharedMemoryRegistry, ShmError
@@ -28,6 +29,15 @@ from wattserve.server.models.model_set import ModelSet
 from wattserve.server.models.runtime import ModelRuntime
 from wattserve.server.settings import Settings
 
+try:
+    from wattserve.server.http.protocol import write_response_at_once
+except ImportError:  # no httptools: uvicorn's h11 protocol serves, and a Response writes itself
+
+    def write_response_at_once(
+        send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> bool:
+        return False
+
 
 class InferResponse(Response):
     """A 200 whose header list is built as bytes here: Starlette's Response encodes,
@@ -39,6 +49,12 @@ class InferResponse(Response):
         self.background = None
         self.body = body
         self.raw_headers = [*headers, (b"content-length", b"%d" % len(body)), (b"content-type", media_type)]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Written to the connection in one go where the server is uvicorn's httptools
+        protocol (``server.http.protocol.write_response_at_once``); as any Response elsewhere."""
+        if not write_response_at_once(send, self.status_code, self.raw_headers, self.body):
+            await super().__call__(scope, receive, send)
 
 
 # How a front end admits one inference request: (the request, model name, version) -> its

@@ -1,6 +1,6 @@
 """Connection-level guards uvicorn's HTTP protocol lacks: a deadline for the request
 header, a cap on header bytes, a cap on open connections, and word to the app when a
-client leaves.
+client leaves. And the inference route's answer written whole (``write_response_at_once``).
 
 Without them a client that opens sockets and sends nothing (or a header byte a second)
 holds a descriptor forever, and 1,100 such sockets exhausted a 1,024-descriptor limit so

@@ -2,7 +2,7 @@
 
 ``concurrent.futures.ThreadPoolExecutor(max_workers=1)`` did this job, and every batch paid
 for its generality: a Future with its own Condition and RLock, a work item, the pool's
-idle semaphore and thread-count check, ~380 Python opcodes per batch in the engine core
+idle semaphore and thread-count check, ~400 Python opcodes per batch in the engine core
 (``benchmarks.core_cost``'s trace), where the whole batch costs ~6,800. A batch needs none of
 it: the loop hands the thread a call and hears back through ``call_soon_threadsafe``.
 

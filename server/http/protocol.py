@@ -402,15 +402,19 @@ class _LingeringClose:
 _JOIN_BODY_BYTES = 64 * 1024
 
 
-_default_heads: list[tuple[list[tuple[bytes, bytes]], bytes, bool]] = []  # the last one written
+# The last default headers written: (uvicorn's list, its bytes, whether it closes). One tuple,
+# replaced whole, so servers on other threads of one process never read a mix of two.
+_last_default_head: tuple[list[tuple[bytes, bytes]], bytes, bool] | None = None
 
 
 def _default_head(defaults: list[tuple[bytes, bytes]]) -> tuple[bytes, bool]:
     """The server's default headers as uvicorn writes them, and whether they close the
     connection; kept while uvicorn keeps the list (it makes a new one each second, for the
     date, and when a drain adds ``connection: close``)."""
-    if _default_heads and _default_heads[0][0] is defaults:
-        return _default_heads[0][1], _default_heads[0][2]
+    global _last_default_head
+    last = _last_default_head
+    if last is not None and last[0] is defaults:
+        return last[1], last[2]
     parts: list[bytes] = []
     closing = False
     for name, value in defaults:
@@ -418,8 +422,9 @@ def _default_head(defaults: list[tuple[bytes, bytes]]) -> tuple[bytes, bool]:
         if name == b"connection" and b"close" in [token.strip() for token in value.lower().split(b",")]:
             closing = True
         parts += (name, b": ", value, b"\r\n")
-    _default_heads[:] = [(defaults, b"".join(parts), closing)]
-    return _default_heads[0][1], closing
+    head = b"".join(parts)
+    _last_default_head = (defaults, head, closing)
+    return head, closing
 
 
 def write_response_at_once(send: Any, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:

@@ -427,7 +427,9 @@ def _default_head(defaults: list[tuple[bytes, bytes]]) -> tuple[bytes, bool]:
     return head, closing
 
 
-def write_response_at_once(send: Any, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+def write_response_at_once(
+    send: Any, status: int, headers: list[tuple[bytes, bytes]], body: bytes | memoryview
+) -> bool:
     """Write a whole response of our own making (``headers`` lower-case, valid, with its
     content-length) straight to the connection, as uvicorn's ``send`` would for its two
     ASGI messages; False, with nothing done, where this cannot stand in for it (not
@@ -449,7 +451,7 @@ def write_response_at_once(send: Any, status: int, headers: list[tuple[bytes, by
     ):
         return False
     defaults, closing = _default_head(cycle.default_headers)
-    content = [STATUS_LINE[status], defaults]
+    content: list[bytes | memoryview] = [STATUS_LINE[status], defaults]
     for name, value in headers:
         content += (name, b": ", value, b"\r\n")
     if closing:

@@ -7,6 +7,7 @@ machinery cost ~100 us a request here, more than the identity model's whole budg
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -34,7 +35,7 @@ try:
 except ImportError:  # no httptools: uvicorn's h11 protocol serves, and a Response writes itself
 
     def write_response_at_once(
-        send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+        send: Any, status: int, headers: list[tuple[bytes, bytes]], body: bytes | memoryview
     ) -> bool:
         return False
 

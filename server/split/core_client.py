@@ -33,7 +33,7 @@ from wattserve.server.core.request import InferRequest
 from wattserve.server.models.metrics import request_protocol
 from wattserve.server.split import channel
 from wattserve.server.split.core_service import ModelInfo
-from wattserve.server.split.slab import RingAllocator, Slab, dtype_code, dtype_of, inline, pack
+from wattserve.server.split.slab import RingAllocator, Slab, aligned, dtype_code, dtype_of, inline, pack
 
 log = logging.getLogger("wattserve.frontend")
 
@@ -203,9 +203,9 @@ class CoreClient:
             status, message, retry_after = payload
             if block is not None:
                 self.ring.free(block)
+            stale = status == "STALE"  # not a Status: the core's word for a reloaded model
             for waiter in _futures(entry):
                 if not waiter.done():
-                    stale = status == "STALE"  # not a Status: the core's word for a reloaded model
                     waiter.set_exception(
                         StaleModel(message) if stale else RemoteError(status, message, retry_after)
                     )
@@ -222,39 +222,38 @@ class CoreClient:
             if block is not None:
                 self.ring.free(block)
             return
-        try:
-            result = self._answer(payload, raw)
-        except BaseException:
-            if block is not None:
-                self.ring.free(block)
-            raise
-        future.set_result(result)
-        if block is not None:
-            # The answer's tensors are views of the block, read by the encoder in the step this
-            # wakes (the awaiting task resumes, encodes and copies into the response body with
-            # no await between: HTTP's infer route and gRPC's ModelInfer both); the block is
-            # reused only after that step: the blocks answered in one read are freed by one
-            # call_soon queued after the read (_on_read), so after every wake-up it queued.
-            self._answered_blocks.append(block)
+        future.set_result(self._answer_in(payload, raw, block))
 
     def _answer_group(self, members: list[asyncio.Future[Result]], block: int | None, payload: Any,
                       raw: memoryview) -> None:  # fmt: skip
         """A group's answer: each member its own row of each output (views, as for one
         request; the block is freed after this read, as for one)."""
-        try:
-            whole = self._answer(payload, raw)
-        except BaseException:
-            if block is not None:
-                self.ring.free(block)
-            raise
+        whole = self._answer_in(payload, raw, block)
         outputs = whole.outputs
         timing = (whole.queue_time_s, whole.compute_time_s, whole.batch_size, whole.input_s, whole.output_s)
         for row, future in enumerate(members):
             if not future.done():  # else its waiter left: nobody reads its row
                 end = row + 1
                 future.set_result(Result({name: value[row:end] for name, value in outputs.items()}, *timing))
+
+    def _answer_in(self, payload: Any, raw: memoryview, block: int | None) -> Result:
+        """The answer over its slab block (``_answer``), the block freed after this read's
+        wake-ups; freed at once when the answer cannot be read.
+
+        The answer's tensors are views of the block, read by the encoder in the step this
+        wakes (the awaiting task resumes, encodes and copies into the response body with no
+        await between: HTTP's infer route and gRPC's ModelInfer both); the block is reused
+        only after that step: the blocks answered in one read are freed by one call_soon
+        queued after the read (_on_read), so after every wake-up it queued."""
+        try:
+            result = self._answer(payload, raw)
+        except BaseException:
+            if block is not None:
+                self.ring.free(block)
+            raise
         if block is not None:
             self._answered_blocks.append(block)
+        return result
 
     def _on_read(self) -> None:
         if self._answered_blocks:
@@ -432,7 +431,7 @@ class CoreClient:
                 target = np.ndarray(shape, dtype=one.dtype, buffer=self.slab.map, offset=offset)
                 np.concatenate([inputs[name] for inputs in members], out=target)
                 refs.append((name, dtype_code(one.dtype), shape, offset, target.nbytes))
-                offset += (target.nbytes + 63) & ~63
+                offset += aligned(target.nbytes)
             answer_at = (offset, out_bytes)
         else:
             refs, raw = inline({name: np.concatenate([inputs[name] for inputs in members]) for name in names})

@@ -41,7 +41,8 @@ def dtype_of(code: str | np.dtype) -> np.dtype:
     return dtype
 
 
-def _aligned(n: int) -> int:
+def aligned(n: int) -> int:
+    """``n`` rounded up to the slab's alignment (where the next tensor may start)."""
     return (n + ALIGN - 1) & ~(ALIGN - 1)
 
 
@@ -103,7 +104,7 @@ class RingAllocator:
 
     def allocate(self, n: int) -> int | None:
         """The offset of ``n`` free bytes, or None when the ring has no room."""
-        n = _aligned(max(n, 1))
+        n = aligned(max(n, 1))
         skip = 0
         start = self.head
         if start + n > self.size:  # wrap: waste the end
@@ -146,7 +147,7 @@ def pack(arrays: Mapping[str, np.ndarray], base: int) -> tuple[list[TensorRef], 
     refs: list[TensorRef] = []
     offset = base
     mask = ALIGN - 1
-    for name, array in arrays.items():  # dtype_code and _aligned inlined: once per tensor, both ways
+    for name, array in arrays.items():  # dtype_code and aligned inlined: once per tensor, both ways
         nbytes = array.nbytes
         dtype = array.dtype
         refs.append((name, dtype.str if dtype.kind != "V" else dtype, array.shape, offset, nbytes))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -60,10 +61,14 @@ def threaded_server(settings: Settings, engine_factory=None) -> Iterator[tuple[s
             yield url, SimpleNamespace(state=SimpleNamespace(settings=settings, grpc=grpc))
         return
     app = create_app(settings, **kwargs)
-    port = free_port()
+    # the socket is bound here and handed to uvicorn: a port only looked up (free_port) could be
+    # taken by another test worker before uvicorn bound it ("address already in use", seen in CI)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
     config = uvicorn_config(app, settings, host="127.0.0.1", port=port, log_level="warning")
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 120
     while not server.started:
@@ -75,6 +80,7 @@ def threaded_server(settings: Settings, engine_factory=None) -> Iterator[tuple[s
     finally:
         server.should_exit = True
         thread.join(timeout=60)
+        listener.close()
 
 
 @contextlib.contextmanager
